@@ -1,0 +1,148 @@
+// memascend/system.h: what this machine can do, probed at run time.
+//
+// Every MemAscend layer picks its backend from a SystemInfo and reports what it
+// picked: io_uring or a thread pool for I/O, CUDA-registered or mlock'ed host memory,
+// the widest SIMD level for the CPU kernels. Probing never fails: a missing capability
+// is a fact recorded with its reason (io_uring disabled by sysctl or seccomp, no CUDA
+// driver, no NUMA support), not an error.
+//
+//   memascend::SystemInfo info = memascend::ProbeSystem();
+//   if (info.io_backend == memascend::IoBackendKind::kIoUring) { ... }
+//   std::puts(memascend::ToJson(info).c_str());
+//
+// Thread-safety: ProbeSystem() may be called from any thread; it has no shared state.
+// Each call probes afresh (it creates and destroys a small io_uring ring, asks the CUDA
+// runtime for its devices), so callers keep the result rather than probing per request.
+#ifndef MEMASCEND_SYSTEM_H_
+#define MEMASCEND_SYSTEM_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memascend {
+
+// The I/O backends of the I/O engine, best first.
+enum class IoBackendKind {
+  kIoUring,     // io_uring: batched submission, registered files and buffers
+  kThreadPool,  // pread/pwrite on a pool of threads (io_uring missing or disabled)
+  kSync,        // pread/pwrite on the calling thread (tests, simple clients)
+};
+
+// How page-locked host memory is obtained.
+enum class HostBackingKind {
+  kCudaRegistered,  // mmap + cudaHostRegister: GPU copies are true DMA
+  kMlock,           // mmap + mlock: locked, but unknown to any GPU driver
+};
+
+// Widest vector instruction set the CPU kernels may use on this machine.
+enum class SimdLevel { kScalar, kAvx2, kAvx512 };
+
+std::string_view ToString(IoBackendKind kind) noexcept;
+std::string_view ToString(HostBackingKind kind) noexcept;
+std::string_view ToString(SimdLevel level) noexcept;
+
+inline constexpr std::uint64_t kUnlimited = std::numeric_limits<std::uint64_t>::max();
+
+struct CpuInfo {
+  std::string model;  // "model name" from /proc/cpuinfo, empty if unknown
+  int online_cpus = 0;
+  // Instruction-set extensions the CPU has and the OS has enabled (XSAVE state).
+  bool sse42 = false;
+  bool avx = false;
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512bf16 = false;
+};
+
+struct MemoryInfo {
+  std::uint64_t page_size = 0;       // bytes
+  std::uint64_t huge_page_size = 0;  // bytes of the default huge page, 0 if none
+  std::uint64_t huge_pages_total = 0;
+  std::uint64_t total_bytes = 0;         // MemTotal
+  std::uint64_t available_bytes = 0;     // MemAvailable
+  std::uint64_t memlock_soft_bytes = 0;  // RLIMIT_MEMLOCK; kUnlimited for RLIM_INFINITY
+  std::uint64_t memlock_hard_bytes = 0;
+  bool cap_ipc_lock = false;  // CAP_IPC_LOCK: mlock is not bounded by RLIMIT_MEMLOCK
+  // Bytes this process may lock: kUnlimited with CAP_IPC_LOCK, else the soft limit.
+  std::uint64_t lockable_bytes() const noexcept {
+    return cap_ipc_lock ? kUnlimited : memlock_soft_bytes;
+  }
+};
+
+struct IoUringInfo {
+  bool available = false;          // a ring was created and a NOP round-tripped
+  std::string unavailable_reason;  // why not, with the fix where one exists; empty if available
+  std::uint32_t features = 0;      // IORING_FEAT_* bits the kernel reported
+  bool op_read = false;            // IORING_OP_READ / IORING_OP_WRITE
+  bool op_write = false;
+  bool op_read_fixed = false;  // registered buffers
+  bool op_write_fixed = false;
+};
+
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int compute_capability_major = 0;
+  int compute_capability_minor = 0;
+  std::uint64_t total_memory_bytes = 0;
+  std::string pci_bus_id;
+};
+
+struct CudaInfo {
+  bool built_with_cuda = false;  // the library was compiled with MEMASCEND_WITH_CUDA
+  int device_count = 0;          // 0 when there is no driver or no device: not an error
+  int driver_version = 0;        // e.g. 13000 for CUDA 13.0; 0 when no driver
+  int runtime_version = 0;
+  std::string status;  // what the runtime said, e.g. "no CUDA-capable device"
+  std::vector<CudaDeviceInfo> devices;
+};
+
+struct NumaInfo {
+  bool available = false;                        // the kernel supports NUMA policy calls
+  int node_count = 1;                            // configured nodes; 1 when NUMA is unavailable
+  std::vector<std::uint64_t> node_memory_bytes;  // per node, when available
+};
+
+struct SystemInfo {
+  std::string kernel_release;  // uname -r
+  CpuInfo cpu;
+  MemoryInfo memory;
+  IoUringInfo io_uring;
+  CudaInfo cuda;
+  NumaInfo numa;
+  // What the layers above pick from the facts above (and ProbeOptions).
+  IoBackendKind io_backend = IoBackendKind::kThreadPool;
+  HostBackingKind host_backing = HostBackingKind::kMlock;
+  SimdLevel simd = SimdLevel::kScalar;
+};
+
+// Switches that force the fallbacks, for testing them on machines that have the real
+// thing. FromEnvironment() reads MEMASCEND_DISABLE_IO_URING=1 and
+// MEMASCEND_DISABLE_CUDA=1 and MEMASCEND_MAX_SIMD=scalar|avx2|avx512.
+struct ProbeOptions {
+  bool disable_io_uring = false;
+  bool disable_cuda = false;
+  SimdLevel max_simd = SimdLevel::kAvx512;
+
+  static ProbeOptions FromEnvironment();
+};
+
+// Probes the machine. Never fails; see each field for what "missing" looks like.
+SystemInfo ProbeSystem(const ProbeOptions& options);
+inline SystemInfo ProbeSystem() { return ProbeSystem(ProbeOptions::FromEnvironment()); }
+
+// One JSON object with every field above, and at top level the keys `io_uring`
+// (bool), `cuda_devices` (int), `numa_nodes` (int), `memlock_limit_bytes` (int; -1
+// when unlimited), `page_size`, `io_backend`, `host_backing` and `simd`.
+std::string ToJson(const SystemInfo& info);
+
+}  // namespace memascend
+
+#endif  // MEMASCEND_SYSTEM_H_

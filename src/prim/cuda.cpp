@@ -1,0 +1,54 @@
+#include "prim/cuda.h"
+
+#include <string>
+
+#if MEMASCEND_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace memascend::prim {
+
+CudaInfo ProbeCuda(bool disabled_by_option) {
+  CudaInfo info;
+#if MEMASCEND_HAVE_CUDA
+  info.built_with_cuda = true;
+  if (disabled_by_option) {
+    info.status = "disabled by MEMASCEND_DISABLE_CUDA";
+    return info;
+  }
+  cudaRuntimeGetVersion(&info.runtime_version);
+  if (cudaDriverGetVersion(&info.driver_version) != cudaSuccess) info.driver_version = 0;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    // cudaErrorNoDevice, cudaErrorInsufficientDriver (no driver at all), and friends:
+    // all mean "no usable GPU here", which is a fact, not a failure.
+    info.status = (err == cudaErrorInsufficientDriver && info.driver_version == 0)
+                      ? "no CUDA driver installed"
+                      : cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return info;
+  }
+  info.device_count = count;
+  info.status = count > 0 ? "ok" : "no CUDA-capable device";
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    CudaDeviceInfo dev;
+    dev.index = i;
+    dev.name = prop.name;
+    dev.compute_capability_major = prop.major;
+    dev.compute_capability_minor = prop.minor;
+    dev.total_memory_bytes = prop.totalGlobalMem;
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), i) == cudaSuccess) dev.pci_bus_id = bus;
+    info.devices.push_back(std::move(dev));
+  }
+#else
+  (void)disabled_by_option;
+  info.status = "built without CUDA (MEMASCEND_WITH_CUDA=OFF or nvcc not found)";
+#endif
+  return info;
+}
+
+}  // namespace memascend::prim

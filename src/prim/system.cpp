@@ -1,0 +1,184 @@
+// The capability probe: composes the prim/ probes and picks the backends.
+#include <cstdlib>
+#include <string>
+
+#include <memascend/system.h>
+#include <memascend/version.h>
+
+#include "prim/cuda.h"
+#include "prim/numa.h"
+#include "prim/os.h"
+#include "prim/uring.h"
+#include "util/json_writer.h"
+
+namespace memascend {
+namespace {
+
+bool EnvFlag(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return false;
+  const std::string_view v(value);
+  return !(v.empty() || v == "0" || v == "false" || v == "no" || v == "off");
+}
+
+SimdLevel BestSimd(const CpuInfo& cpu) {
+  if (cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.fma && cpu.f16c) return SimdLevel::kAvx512;
+  if (cpu.avx2 && cpu.fma && cpu.f16c) return SimdLevel::kAvx2;
+  return SimdLevel::kScalar;
+}
+
+}  // namespace
+
+std::string_view ToString(IoBackendKind kind) noexcept {
+  switch (kind) {
+    case IoBackendKind::kIoUring:
+      return "io_uring";
+    case IoBackendKind::kThreadPool:
+      return "threads";
+    case IoBackendKind::kSync:
+      return "sync";
+  }
+  return "unknown";
+}
+
+std::string_view ToString(HostBackingKind kind) noexcept {
+  switch (kind) {
+    case HostBackingKind::kCudaRegistered:
+      return "cuda_registered";
+    case HostBackingKind::kMlock:
+      return "mlock";
+  }
+  return "unknown";
+}
+
+std::string_view ToString(SimdLevel level) noexcept {
+  switch (level) {
+    case SimdLevel::kScalar:
+      return "scalar";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+ProbeOptions ProbeOptions::FromEnvironment() {
+  ProbeOptions options;
+  options.disable_io_uring = EnvFlag("MEMASCEND_DISABLE_IO_URING");
+  options.disable_cuda = EnvFlag("MEMASCEND_DISABLE_CUDA");
+  if (const char* simd = std::getenv("MEMASCEND_MAX_SIMD"); simd != nullptr) {
+    const std::string_view v(simd);
+    if (v == "scalar") options.max_simd = SimdLevel::kScalar;
+    if (v == "avx2") options.max_simd = SimdLevel::kAvx2;
+  }
+  return options;
+}
+
+SystemInfo ProbeSystem(const ProbeOptions& options) {
+  SystemInfo info;
+  info.kernel_release = prim::KernelRelease();
+  info.cpu = prim::ProbeCpu();
+  info.memory = prim::ProbeMemory();
+  info.io_uring = prim::ProbeIoUring(options.disable_io_uring);
+  info.cuda = prim::ProbeCuda(options.disable_cuda);
+  info.numa = prim::ProbeNuma();
+
+  info.io_backend = info.io_uring.available ? IoBackendKind::kIoUring : IoBackendKind::kThreadPool;
+  info.host_backing =
+      info.cuda.device_count > 0 ? HostBackingKind::kCudaRegistered : HostBackingKind::kMlock;
+  const SimdLevel best = BestSimd(info.cpu);
+  info.simd = static_cast<int>(best) < static_cast<int>(options.max_simd) ? best : options.max_simd;
+  return info;
+}
+
+std::string ToJson(const SystemInfo& info) {
+  util::JsonWriter w;
+  const auto limit = [](std::uint64_t v) -> std::int64_t {
+    return v == kUnlimited ? -1 : static_cast<std::int64_t>(v);
+  };
+  w.BeginObject();
+  w.Field("version", MEMASCEND_VERSION_STRING);
+  w.Field("io_uring", info.io_uring.available);
+  w.Field("cuda_devices", info.cuda.device_count);
+  w.Field("numa_nodes", info.numa.node_count);
+  w.Field("memlock_limit_bytes", limit(info.memory.memlock_soft_bytes));
+  w.Field("page_size", info.memory.page_size);
+  w.Field("io_backend", ToString(info.io_backend));
+  w.Field("host_backing", ToString(info.host_backing));
+  w.Field("simd", ToString(info.simd));
+  w.Field("kernel_release", info.kernel_release);
+
+  w.Key("cpu").BeginObject();
+  w.Field("model", info.cpu.model);
+  w.Field("online_cpus", info.cpu.online_cpus);
+  w.Key("features").BeginArray();
+  const std::pair<const char*, bool> features[] = {{"sse4.2", info.cpu.sse42},
+                                                   {"avx", info.cpu.avx},
+                                                   {"avx2", info.cpu.avx2},
+                                                   {"fma", info.cpu.fma},
+                                                   {"f16c", info.cpu.f16c},
+                                                   {"avx512f", info.cpu.avx512f},
+                                                   {"avx512bw", info.cpu.avx512bw},
+                                                   {"avx512vl", info.cpu.avx512vl},
+                                                   {"avx512bf16", info.cpu.avx512bf16}};
+  for (const auto& [name, present] : features) {
+    if (present) w.String(name);
+  }
+  w.EndArray();
+  w.EndObject();
+
+  w.Key("memory").BeginObject();
+  w.Field("total_bytes", info.memory.total_bytes);
+  w.Field("available_bytes", info.memory.available_bytes);
+  w.Field("huge_page_size", info.memory.huge_page_size);
+  w.Field("huge_pages_total", info.memory.huge_pages_total);
+  w.Field("memlock_soft_bytes", limit(info.memory.memlock_soft_bytes));
+  w.Field("memlock_hard_bytes", limit(info.memory.memlock_hard_bytes));
+  w.Field("cap_ipc_lock", info.memory.cap_ipc_lock);
+  w.Field("lockable_bytes", limit(info.memory.lockable_bytes()));
+  w.EndObject();
+
+  w.Key("io_uring_detail").BeginObject();
+  w.Field("available", info.io_uring.available);
+  w.Field("reason", info.io_uring.unavailable_reason);
+  w.Field("features", info.io_uring.features);
+  w.Field("op_read", info.io_uring.op_read);
+  w.Field("op_write", info.io_uring.op_write);
+  w.Field("op_read_fixed", info.io_uring.op_read_fixed);
+  w.Field("op_write_fixed", info.io_uring.op_write_fixed);
+  w.EndObject();
+
+  w.Key("cuda").BeginObject();
+  w.Field("built_with_cuda", info.cuda.built_with_cuda);
+  w.Field("device_count", info.cuda.device_count);
+  w.Field("driver_version", info.cuda.driver_version);
+  w.Field("runtime_version", info.cuda.runtime_version);
+  w.Field("status", info.cuda.status);
+  w.Key("devices").BeginArray();
+  for (const CudaDeviceInfo& dev : info.cuda.devices) {
+    w.BeginObject();
+    w.Field("index", dev.index);
+    w.Field("name", dev.name);
+    w.Field("compute_capability", std::to_string(dev.compute_capability_major) + "." +
+                                      std::to_string(dev.compute_capability_minor));
+    w.Field("total_memory_bytes", dev.total_memory_bytes);
+    w.Field("pci_bus_id", dev.pci_bus_id);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+
+  w.Key("numa").BeginObject();
+  w.Field("available", info.numa.available);
+  w.Field("node_count", info.numa.node_count);
+  w.Key("node_memory_bytes").BeginArray();
+  for (std::uint64_t bytes : info.numa.node_memory_bytes) w.Uint(bytes);
+  w.EndArray();
+  w.EndObject();
+
+  w.EndObject();
+  return std::move(w).str();
+}
+
+}  // namespace memascend

@@ -1,0 +1,27 @@
+# Runs `memascend info --json` and checks it is one JSON object with the documented
+# keys and types (CMake's string(JSON) is a real parser).
+execute_process(COMMAND "${CLI}" info --json OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "memascend info --json exited with ${rc}")
+endif()
+string(STRIP "${out}" out)
+string(JSON kind ERROR_VARIABLE err TYPE "${out}")
+if(err OR NOT kind STREQUAL "OBJECT")
+  message(FATAL_ERROR "not a JSON object: ${err}\n${out}")
+endif()
+foreach(pair io_uring:BOOLEAN cuda_devices:NUMBER numa_nodes:NUMBER memlock_limit_bytes:NUMBER
+             page_size:NUMBER io_backend:STRING host_backing:STRING simd:STRING cpu:OBJECT
+             memory:OBJECT cuda:OBJECT numa:OBJECT)
+  string(REPLACE ":" ";" kv "${pair}")
+  list(GET kv 0 key)
+  list(GET kv 1 want)
+  string(JSON got ERROR_VARIABLE err TYPE "${out}" ${key})
+  if(err OR NOT got STREQUAL want)
+    message(FATAL_ERROR "key '${key}': want ${want}, got '${got}' ${err}")
+  endif()
+endforeach()
+string(JSON nodes GET "${out}" numa_nodes)
+if(nodes LESS 1)
+  message(FATAL_ERROR "numa_nodes must be at least 1, got ${nodes}")
+endif()
+message(STATUS "info --json OK: ${out}")

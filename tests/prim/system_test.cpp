@@ -1,0 +1,93 @@
+#include <regex>
+#include <string>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <memascend/system.h>
+#include <memascend/version.h>
+
+namespace memascend {
+namespace {
+
+TEST(ProbeSystem, ReportsKernelFacts) {
+  const SystemInfo info = ProbeSystem(ProbeOptions{});
+  EXPECT_EQ(info.memory.page_size, static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE)));
+  rlimit lim{};
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &lim), 0);
+  const std::uint64_t soft = lim.rlim_cur == RLIM_INFINITY ? kUnlimited : lim.rlim_cur;
+  EXPECT_EQ(info.memory.memlock_soft_bytes, soft);
+  EXPECT_GE(info.cpu.online_cpus, 1);
+  EXPECT_GT(info.memory.total_bytes, 0u);
+  EXPECT_FALSE(info.kernel_release.empty());
+  EXPECT_GE(info.numa.node_count, 1);
+  if (info.numa.available) {
+    EXPECT_EQ(static_cast<int>(info.numa.node_memory_bytes.size()), info.numa.node_count);
+  }
+}
+
+TEST(ProbeSystem, PicksBackendsFromFacts) {
+  const SystemInfo info = ProbeSystem(ProbeOptions{});
+  EXPECT_EQ(info.io_backend,
+            info.io_uring.available ? IoBackendKind::kIoUring : IoBackendKind::kThreadPool);
+  EXPECT_EQ(info.io_uring.available, info.io_uring.unavailable_reason.empty())
+      << info.io_uring.unavailable_reason;
+  EXPECT_EQ(info.host_backing, info.cuda.device_count > 0 ? HostBackingKind::kCudaRegistered
+                                                          : HostBackingKind::kMlock);
+  EXPECT_EQ(info.cuda.built_with_cuda, BuiltWithCuda());
+  EXPECT_EQ(static_cast<int>(info.cuda.devices.size()), info.cuda.device_count);
+  EXPECT_FALSE(info.cuda.status.empty());
+  if (info.simd == SimdLevel::kAvx512) {
+    EXPECT_TRUE(info.cpu.avx512f);
+  }
+  if (info.simd == SimdLevel::kAvx2) {
+    EXPECT_TRUE(info.cpu.avx2);
+  }
+}
+
+TEST(ProbeSystem, OptionsForceFallbacks) {
+  ProbeOptions options;
+  options.disable_io_uring = true;
+  options.disable_cuda = true;
+  options.max_simd = SimdLevel::kScalar;
+  const SystemInfo info = ProbeSystem(options);
+  EXPECT_FALSE(info.io_uring.available);
+  EXPECT_NE(info.io_uring.unavailable_reason.find("MEMASCEND_DISABLE_IO_URING"), std::string::npos);
+  EXPECT_EQ(info.io_backend, IoBackendKind::kThreadPool);
+  EXPECT_EQ(info.cuda.device_count, 0);
+  EXPECT_EQ(info.host_backing, HostBackingKind::kMlock);
+  EXPECT_EQ(info.simd, SimdLevel::kScalar);
+}
+
+TEST(ProbeOptions, ReadsEnvironment) {
+  setenv("MEMASCEND_DISABLE_IO_URING", "1", 1);
+  setenv("MEMASCEND_DISABLE_CUDA", "0", 1);
+  setenv("MEMASCEND_MAX_SIMD", "avx2", 1);
+  const ProbeOptions options = ProbeOptions::FromEnvironment();
+  unsetenv("MEMASCEND_DISABLE_IO_URING");
+  unsetenv("MEMASCEND_DISABLE_CUDA");
+  unsetenv("MEMASCEND_MAX_SIMD");
+  EXPECT_TRUE(options.disable_io_uring);
+  EXPECT_FALSE(options.disable_cuda);
+  EXPECT_EQ(options.max_simd, SimdLevel::kAvx2);
+  EXPECT_FALSE(ProbeOptions::FromEnvironment().disable_io_uring);
+}
+
+TEST(ToJson, HasTheDocumentedTopLevelKeys) {
+  const SystemInfo info = ProbeSystem(ProbeOptions{});
+  const std::string json = ToJson(info);
+  EXPECT_EQ(json.front(), '{');
+  EXPECT_EQ(json.back(), '}');
+  EXPECT_TRUE(std::regex_search(json, std::regex(R"("io_uring":(true|false)[,}])")));
+  EXPECT_TRUE(std::regex_search(json, std::regex(R"("cuda_devices":[0-9]+[,}])")));
+  EXPECT_TRUE(std::regex_search(json, std::regex(R"("numa_nodes":[1-9][0-9]*[,}])")));
+  EXPECT_TRUE(std::regex_search(json, std::regex(R"("memlock_limit_bytes":(-1|[0-9]+)[,}])")));
+  EXPECT_NE(json.find(std::string("\"io_backend\":\"") + std::string(ToString(info.io_backend))),
+            std::string::npos);
+}
+
+TEST(Version, MatchesHeader) { EXPECT_EQ(VersionString(), MEMASCEND_VERSION_STRING); }
+
+}  // namespace
+}  // namespace memascend

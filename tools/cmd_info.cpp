@@ -1,0 +1,88 @@
+// memascend info [--json]: the capability probe, for people and for scripts.
+#include <fmt/format.h>
+
+#include <memascend/system.h>
+#include <memascend/version.h>
+
+#include "args.h"
+#include "commands.h"
+#include "util/units.h"
+
+namespace memascend::cli {
+namespace {
+
+constexpr OptionSpec kOptions[] = {
+    {"json", false, "print one JSON object instead of a table"},
+    {"help", false, "show this help"},
+};
+
+std::string Limit(std::uint64_t bytes) {
+  return bytes == kUnlimited ? std::string("unlimited") : util::FormatBytes(bytes);
+}
+
+void PrintTable(const SystemInfo& info) {
+  fmt::print("MemAscend {}{}\n", VersionString(), BuiltWithCuda() ? " (built with CUDA)" : "");
+  fmt::print("  {:<10} Linux {}\n", "kernel", info.kernel_release);
+  std::string features;
+  for (const auto& [name, on] :
+       std::initializer_list<std::pair<const char*, bool>>{{"sse4.2", info.cpu.sse42},
+                                                           {"avx2", info.cpu.avx2},
+                                                           {"fma", info.cpu.fma},
+                                                           {"f16c", info.cpu.f16c},
+                                                           {"avx512f", info.cpu.avx512f},
+                                                           {"avx512bw", info.cpu.avx512bw},
+                                                           {"avx512vl", info.cpu.avx512vl},
+                                                           {"avx512bf16", info.cpu.avx512bf16}}) {
+    if (on) features += fmt::format(" {}", name);
+  }
+  fmt::print("  {:<10} {} ({} online);{}\n", "cpu",
+             info.cpu.model.empty() ? "unknown" : info.cpu.model, info.cpu.online_cpus, features);
+  fmt::print("  {:<10} {} total, {} available; page {}, huge page {} x {}\n", "memory",
+             util::FormatBytes(info.memory.total_bytes),
+             util::FormatBytes(info.memory.available_bytes),
+             util::FormatBytes(info.memory.page_size),
+             util::FormatBytes(info.memory.huge_page_size), info.memory.huge_pages_total);
+  fmt::print("  {:<10} RLIMIT_MEMLOCK {} soft / {} hard; CAP_IPC_LOCK {}; may lock {}\n", "memlock",
+             Limit(info.memory.memlock_soft_bytes), Limit(info.memory.memlock_hard_bytes),
+             info.memory.cap_ipc_lock ? "yes" : "no", Limit(info.memory.lockable_bytes()));
+  if (info.io_uring.available) {
+    fmt::print("  {:<10} available (features {:#x}; fixed buffers {})\n", "io_uring",
+               info.io_uring.features, info.io_uring.op_read_fixed ? "yes" : "no");
+  } else {
+    fmt::print("  {:<10} unavailable: {}\n", "io_uring", info.io_uring.unavailable_reason);
+  }
+  fmt::print("  {:<10} {} device(s): {}\n", "cuda", info.cuda.device_count, info.cuda.status);
+  for (const CudaDeviceInfo& dev : info.cuda.devices) {
+    fmt::print("  {:<10}   [{}] {} sm_{}{} {} {}\n", "", dev.index, dev.name,
+               dev.compute_capability_major, dev.compute_capability_minor,
+               util::FormatBytes(dev.total_memory_bytes), dev.pci_bus_id);
+  }
+  fmt::print("  {:<10} {} node(s){}\n", "numa", info.numa.node_count,
+             info.numa.available ? "" : " (no NUMA support in this kernel or sandbox)");
+  fmt::print("  {:<10} io backend {}, pinned memory {}, cpu kernels {}\n", "selected",
+             ToString(info.io_backend), ToString(info.host_backing), ToString(info.simd));
+}
+
+}  // namespace
+
+int RunInfo(std::span<char* const> argv) {
+  auto args = Args::Parse(argv, kOptions);
+  if (!args.ok()) {
+    fmt::print(stderr, "memascend info: {}\n{}", Message(args.status()),
+               Usage("info", "print the capability probe", kOptions));
+    return kExitUsage;
+  }
+  if (args->Has("help")) {
+    fmt::print("{}", Usage("info", "print the capability probe", kOptions));
+    return kExitOk;
+  }
+  const SystemInfo info = ProbeSystem();
+  if (args->Has("json")) {
+    fmt::print("{}\n", ToJson(info));
+  } else {
+    PrintTable(info);
+  }
+  return kExitOk;
+}
+
+}  // namespace memascend::cli
