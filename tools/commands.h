@@ -19,6 +19,7 @@ struct Command {
 };
 
 int RunInfo(std::span<char* const> args);
+int RunPoolSim(std::span<char* const> args);
 
 }  // namespace memascend::cli
 

@@ -14,6 +14,8 @@ namespace {
 
 constexpr Command kCommands[] = {
     {"info", "print what this machine offers and which backends MemAscend picks", RunInfo},
+    {"pool-sim", "replay a training step's pinned-buffer schedule under a memory policy",
+     RunPoolSim},
 };
 
 void PrintHelp(std::FILE* out) {

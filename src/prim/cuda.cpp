@@ -2,6 +2,10 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
+#include <memascend/cuda.h>
+
 #if MEMASCEND_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -52,3 +56,57 @@ CudaInfo ProbeCuda(bool disabled_by_option) {
 }
 
 }  // namespace memascend::prim
+
+namespace memascend {
+
+#if MEMASCEND_HAVE_CUDA
+namespace {
+
+// Owns one CUDA event; ready once the work before it on its stream has finished.
+class CudaEventFence final : public ReuseFence {
+ public:
+  explicit CudaEventFence(cudaEvent_t event) : event_(event) {}
+  ~CudaEventFence() override { cudaEventDestroy(event_); }
+  CudaEventFence(const CudaEventFence&) = delete;
+  CudaEventFence& operator=(const CudaEventFence&) = delete;
+
+  bool Ready() override {
+    // A failed query (a broken stream) must not hold the block forever: the error
+    // surfaces on the stream's own synchronisation.
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) return false;
+    if (err != cudaSuccess) cudaGetLastError();
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_;
+};
+
+}  // namespace
+#endif
+
+absl::StatusOr<std::unique_ptr<ReuseFence>> RecordCudaFence(CudaStreamView stream) {
+#if MEMASCEND_HAVE_CUDA
+  cudaEvent_t event = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        fmt::format("cudaEventCreate: {}", cudaGetErrorString(err)));
+  }
+  auto fence = std::make_unique<CudaEventFence>(event);
+  err = cudaEventRecord(event, static_cast<cudaStream_t>(stream.handle));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(fmt::format("cudaEventRecord: {}", cudaGetErrorString(err)));
+  }
+  return std::unique_ptr<ReuseFence>(std::move(fence));
+#else
+  (void)stream;
+  return absl::FailedPreconditionError(
+      "RecordCudaFence: MemAscend was built without CUDA (MEMASCEND_WITH_CUDA)");
+#endif
+}
+
+}  // namespace memascend

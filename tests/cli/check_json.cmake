@@ -1,0 +1,22 @@
+# Runs `${CLI} ${ARGS}` and checks that it prints one JSON object with each key of
+# KEYS ("name:TYPE" items; TYPE as string(JSON ... TYPE) reports it). CMake's
+# string(JSON) is a real parser.
+execute_process(COMMAND "${CLI}" ${ARGS} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${CLI} ${ARGS} exited with ${rc}")
+endif()
+string(STRIP "${out}" out)
+string(JSON kind ERROR_VARIABLE err TYPE "${out}")
+if(err OR NOT kind STREQUAL "OBJECT")
+  message(FATAL_ERROR "not one JSON object: ${err}\n${out}")
+endif()
+foreach(pair IN LISTS KEYS)
+  string(REPLACE ":" ";" kv "${pair}")
+  list(GET kv 0 key)
+  list(GET kv 1 want)
+  string(JSON got ERROR_VARIABLE err TYPE "${out}" ${key})
+  if(err OR NOT got STREQUAL want)
+    message(FATAL_ERROR "key '${key}': want ${want}, got '${got}' ${err}\n${out}")
+  endif()
+endforeach()
+message(STATUS "JSON OK: ${out}")
