@@ -32,8 +32,8 @@ void PrintRow(const sim::SimResult& r, std::uint64_t zero_reserved) {
                            static_cast<double>(std::max<std::uint64_t>(r.live_peak_bytes, 1));
   std::string vs_zero = "-";
   if (zero_reserved > 0) {
-    vs_zero = fmt::format("{:.3f}", static_cast<double>(r.reserved_peak_bytes) /
-                                        static_cast<double>(zero_reserved));
+    vs_zero = fmt::format(
+        "{:.3f}", static_cast<double>(r.reserved_peak_bytes) / static_cast<double>(zero_reserved));
   }
   fmt::print("{:<14} {:<10} {:>12} {:>12} {:>9.3f} {:>9} {:>8} {:>9} {:>7}\n", r.workload,
              sim::ToString(r.policy), util::FormatBytes(r.live_peak_bytes),
@@ -68,7 +68,8 @@ int RunPoolSim(std::span<char* const> argv) {
     policies = {*p};
   }
   sim::SimOptions options;
-  auto slice = args->GetInt("slice-elements", static_cast<std::int64_t>(options.schedule.optimizer_slice_elements));
+  auto slice = args->GetInt("slice-elements",
+                            static_cast<std::int64_t>(options.schedule.optimizer_slice_elements));
   auto chunk = args->GetBytes("chunk", 0);
   auto steps = args->GetInt("steps", 1);
   if (!steps.ok() || *steps < 1 || *steps > 1000) {
@@ -78,9 +79,9 @@ int RunPoolSim(std::span<char* const> argv) {
   options.steps = static_cast<int>(*steps);
   if (!slice.ok() || !chunk.ok() || *slice <= 0) {
     fmt::print(stderr, "memascend pool-sim: {}\n",
-               !slice.ok() ? Message(slice.status())
-                           : !chunk.ok() ? Message(chunk.status())
-                                         : std::string("--slice-elements must be positive"));
+               !slice.ok()   ? Message(slice.status())
+               : !chunk.ok() ? Message(chunk.status())
+                             : std::string("--slice-elements must be positive"));
     return kExitUsage;
   }
   options.schedule.optimizer_slice_elements = static_cast<std::uint64_t>(*slice);
@@ -93,14 +94,13 @@ int RunPoolSim(std::span<char* const> argv) {
   }
   const bool json = args->Has("json");
   if (!json) {
-    fmt::print("{:<14} {:<10} {:>12} {:>12} {:>9} {:>9} {:>8} {:>9} {:>7}\n", "workload",
-               "policy", "live peak", "reserved", "res/live", "res/zero", "regions", "last step",
-               "classes");
+    fmt::print("{:<14} {:<10} {:>12} {:>12} {:>9} {:>9} {:>8} {:>9} {:>7}\n", "workload", "policy",
+               "live peak", "reserved", "res/live", "res/zero", "regions", "last step", "classes");
   }
   std::vector<sim::SimResult> results;
   for (sim::SimPolicy p : policies) {
-    MemoryLedger ledger(MemoryLedger::Options{.sample_every_update = args->Has("timeline"),
-                                              .sample_rss = false});
+    MemoryLedger ledger(
+        MemoryLedger::Options{.sample_every_update = args->Has("timeline"), .sample_rss = false});
     options.ledger = &ledger;
     auto r = sim::RunPoolSim(*workload, p, options);
     if (!r.ok()) {

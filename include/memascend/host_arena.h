@@ -66,10 +66,10 @@ struct ArenaAllocation {
 
 struct HostArenaStats {
   std::size_t budget_bytes = 0;
-  std::size_t mapped_bytes = 0;       // held from the OS now
+  std::size_t mapped_bytes = 0;  // held from the OS now
   std::size_t mapped_peak_bytes = 0;
-  std::size_t allocated_bytes = 0;    // carved into live allocations
-  std::size_t free_bytes = 0;         // mapped_bytes - allocated_bytes
+  std::size_t allocated_bytes = 0;  // carved into live allocations
+  std::size_t free_bytes = 0;       // mapped_bytes - allocated_bytes
   std::size_t largest_free_extent = 0;
   std::size_t regions = 0;
   std::size_t allocations = 0;

@@ -102,8 +102,8 @@ struct PinnedPoolStats {
   std::size_t in_use_peak_bytes = 0;  // capacity of blocks in use at once, at peak
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
-  std::uint64_t reclaimed_blocks = 0;  // idle blocks given back to the arena on misses
-  std::uint64_t arena_calls = 0;       // misses served by the arena (hole or growth)
+  std::uint64_t reclaimed_blocks = 0;   // idle blocks given back to the arena on misses
+  std::uint64_t arena_calls = 0;        // misses served by the arena (hole or growth)
   std::vector<PoolClassStats> classes;  // classes that ever held a block
 };
 
@@ -118,8 +118,8 @@ class PinnedBlock {
   ~PinnedBlock();
 
   std::byte* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }          // bytes requested
-  std::size_t capacity() const noexcept;                       // bytes of the block
+  std::size_t size() const noexcept { return size_; }  // bytes requested
+  std::size_t capacity() const noexcept;               // bytes of the block
   Use use() const noexcept { return use_; }
   explicit operator bool() const noexcept { return data_ != nullptr; }
 
@@ -152,7 +152,7 @@ class PinnedPool {
   // kInvalidArgument for a bad classes_per_doubling, a negative idle_slack, or an
   // expected size of 0.
   static absl::StatusOr<std::unique_ptr<PinnedPool>> Create(HostArena* arena,
-                                                             PinnedPoolOptions options);
+                                                            PinnedPoolOptions options);
   ~PinnedPool();
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;

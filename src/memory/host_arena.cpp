@@ -1,5 +1,3 @@
-#include <memascend/host_arena.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +11,8 @@
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
 
+#include <memascend/host_arena.h>
+
 #include "prim/cuda.h"
 #include "prim/memory.h"
 #include "prim/os.h"
@@ -22,10 +22,14 @@ namespace memascend {
 
 std::string_view ToString(ArenaBacking backing) noexcept {
   switch (backing) {
-    case ArenaBacking::kAuto: return "auto";
-    case ArenaBacking::kCudaRegistered: return "cuda_registered";
-    case ArenaBacking::kMlock: return "mlock";
-    case ArenaBacking::kAccounting: return "accounting";
+    case ArenaBacking::kAuto:
+      return "auto";
+    case ArenaBacking::kCudaRegistered:
+      return "cuda_registered";
+    case ArenaBacking::kMlock:
+      return "mlock";
+    case ArenaBacking::kAccounting:
+      return "accounting";
   }
   return "unknown";
 }
@@ -36,10 +40,13 @@ constexpr std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 
 
 prim::RegionBacking ToRegionBacking(ArenaBacking backing) {
   switch (backing) {
-    case ArenaBacking::kCudaRegistered: return prim::RegionBacking::kCudaRegistered;
-    case ArenaBacking::kAccounting: return prim::RegionBacking::kAccounting;
+    case ArenaBacking::kCudaRegistered:
+      return prim::RegionBacking::kCudaRegistered;
+    case ArenaBacking::kAccounting:
+      return prim::RegionBacking::kAccounting;
     case ArenaBacking::kMlock:
-    case ArenaBacking::kAuto: break;
+    case ArenaBacking::kAuto:
+      break;
   }
   return prim::RegionBacking::kMlock;
 }
@@ -174,9 +181,9 @@ struct HostArena::Impl {
       return Checked(Carve(*fit, rounded, bytes, use));
     }
     if (!allow_growth) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "host arena: no free extent holds {} (largest free extent {})",
-          util::FormatBytes(rounded), util::FormatBytes(LargestFreeLocked())));
+      return absl::ResourceExhaustedError(
+          fmt::format("host arena: no free extent holds {} (largest free extent {})",
+                      util::FormatBytes(rounded), util::FormatBytes(LargestFreeLocked())));
     }
     ReleaseFreeRegionsLocked();  // Note [arena growth]
     const std::size_t page = prim::PageSize();
@@ -190,8 +197,8 @@ struct HostArena::Impl {
           util::FormatBytes(LargestFreeLocked())));
     }
     const std::size_t want = std::min(std::max(RoundUp(rounded, page), options.chunk_bytes), left);
-    auto mem = prim::MappedRegion::Map(want, prim::RegionOptions{ToRegionBacking(options.backing),
-                                                                 options.numa_node});
+    auto mem = prim::MappedRegion::Map(
+        want, prim::RegionOptions{ToRegionBacking(options.backing), options.numa_node});
     if (!mem.ok()) {
       return absl::Status(mem.status().code(),
                           fmt::format("host arena: growing by {}: {}", util::FormatBytes(want),
@@ -243,7 +250,8 @@ struct HostArena::Impl {
       live_sum += l.size;
     }
     if (live_sum != allocated) return absl::InternalError("allocated counter disagrees");
-    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.addr < b.addr; });
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.addr < b.addr; });
     std::size_t mapped_sum = 0;
     auto p = pieces.begin();
     for (const auto& [begin, region] : regions) {
@@ -288,9 +296,9 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOpti
     return absl::InvalidArgumentError("host arena: budget_bytes must be positive");
   }
   if (options.chunk_bytes % prim::PageSize() != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "host arena: chunk_bytes {} is not a multiple of the page size {}", options.chunk_bytes,
-        prim::PageSize()));
+    return absl::InvalidArgumentError(
+        fmt::format("host arena: chunk_bytes {} is not a multiple of the page size {}",
+                    options.chunk_bytes, prim::PageSize()));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -301,8 +309,8 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOpti
   if (impl->options.backing == ArenaBacking::kCudaRegistered) {
     const CudaInfo cuda = prim::ProbeCuda(false);
     if (cuda.device_count == 0) {
-      return absl::FailedPreconditionError(fmt::format(
-          "host arena: CUDA-registered backing needs a CUDA device ({})", cuda.status));
+      return absl::FailedPreconditionError(
+          fmt::format("host arena: CUDA-registered backing needs a CUDA device ({})", cuda.status));
     }
   }
   return std::unique_ptr<HostArena>(new HostArena(std::move(impl)));
@@ -326,10 +334,10 @@ absl::Status HostArena::Free(void* data) {
   if (it == m.live.end()) {
     auto region = m.regions.upper_bound(addr);
     const bool inside = region != m.regions.begin() && std::prev(region)->second->end() > addr;
-    return absl::InvalidArgumentError(fmt::format(
-        "host arena: {} is {}", data,
-        inside ? "not the start of a live allocation (interior pointer, or freed twice)"
-               : "not from this arena"));
+    return absl::InvalidArgumentError(
+        fmt::format("host arena: {} is {}", data,
+                    inside ? "not the start of a live allocation (interior pointer, or freed twice)"
+                           : "not from this arena"));
   }
   const Impl::Live l = it->second;
   m.live.erase(it);

@@ -1,10 +1,10 @@
-#include <memascend/memory_ledger.h>
-
 #include <algorithm>
 #include <fstream>
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
+
+#include <memascend/memory_ledger.h>
 
 #include "prim/memory.h"
 
@@ -12,24 +12,36 @@ namespace memascend {
 
 std::string_view ToString(Tier tier) noexcept {
   switch (tier) {
-    case Tier::kPinnedHost: return "pinned_host";
-    case Tier::kPageableHost: return "pageable_host";
-    case Tier::kGpu: return "gpu";
-    case Tier::kNvme: return "nvme";
+    case Tier::kPinnedHost:
+      return "pinned_host";
+    case Tier::kPageableHost:
+      return "pageable_host";
+    case Tier::kGpu:
+      return "gpu";
+    case Tier::kNvme:
+      return "nvme";
   }
   return "unknown";
 }
 
 std::string_view ToString(Use use) noexcept {
   switch (use) {
-    case Use::kParameters: return "parameters";
-    case Use::kGradients: return "gradients";
-    case Use::kOptimizerState: return "optimizer_state";
-    case Use::kActivations: return "activations";
-    case Use::kStaging: return "staging";
-    case Use::kOther: return "other";
-    case Use::kCached: return "cached";
-    case Use::kFree: return "free";
+    case Use::kParameters:
+      return "parameters";
+    case Use::kGradients:
+      return "gradients";
+    case Use::kOptimizerState:
+      return "optimizer_state";
+    case Use::kActivations:
+      return "activations";
+    case Use::kStaging:
+      return "staging";
+    case Use::kOther:
+      return "other";
+    case Use::kCached:
+      return "cached";
+    case Use::kFree:
+      return "free";
   }
   return "unknown";
 }
@@ -140,7 +152,9 @@ std::string MemoryLedger::TimelineCsv() const {
   for (const LedgerSample& s : Timeline()) {
     // Labels are the caller's: keep the CSV well-formed whatever they contain.
     std::string label = s.label;
-    std::replace_if(label.begin(), label.end(), [](char ch) { return ch == ',' || ch == '\n' || ch == '"'; }, ' ');
+    std::replace_if(
+        label.begin(), label.end(), [](char ch) { return ch == ',' || ch == '\n' || ch == '"'; },
+        ' ');
     out += fmt::format("{:.6f},{}", s.seconds, label);
     for (int t = 0; t < kTierCount; ++t) out += fmt::format(",{},{}", s.live[t], s.reserved[t]);
     out += fmt::format(",{}\n", s.rss_bytes);

@@ -1,5 +1,3 @@
-#include <memascend/pinned_pool.h>
-
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -11,6 +9,8 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
+
+#include <memascend/pinned_pool.h>
 
 #include "util/units.h"
 
@@ -27,8 +27,10 @@ namespace memascend {
 
 std::string_view ToString(PoolPolicy policy) noexcept {
   switch (policy) {
-    case PoolPolicy::kAdaptive: return "adaptive";
-    case PoolPolicy::kPow2: return "pow2";
+    case PoolPolicy::kAdaptive:
+      return "adaptive";
+    case PoolPolicy::kPow2:
+      return "pow2";
   }
   return "unknown";
 }
@@ -38,7 +40,7 @@ namespace {
 constexpr std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 constexpr int kBlockShift = 12;  // log2(kHostBlockBytes)
 static_assert(std::size_t{1} << kBlockShift == kHostBlockBytes);
-constexpr int kMaxShift = 62;    // largest class: 4 EiB, far past any budget
+constexpr int kMaxShift = 62;  // largest class: 4 EiB, far past any budget
 constexpr std::size_t kMaxRequest = std::size_t{1} << kMaxShift;
 
 void AtomicMax(std::atomic<std::size_t>& target, std::size_t value) {
@@ -126,7 +128,8 @@ struct PinnedPool::Impl {
       classes.push_back(std::move(c));
     };
     if (options.policy == PoolPolicy::kPow2) {
-      for (int shift = kBlockShift; shift <= kMaxShift; ++shift) add(std::size_t{1} << shift, false);
+      for (int shift = kBlockShift; shift <= kMaxShift; ++shift)
+        add(std::size_t{1} << shift, false);
       return;
     }
     std::vector<std::size_t> sizes;
@@ -155,7 +158,8 @@ struct PinnedPool::Impl {
       if (c->last_use.load(std::memory_order_relaxed) != 0) order.push_back(c.get());
     }
     std::sort(order.begin(), order.end(), [](const Class* a, const Class* b) {
-      return a->last_use.load(std::memory_order_relaxed) < b->last_use.load(std::memory_order_relaxed);
+      return a->last_use.load(std::memory_order_relaxed) <
+             b->last_use.load(std::memory_order_relaxed);
     });
     std::size_t given = 0;
     std::vector<std::byte*> blocks;
@@ -189,7 +193,8 @@ struct PinnedPool::Impl {
       if (hole.ok()) return hole;
       if (options.reclaim_idle_on_miss) {
         const std::size_t peak = in_use_peak.load(std::memory_order_relaxed);
-        const auto bound = static_cast<std::size_t>(static_cast<double>(peak) * (1.0 + options.idle_slack));
+        const auto bound =
+            static_cast<std::size_t>(static_cast<double>(peak) * (1.0 + options.idle_slack));
         const std::size_t after = held.load(std::memory_order_relaxed) + block;
         if (after > bound && GiveBackIdle(after - bound) > 0) {
           reclaimed.fetch_add(1, std::memory_order_relaxed);
@@ -229,8 +234,8 @@ absl::StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(HostArena* arena,
   if (arena == nullptr) return absl::InvalidArgumentError("pinned pool: arena is null");
   const int d = options.classes_per_doubling;
   if (d < 1 || d > 64 || !std::has_single_bit(static_cast<unsigned>(d))) {
-    return absl::InvalidArgumentError(
-        fmt::format("pinned pool: classes_per_doubling must be a power of two in 1..64, got {}", d));
+    return absl::InvalidArgumentError(fmt::format(
+        "pinned pool: classes_per_doubling must be a power of two in 1..64, got {}", d));
   }
   if (!(options.idle_slack >= 0.0)) {
     return absl::InvalidArgumentError("pinned pool: idle_slack must be >= 0");
@@ -258,7 +263,8 @@ absl::StatusOr<PinnedBlock> PinnedPool::Allocate(std::size_t bytes, Use use) {
   }
   Impl::Class& c = *m.classes[static_cast<std::size_t>(cls)];
   c.last_use.store(m.tick.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  AtomicMax(m.in_use_peak, m.in_use.fetch_add(c.block_bytes, std::memory_order_relaxed) + c.block_bytes);
+  AtomicMax(m.in_use_peak,
+            m.in_use.fetch_add(c.block_bytes, std::memory_order_relaxed) + c.block_bytes);
   std::byte* data = nullptr;
   {
     absl::MutexLock lock(&c.mu);
@@ -328,8 +334,8 @@ absl::Status PinnedPool::Free(void* data, std::size_t bytes, Use use,
   const int cls = m.ClassOf(bytes);
   if (p == nullptr || cls < 0 || reinterpret_cast<std::uintptr_t>(p) % kHostBlockBytes != 0) {
     return absl::InvalidArgumentError(fmt::format(
-        "pinned pool: Free({}, {}): not a block of this pool (null, misaligned or bad size)",
-        data, bytes));
+        "pinned pool: Free({}, {}): not a block of this pool (null, misaligned or bad size)", data,
+        bytes));
   }
   if (m.options.debug_checks) {
     absl::MutexLock lock(&m.live_mu);

@@ -17,18 +17,24 @@ namespace memascend::sim {
 
 std::string_view ToString(Phase phase) noexcept {
   switch (phase) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kOptimizer: return "optimizer";
+    case Phase::kForward:
+      return "forward";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kOptimizer:
+      return "optimizer";
   }
   return "unknown";
 }
 
 std::string_view ToString(SimPolicy policy) noexcept {
   switch (policy) {
-    case SimPolicy::kMemAscend: return "memascend";
-    case SimPolicy::kPow2: return "pow2";
-    case SimPolicy::kZero: return "zero";
+    case SimPolicy::kMemAscend:
+      return "memascend";
+    case SimPolicy::kPow2:
+      return "pow2";
+    case SimPolicy::kZero:
+      return "zero";
   }
   return "unknown";
 }
@@ -188,10 +194,12 @@ absl::StatusOr<SimResult> RunPoolSim(const Workload& workload, SimPolicy policy,
   if (policy == SimPolicy::kZero) {
     // Enough buffers for this schedule, never fewer than DeepSpeed's configuration.
     ZeroSwapConfig config = zc;
-    config.param_buffer_count = std::max(zc.param_buffer_count, PeakConcurrent(schedule, swapped_param));
-    config.optimizer_buffer_count = std::max(
-        zc.optimizer_buffer_count,
-        PeakConcurrent(schedule, [](const ScheduleEvent& e) { return e.phase == Phase::kOptimizer; }));
+    config.param_buffer_count =
+        std::max(zc.param_buffer_count, PeakConcurrent(schedule, swapped_param));
+    config.optimizer_buffer_count =
+        std::max(zc.optimizer_buffer_count, PeakConcurrent(schedule, [](const ScheduleEvent& e) {
+                   return e.phase == Phase::kOptimizer;
+                 }));
     const std::vector<std::uint64_t> groups = ZeroSubGroups(workload, zc.sub_group_size);
     MEMASCEND_ASSIGN_OR_RETURN(
         zero, ZeroSwapBuffers::Create(pool.get(), config, workload.largest_numel,
@@ -208,26 +216,26 @@ absl::StatusOr<SimResult> RunPoolSim(const Workload& workload, SimPolicy policy,
   std::vector<Held> held(schedule.requests);
   std::uint64_t regions_before_last = 0;
   for (int step = 0; step < options.steps; ++step) {
-  if (step + 1 == options.steps) regions_before_last = arena->stats().regions_mapped_total;
-  for (const ScheduleEvent& e : schedule.events) {
-    Held& slot = held[e.id];
-    if (e.kind == ScheduleEvent::Kind::kAlloc) {
-      if (zero != nullptr && (e.phase == Phase::kOptimizer || swapped_param(e))) {
-        const auto kind = e.phase == Phase::kOptimizer ? ZeroSwapBuffers::Kind::kOptimizer
-                                                       : ZeroSwapBuffers::Kind::kParameter;
-        MEMASCEND_ASSIGN_OR_RETURN(slot, zero->Acquire(kind, e.bytes));
+    if (step + 1 == options.steps) regions_before_last = arena->stats().regions_mapped_total;
+    for (const ScheduleEvent& e : schedule.events) {
+      Held& slot = held[e.id];
+      if (e.kind == ScheduleEvent::Kind::kAlloc) {
+        if (zero != nullptr && (e.phase == Phase::kOptimizer || swapped_param(e))) {
+          const auto kind = e.phase == Phase::kOptimizer ? ZeroSwapBuffers::Kind::kOptimizer
+                                                         : ZeroSwapBuffers::Kind::kParameter;
+          MEMASCEND_ASSIGN_OR_RETURN(slot, zero->Acquire(kind, e.bytes));
+        } else {
+          MEMASCEND_ASSIGN_OR_RETURN(slot, pool->Allocate(e.bytes, e.use));
+        }
+      } else if (auto* buffer = std::get_if<ZeroSwapBuffers::Buffer>(&slot)) {
+        MEMASCEND_RETURN_IF_ERROR(zero->Release(*buffer));
+        slot = std::monostate();
       } else {
-        MEMASCEND_ASSIGN_OR_RETURN(slot, pool->Allocate(e.bytes, e.use));
+        slot = std::monostate();  // returns the block to its class
       }
-    } else if (auto* buffer = std::get_if<ZeroSwapBuffers::Buffer>(&slot)) {
-      MEMASCEND_RETURN_IF_ERROR(zero->Release(*buffer));
-      slot = std::monostate();
-    } else {
-      slot = std::monostate();  // returns the block to its class
+      auto& phase_peak = r.phase_reserved_peak_bytes[static_cast<int>(e.phase)];
+      phase_peak = std::max<std::uint64_t>(phase_peak, arena->stats().mapped_bytes);
     }
-    auto& phase_peak = r.phase_reserved_peak_bytes[static_cast<int>(e.phase)];
-    phase_peak = std::max<std::uint64_t>(phase_peak, arena->stats().mapped_bytes);
-  }
   }
   const HostArenaStats a = arena->stats();
   const PinnedPoolStats p = pool->stats();
@@ -250,10 +258,10 @@ std::string ToJson(const SimResult& r) {
   w.Field("requests", r.requests);
   w.Field("live_peak_bytes", r.live_peak_bytes);
   w.Field("reserved_peak_bytes", r.reserved_peak_bytes);
-  w.Field("reserved_over_live",
-          r.live_peak_bytes == 0 ? 0.0
-                                 : static_cast<double>(r.reserved_peak_bytes) /
-                                       static_cast<double>(r.live_peak_bytes));
+  w.Field("reserved_over_live", r.live_peak_bytes == 0
+                                    ? 0.0
+                                    : static_cast<double>(r.reserved_peak_bytes) /
+                                          static_cast<double>(r.live_peak_bytes));
   w.Key("phases").BeginObject();
   for (int i = 0; i < kPhaseCount; ++i) {
     w.Key(ToString(static_cast<Phase>(i))).BeginObject();

@@ -36,7 +36,7 @@ struct ScheduleEvent {
   Kind kind;
   Phase phase;
   Use use;
-  std::uint32_t id;    // an allocation and its free share the id
+  std::uint32_t id;  // an allocation and its free share the id
   std::uint64_t bytes;
 };
 
@@ -64,7 +64,7 @@ absl::StatusOr<SimPolicy> ParseSimPolicy(std::string_view name);
 
 struct SimOptions {
   ScheduleOptions schedule;
-  ZeroSwapConfig zero;            // the zero policy's configuration (DeepSpeed defaults)
+  ZeroSwapConfig zero;                // the zero policy's configuration (DeepSpeed defaults)
   std::size_t arena_chunk_bytes = 0;  // 0: one region per growth, exactly the request
   int steps = 1;                      // the step's schedule is replayed this many times
   MemoryLedger* ledger = nullptr;     // optional: receives the pinned-tier accounting

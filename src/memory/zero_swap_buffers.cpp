@@ -52,16 +52,16 @@ absl::StatusOr<ZeroSwapBuffers::Buffer> ZeroSwapBuffers::Acquire(Kind kind, std:
   const bool param = kind == Kind::kParameter;
   const std::size_t capacity = param ? param_buffer_bytes_ : optimizer_buffer_bytes_;
   if (bytes > capacity) {
-    return absl::InvalidArgumentError(fmt::format(
-        "More elements ({} bytes) than {} swap buffer size ({} bytes)", bytes,
-        param ? "parameter" : "optimizer", capacity));
+    return absl::InvalidArgumentError(
+        fmt::format("More elements ({} bytes) than {} swap buffer size ({} bytes)", bytes,
+                    param ? "parameter" : "optimizer", capacity));
   }
   std::vector<bool>& busy = param ? param_busy_ : optimizer_busy_;
   const auto it = std::find(busy.begin(), busy.end(), false);
   if (it == busy.end()) {
-    return absl::ResourceExhaustedError(fmt::format(
-        "all {} {} swap buffers are in use (raise buffer_count)", busy.size(),
-        param ? "parameter" : "optimizer"));
+    return absl::ResourceExhaustedError(
+        fmt::format("all {} {} swap buffers are in use (raise buffer_count)", busy.size(),
+                    param ? "parameter" : "optimizer"));
   }
   *it = true;
   const int index = static_cast<int>(it - busy.begin());

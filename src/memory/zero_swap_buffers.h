@@ -29,9 +29,9 @@ struct ZeroSwapConfig {
   std::uint64_t param_buffer_elements = 100'000'000;  // raised to the largest parameter
   std::size_t param_element_bytes = 2;                // fp16 / bf16
   std::size_t optimizer_buffer_count = 4;
-  std::uint64_t sub_group_size = 1'000'000'000;       // elements
-  std::size_t optimizer_element_bytes = 4;            // fp32
-  std::size_t min_swap_bytes = 1u << 20;              // smaller tensors are not swapped
+  std::uint64_t sub_group_size = 1'000'000'000;  // elements
+  std::size_t optimizer_element_bytes = 4;       // fp32
+  std::size_t min_swap_bytes = 1u << 20;         // smaller tensors are not swapped
 };
 
 // Element counts of ZeRO's optimizer sub-groups: consecutive tensors packed until a
@@ -50,9 +50,9 @@ class ZeroSwapBuffers {
 
   // Allocates every buffer up front from `pow2_pool` (PoolPolicy::kPow2).
   static absl::StatusOr<std::unique_ptr<ZeroSwapBuffers>> Create(PinnedPool* pow2_pool,
-                                                                  const ZeroSwapConfig& config,
-                                                                  std::uint64_t largest_param_numel,
-                                                                  std::uint64_t largest_sub_group);
+                                                                 const ZeroSwapConfig& config,
+                                                                 std::uint64_t largest_param_numel,
+                                                                 std::uint64_t largest_sub_group);
 
   // A free buffer of `kind` for a tensor of `bytes`. kInvalidArgument past the buffer
   // size; kResourceExhausted when all buffers of that kind are taken.
@@ -69,7 +69,7 @@ class ZeroSwapBuffers {
   ZeroSwapConfig config_;
   std::size_t param_buffer_bytes_ = 0;
   std::size_t optimizer_buffer_bytes_ = 0;
-  PinnedBlock param_pool_;                  // one allocation, as DeepSpeed pins it
+  PinnedBlock param_pool_;                   // one allocation, as DeepSpeed pins it
   std::vector<PinnedBlock> optimizer_pool_;  // one allocation per buffer
   std::vector<bool> param_busy_, optimizer_busy_;
 };

@@ -1,18 +1,17 @@
 #include "prim/memory.h"
 
-#include <numa.h>
-#include <numaif.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <utility>
 
 #include <fmt/format.h>
+#include <numa.h>
+#include <numaif.h>
 
 #include "prim/os.h"
 #include "util/strings.h"
@@ -44,9 +43,8 @@ std::string MemlockAdvice(std::size_t bytes) {
 
 absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOptions& options) {
   if (bytes == 0 || bytes % PageSize() != 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("region size {} is not a positive multiple of the page size {}", bytes,
-                    PageSize()));
+    return absl::InvalidArgumentError(fmt::format(
+        "region size {} is not a positive multiple of the page size {}", bytes, PageSize()));
   }
   const bool accounting = options.backing == RegionBacking::kAccounting;
   const int prot = accounting ? PROT_NONE : PROT_READ | PROT_WRITE;
@@ -65,9 +63,9 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
 
   if (options.numa_node >= 0) {
     if (numa_available() < 0 || options.numa_node > numa_max_node()) {
-      return absl::InvalidArgumentError(fmt::format(
-          "NUMA node {} does not exist (this machine has {} node(s))", options.numa_node,
-          numa_available() < 0 ? 1 : numa_max_node() + 1));
+      return absl::InvalidArgumentError(
+          fmt::format("NUMA node {} does not exist (this machine has {} node(s))",
+                      options.numa_node, numa_available() < 0 ? 1 : numa_max_node() + 1));
     }
     unsigned long mask = 1ul << options.numa_node;  // NOLINT(google-runtime-int): mbind's type
     if (::mbind(p, bytes, MPOL_BIND, &mask, sizeof(mask) * 8, MPOL_MF_STRICT) != 0) {
@@ -90,8 +88,8 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
   if (err != cudaSuccess) {
     cudaGetLastError();
     region.backing_ = RegionBacking::kAccounting;
-    return absl::ResourceExhaustedError(fmt::format("cudaHostRegister: {}; {}",
-                                                    cudaGetErrorString(err), MemlockAdvice(bytes)));
+    return absl::ResourceExhaustedError(
+        fmt::format("cudaHostRegister: {}; {}", cudaGetErrorString(err), MemlockAdvice(bytes)));
   }
   return region;
 #else

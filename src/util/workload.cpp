@@ -1,9 +1,9 @@
-#include <memascend/workload.h>
-
 #include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
+
+#include <memascend/workload.h>
 
 #include "util/strings.h"
 
@@ -62,7 +62,8 @@ absl::StatusOr<Workload> ParseWorkload(std::string_view text, std::string_view f
     WorkloadTensor t;
     t.name = std::string(util::Trim(line.substr(0, tab)));
     if (t.name.empty()) {
-      return absl::InvalidArgumentError(fmt::format("workload line {}: empty tensor name", line_no));
+      return absl::InvalidArgumentError(
+          fmt::format("workload line {}: empty tensor name", line_no));
     }
     std::string_view shape = util::Trim(line.substr(tab + 1));
     t.numel = 1;
@@ -89,8 +90,7 @@ absl::StatusOr<Workload> ParseWorkload(std::string_view text, std::string_view f
     w.tensors.push_back(std::move(t));
   }
   if (w.tensors.empty()) {
-    return absl::InvalidArgumentError(
-        fmt::format("workload '{}' lists no tensors", fallback_name));
+    return absl::InvalidArgumentError(fmt::format("workload '{}' lists no tensors", fallback_name));
   }
   if (w.name.empty()) w.name = std::string(fallback_name);
   return w;

@@ -1,18 +1,16 @@
-#include <memascend/host_arena.h>
-
+#include <cstring>
 #include <linux/capability.h>
+#include <random>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstring>
-#include <random>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include <memascend/host_arena.h>
 #include <memascend/memory_ledger.h>
 #include <memascend/system.h>
 
@@ -44,9 +42,13 @@ std::unique_ptr<HostArena> MakeArena(std::size_t budget, std::size_t chunk,
 TEST(HostArena, SizesAreRoundedToTheBlockOnlyAndAligned) {
   auto arena = MakeArena(16 * kMiB, 4 * kMiB);
   std::vector<ArenaAllocation> all;
-  for (const auto& [ask, want] : std::vector<std::pair<std::size_t, std::size_t>>{
-           {1, 4096}, {4095, 4096}, {4096, 4096}, {4097, 8192}, {10000, 12288},
-           {5 * kMiB / 2 + 1, 5 * kMiB / 2 + 4096}}) {
+  for (const auto& [ask, want] :
+       std::vector<std::pair<std::size_t, std::size_t>>{{1, 4096},
+                                                        {4095, 4096},
+                                                        {4096, 4096},
+                                                        {4097, 8192},
+                                                        {10000, 12288},
+                                                        {5 * kMiB / 2 + 1, 5 * kMiB / 2 + 4096}}) {
     ASSERT_OK_AND_ASSIGN(ArenaAllocation a, arena->Allocate(ask));
     EXPECT_EQ(a.size, want) << ask;
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data) % kHostBlockBytes, 0u);
@@ -266,7 +268,8 @@ TEST(HostArena, ReportsToTheLedger) {
     EXPECT_EQ(s.tier(Tier::kPinnedHost).reserved, static_cast<std::int64_t>(kMiB));
     EXPECT_EQ(s.tier(Tier::kPinnedHost).live, 10000);
     EXPECT_EQ(s.use(Tier::kPinnedHost, Use::kParameters).reserved, 12288);
-    EXPECT_EQ(s.use(Tier::kPinnedHost, Use::kFree).reserved, static_cast<std::int64_t>(kMiB - 12288));
+    EXPECT_EQ(s.use(Tier::kPinnedHost, Use::kFree).reserved,
+              static_cast<std::int64_t>(kMiB - 12288));
     ASSERT_OK(arena->Free(a.data));
     s = ledger.Snapshot();
     EXPECT_EQ(s.tier(Tier::kPinnedHost).live, 0);

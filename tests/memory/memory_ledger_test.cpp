@@ -1,13 +1,12 @@
-#include <memascend/memory_ledger.h>
-
-#include <unistd.h>
-
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <memascend/memory_ledger.h>
 
 #include "testing/status_matchers.h"
 
@@ -30,8 +29,9 @@ TEST(MemoryLedger, PeaksFollowAHandComputedSchedule) {
   // t4: optimizer state 150/160 reuses cached bytes: tier 210/192 reserved
   ledger.Update(kPinned, {{Use::kCached, 0, -128}, {Use::kOptimizerState, 150, 160}});
   // t5: everything freed, the cache keeps 224
-  ledger.Update(kPinned, {{Use::kGradients, -60, -64}, {Use::kOptimizerState, -150, -160},
-                          {Use::kCached, 0, 224}});
+  ledger.Update(
+      kPinned,
+      {{Use::kGradients, -60, -64}, {Use::kOptimizerState, -150, -160}, {Use::kCached, 0, 224}});
   ledger.Update(Tier::kNvme, {{Use::kParameters, 1000, 4096}});
 
   const LedgerSnapshot s = ledger.Snapshot();

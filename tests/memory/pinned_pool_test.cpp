@@ -1,5 +1,3 @@
-#include <memascend/pinned_pool.h>
-
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -12,6 +10,7 @@
 #include <memascend/cuda.h>
 #include <memascend/host_arena.h>
 #include <memascend/memory_ledger.h>
+#include <memascend/pinned_pool.h>
 #include <memascend/system.h>
 #include <memascend/workload.h>
 
@@ -82,7 +81,8 @@ TEST(PinnedPool, DerivesClassesFromEveryRealWorkload) {
       const std::size_t odd = s + 3 * 4096 + 17;
       const std::size_t block = f.pool->BlockBytesFor(odd);
       EXPECT_GE(block, odd);
-      EXPECT_LE(static_cast<double>(block - RoundUp(odd)) / static_cast<double>(block), 1.0 / 9.0 + 1e-9)
+      EXPECT_LE(static_cast<double>(block - RoundUp(odd)) / static_cast<double>(block),
+                1.0 / 9.0 + 1e-9)
           << name << " " << odd;
     }
   }
@@ -93,8 +93,8 @@ TEST(PinnedPool, GeometricClassesPerDoubling) {
   options.classes_per_doubling = 4;
   Fixture f = Make(options, kMiB, 0, ArenaBacking::kAccounting);
   EXPECT_EQ(f.pool->BlockBytesFor(1), 4096u);
-  EXPECT_EQ(f.pool->BlockBytesFor(12288), 12288u);         // 4 KiB steps below 16 KiB
-  EXPECT_EQ(f.pool->BlockBytesFor(16385), 20480u);         // 16 KiB + 4 KiB
+  EXPECT_EQ(f.pool->BlockBytesFor(12288), 12288u);  // 4 KiB steps below 16 KiB
+  EXPECT_EQ(f.pool->BlockBytesFor(16385), 20480u);  // 16 KiB + 4 KiB
   EXPECT_EQ(f.pool->BlockBytesFor(kMiB + 1), kMiB + kMiB / 4);
   EXPECT_EQ(f.pool->BlockBytesFor(2 * kMiB), 2 * kMiB);
   EXPECT_EQ(f.pool->BlockBytesFor(0), 0u);
@@ -335,7 +335,8 @@ TEST(PinnedPool, ReportsLiveAndReservedByUseToTheLedger) {
   EXPECT_EQ(use(Use::kGradients).reserved, 0);
   EXPECT_EQ(use(Use::kCached).reserved, 12288);
   const LedgerSnapshot s = ledger.Snapshot();
-  EXPECT_EQ(s.tier(Tier::kPinnedHost).reserved, static_cast<std::int64_t>(f.arena->stats().mapped_bytes));
+  EXPECT_EQ(s.tier(Tier::kPinnedHost).reserved,
+            static_cast<std::int64_t>(f.arena->stats().mapped_bytes));
   EXPECT_EQ(s.tier(Tier::kPinnedHost).live_peak, 10000);
   f.pool->Trim();
   EXPECT_EQ(ledger.Snapshot().tier(Tier::kPinnedHost).reserved, 0);
@@ -348,13 +349,16 @@ TEST(PinnedPool, RejectsBadOptions) {
   ASSERT_OK_AND_ASSIGN(auto arena, HostArena::Create(a));
   PinnedPoolOptions options;
   options.classes_per_doubling = 6;
-  EXPECT_THAT(PinnedPool::Create(arena.get(), options), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(PinnedPool::Create(arena.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   options.classes_per_doubling = 8;
   options.expected_sizes = {0};
-  EXPECT_THAT(PinnedPool::Create(arena.get(), options), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(PinnedPool::Create(arena.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   options.expected_sizes = {};
   options.idle_slack = -1;
-  EXPECT_THAT(PinnedPool::Create(arena.get(), options), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(PinnedPool::Create(arena.get(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(PinnedPool::Create(nullptr, PinnedPoolOptions{}),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }

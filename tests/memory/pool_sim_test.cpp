@@ -1,10 +1,9 @@
 #include "memory/pool_sim.h"
 
-#include <unistd.h>
-
 #include <bit>
 #include <fstream>
 #include <random>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -73,7 +72,8 @@ TEST(PoolSim, LedgerAgreesWithTheResult) {
     o.ledger = &ledger;
     ASSERT_OK_AND_ASSIGN(SimResult r, RunPoolSim(w, p, o));
     const LedgerSnapshot s = ledger.Snapshot();
-    EXPECT_EQ(s.tier(Tier::kPinnedHost).reserved_peak, static_cast<std::int64_t>(r.reserved_peak_bytes))
+    EXPECT_EQ(s.tier(Tier::kPinnedHost).reserved_peak,
+              static_cast<std::int64_t>(r.reserved_peak_bytes))
         << ToString(p);
     if (p != SimPolicy::kZero) {  // zero's buffers are live for the whole run
       EXPECT_EQ(s.tier(Tier::kPinnedHost).live_peak, static_cast<std::int64_t>(r.live_peak_bytes))
@@ -94,7 +94,7 @@ TEST(PoolSim, MemAscendHoldsWhatIsInUse) {
   EXPECT_EQ(r.reserved_peak_bytes, r.live_peak_bytes);  // all sizes are 4 KiB multiples
   ASSERT_OK_AND_ASSIGN(SimResult p, RunPoolSim(w, SimPolicy::kPow2, o));
   EXPECT_GT(p.reserved_peak_bytes, r.reserved_peak_bytes);  // 12288 -> 16384 blocks
-  EXPECT_EQ(p.regions_mapped_last_step, 0u);  // pow2 caches forever
+  EXPECT_EQ(p.regions_mapped_last_step, 0u);                // pow2 caches forever
 }
 
 TEST(PoolSim, ZeroPolicySizesBuffersByItsRules) {
@@ -159,9 +159,11 @@ TEST(PoolSim, TargetsOnTheShippedWorkloads) {
     ASSERT_OK_AND_ASSIGN(SimResult p, RunPoolSim(w, SimPolicy::kPow2, SimOptions{}));
     ASSERT_OK_AND_ASSIGN(SimResult z, RunPoolSim(w, SimPolicy::kZero, SimOptions{}));
     EXPECT_EQ(m.live_peak_bytes, z.live_peak_bytes);
-    EXPECT_LE(static_cast<double>(m.reserved_peak_bytes), 1.02 * static_cast<double>(m.live_peak_bytes))
+    EXPECT_LE(static_cast<double>(m.reserved_peak_bytes),
+              1.02 * static_cast<double>(m.live_peak_bytes))
         << name;
-    EXPECT_LE(static_cast<double>(m.reserved_peak_bytes), 0.40 * static_cast<double>(z.reserved_peak_bytes))
+    EXPECT_LE(static_cast<double>(m.reserved_peak_bytes),
+              0.40 * static_cast<double>(z.reserved_peak_bytes))
         << name;
     EXPECT_LT(m.reserved_peak_bytes, p.reserved_peak_bytes) << name;
   }
@@ -176,8 +178,8 @@ TEST(PoolSim, AdaptsToWorkloadsItHasNeverSeen) {
     const int ffn = hidden * pick(2, 4) + 64 * pick(0, 8);
     const int vocab = pick(1000, 160000);
     const int layers = pick(2, 40);
-    const std::string path =
-        ::testing::TempDir() + "/unseen_" + std::to_string(getpid()) + "_" + std::to_string(seed) + ".tsv";
+    const std::string path = ::testing::TempDir() + "/unseen_" + std::to_string(getpid()) + "_" +
+                             std::to_string(seed) + ".tsv";
     {
       std::ofstream f(path);
       f << "# unseen-" << seed << ": random model\n";
@@ -194,7 +196,8 @@ TEST(PoolSim, AdaptsToWorkloadsItHasNeverSeen) {
     ASSERT_OK_AND_ASSIGN(Workload w, LoadWorkload(path));
     std::remove(path.c_str());
     ASSERT_OK_AND_ASSIGN(SimResult m, RunPoolSim(w, SimPolicy::kMemAscend, SimOptions{}));
-    EXPECT_LE(static_cast<double>(m.reserved_peak_bytes), 1.02 * static_cast<double>(m.live_peak_bytes))
+    EXPECT_LE(static_cast<double>(m.reserved_peak_bytes),
+              1.02 * static_cast<double>(m.live_peak_bytes))
         << "seed " << seed << " hidden " << hidden << " ffn " << ffn << " vocab " << vocab;
   }
 }

@@ -1,6 +1,6 @@
-#include <memascend/workload.h>
-
 #include <gtest/gtest.h>
+
+#include <memascend/workload.h>
 
 #include "testing/status_matchers.h"
 
@@ -65,8 +65,8 @@ TEST(Workload, RejectsMalformedLines) {
 }
 
 TEST(Workload, LoadsTheShippedFiles) {
-  ASSERT_OK_AND_ASSIGN(Workload w, LoadWorkload(std::string(MEMASCEND_TEST_DATA_DIR) +
-                                                "/workloads/llama-2-7b.tsv"));
+  ASSERT_OK_AND_ASSIGN(
+      Workload w, LoadWorkload(std::string(MEMASCEND_TEST_DATA_DIR) + "/workloads/llama-2-7b.tsv"));
   EXPECT_EQ(w.name, "llama-2-7b");
   EXPECT_EQ(w.tensors.size(), 291u);
   EXPECT_EQ(w.total_parameters, 6738415616u);  // the published count
