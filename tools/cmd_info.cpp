@@ -24,17 +24,7 @@ void PrintTable(const SystemInfo& info) {
   fmt::print("MemAscend {}{}\n", VersionString(), BuiltWithCuda() ? " (built with CUDA)" : "");
   fmt::print("  {:<10} Linux {}\n", "kernel", info.kernel_release);
   std::string features;
-  for (const auto& [name, on] :
-       std::initializer_list<std::pair<const char*, bool>>{{"sse4.2", info.cpu.sse42},
-                                                           {"avx2", info.cpu.avx2},
-                                                           {"fma", info.cpu.fma},
-                                                           {"f16c", info.cpu.f16c},
-                                                           {"avx512f", info.cpu.avx512f},
-                                                           {"avx512bw", info.cpu.avx512bw},
-                                                           {"avx512vl", info.cpu.avx512vl},
-                                                           {"avx512bf16", info.cpu.avx512bf16}}) {
-    if (on) features += fmt::format(" {}", name);
-  }
+  for (std::string_view name : FeatureNames(info.cpu)) features += fmt::format(" {}", name);
   fmt::print("  {:<10} {} ({} online);{}\n", "cpu",
              info.cpu.model.empty() ? "unknown" : info.cpu.model, info.cpu.online_cpus, features);
   fmt::print("  {:<10} {} total, {} available; page {}, huge page {} x {}\n", "memory",

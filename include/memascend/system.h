@@ -61,6 +61,9 @@ struct CpuInfo {
   bool avx512bf16 = false;
 };
 
+// The names of the extensions `cpu` has ("sse4.2", "avx2", "avx512f", ...), in a fixed order.
+std::vector<std::string_view> FeatureNames(const CpuInfo& cpu);
+
 struct MemoryInfo {
   std::uint64_t page_size = 0;       // bytes
   std::uint64_t huge_page_size = 0;  // bytes of the default huge page, 0 if none

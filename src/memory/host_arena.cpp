@@ -16,6 +16,7 @@
 #include "prim/cuda.h"
 #include "prim/memory.h"
 #include "prim/os.h"
+#include "util/align.h"
 #include "util/units.h"
 
 namespace memascend {
@@ -36,7 +37,7 @@ std::string_view ToString(ArenaBacking backing) noexcept {
 
 namespace {
 
-constexpr std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+using util::RoundUp;
 
 prim::RegionBacking ToRegionBacking(ArenaBacking backing) {
   switch (backing) {

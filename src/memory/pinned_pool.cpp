@@ -12,6 +12,7 @@
 
 #include <memascend/pinned_pool.h>
 
+#include "util/align.h"
 #include "util/units.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -37,7 +38,7 @@ std::string_view ToString(PoolPolicy policy) noexcept {
 
 namespace {
 
-constexpr std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+using util::RoundUp;
 constexpr int kBlockShift = 12;  // log2(kHostBlockBytes)
 static_assert(std::size_t{1} << kBlockShift == kHostBlockBytes);
 constexpr int kMaxShift = 62;  // largest class: 4 EiB, far past any budget

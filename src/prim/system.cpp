@@ -63,6 +63,18 @@ std::string_view ToString(SimdLevel level) noexcept {
   return "unknown";
 }
 
+std::vector<std::string_view> FeatureNames(const CpuInfo& cpu) {
+  const std::pair<std::string_view, bool> all[] = {
+      {"sse4.2", cpu.sse42},      {"avx", cpu.avx},           {"avx2", cpu.avx2},
+      {"fma", cpu.fma},           {"f16c", cpu.f16c},         {"avx512f", cpu.avx512f},
+      {"avx512bw", cpu.avx512bw}, {"avx512vl", cpu.avx512vl}, {"avx512bf16", cpu.avx512bf16}};
+  std::vector<std::string_view> names;
+  for (const auto& [name, present] : all) {
+    if (present) names.push_back(name);
+  }
+  return names;
+}
+
 ProbeOptions ProbeOptions::FromEnvironment() {
   ProbeOptions options;
   options.disable_io_uring = EnvFlag("MEMASCEND_DISABLE_IO_URING");
@@ -113,18 +125,7 @@ std::string ToJson(const SystemInfo& info) {
   w.Field("model", info.cpu.model);
   w.Field("online_cpus", info.cpu.online_cpus);
   w.Key("features").BeginArray();
-  const std::pair<const char*, bool> features[] = {{"sse4.2", info.cpu.sse42},
-                                                   {"avx", info.cpu.avx},
-                                                   {"avx2", info.cpu.avx2},
-                                                   {"fma", info.cpu.fma},
-                                                   {"f16c", info.cpu.f16c},
-                                                   {"avx512f", info.cpu.avx512f},
-                                                   {"avx512bw", info.cpu.avx512bw},
-                                                   {"avx512vl", info.cpu.avx512vl},
-                                                   {"avx512bf16", info.cpu.avx512bf16}};
-  for (const auto& [name, present] : features) {
-    if (present) w.String(name);
-  }
+  for (std::string_view name : FeatureNames(info.cpu)) w.String(name);
   w.EndArray();
   w.EndObject();
 
