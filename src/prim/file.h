@@ -1,0 +1,37 @@
+// prim/file.h: file and block-device system calls for direct I/O.
+#ifndef MEMASCEND_SRC_PRIM_FILE_H_
+#define MEMASCEND_SRC_PRIM_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include <absl/status/statusor.h>
+
+#include "prim/unique_fd.h"
+
+namespace memascend::prim {
+
+// One pread/pwrite attempt: bytes transferred, or -errno. No retries (the engine
+// checks and retries, Note [checked completions]).
+std::int64_t PreadOnce(int fd, void* buffer, std::size_t length, std::uint64_t offset) noexcept;
+std::int64_t PwriteOnce(int fd, const void* buffer, std::size_t length, std::uint64_t offset) noexcept;
+
+struct FileFacts {
+  bool direct = false;         // opened with O_DIRECT
+  bool block_device = false;
+  std::uint64_t size = 0;      // bytes (device capacity for a block device)
+  std::size_t dio_align = 1;   // offset, length and memory alignment for O_DIRECT; 1 if buffered
+  std::size_t logical_block = 512;
+};
+absl::StatusOr<FileFacts> StatFile(int fd);
+
+// Grows a regular file to at least `bytes` with allocated blocks (fallocate mode 0).
+absl::Status Preallocate(int fd, std::uint64_t bytes);
+
+// An eventfd (counter semantics, blocking, close-on-exec).
+absl::StatusOr<UniqueFd> MakeEventFd();
+void SignalEventFd(int fd) noexcept;
+
+}  // namespace memascend::prim
+
+#endif  // MEMASCEND_SRC_PRIM_FILE_H_
