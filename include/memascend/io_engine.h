@@ -64,7 +64,8 @@ struct IoRequest {
   std::size_t length = 0;       // bytes; > 0
 };
 
-// Called once per request when it completes, with its status and bytes transferred.
+// Called once per request when it completes, with its status and bytes transferred,
+// before the request's ticket reports completion.
 using IoCallback = std::function<void(const absl::Status& status, std::size_t bytes)>;
 
 // Changes what the kernel returned, beneath the engine's checks (tests: EIO, ENOSPC,

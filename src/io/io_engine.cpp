@@ -241,12 +241,13 @@ void IoEngine::Finish(RequestState& state, absl::Status status) {
     shared_->failed.fetch_add(1, std::memory_order_relaxed);
   }
   shared_->completed.fetch_add(1, std::memory_order_relaxed);
-  IoCallback callback = std::move(state.callback);
+  // The callback runs before the ticket completes: once Wait() returns, it has run.
+  if (IoCallback callback = std::move(state.callback); callback) callback(status, bytes);
   std::shared_ptr<io_internal::BatchCounter> batch;
   {
     absl::MutexLock lock(&state.mu);
     state.complete = true;
-    state.status = status;
+    state.status = std::move(status);
     state.bytes = bytes;
     batch = state.batch;
     state.finished.store(true, std::memory_order_release);
@@ -257,7 +258,6 @@ void IoEngine::Finish(RequestState& state, absl::Status status) {
     ++batch->done;
     batch->cv.SignalAll();
   }
-  if (callback) callback(status, bytes);
   absl::MutexLock lock(&shared_->idle_mu);
   --shared_->outstanding;
 }
