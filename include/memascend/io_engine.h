@@ -79,6 +79,7 @@ class FaultInjector {
 
 namespace io_internal {
 struct RequestState;
+struct TicketAccess;
 }
 
 class IoEngine;
@@ -110,6 +111,7 @@ class IoTicket {
  private:
   friend class IoEngine;
   friend class IoBatch;
+  friend struct io_internal::TicketAccess;
   explicit IoTicket(std::shared_ptr<io_internal::RequestState> state) noexcept;
   std::shared_ptr<io_internal::RequestState> state_;
 };

@@ -241,9 +241,17 @@ void IoEngine::Finish(RequestState& state, absl::Status status) {
     shared_->failed.fetch_add(1, std::memory_order_relaxed);
   }
   shared_->completed.fetch_add(1, std::memory_order_relaxed);
+  io_internal::CompleteRequest(state, std::move(status), bytes);
+  absl::MutexLock lock(&shared_->idle_mu);
+  --shared_->outstanding;
+}
+
+namespace io_internal {
+
+void CompleteRequest(RequestState& state, absl::Status status, std::size_t bytes) {
   // The callback runs before the ticket completes: once Wait() returns, it has run.
   if (IoCallback callback = std::move(state.callback); callback) callback(status, bytes);
-  std::shared_ptr<io_internal::BatchCounter> batch;
+  std::shared_ptr<BatchCounter> batch;
   {
     absl::MutexLock lock(&state.mu);
     state.complete = true;
@@ -258,9 +266,11 @@ void IoEngine::Finish(RequestState& state, absl::Status status) {
     ++batch->done;
     batch->cv.SignalAll();
   }
-  absl::MutexLock lock(&shared_->idle_mu);
-  --shared_->outstanding;
 }
+
+IoTicket TicketAccess::Make(std::shared_ptr<RequestState> state) { return IoTicket(std::move(state)); }
+
+}  // namespace io_internal
 
 IoEngineStats IoEngine::stats() const {
   IoEngineStats s;
@@ -321,7 +331,9 @@ absl::Status IoTicket::Cancel() {
   if (state_ == nullptr) return absl::FailedPreconditionError("empty ticket");
   if (Poll()) return absl::FailedPreconditionError("the request has already completed");
   state_->cancel_requested.store(true, std::memory_order_release);
-  return state_->engine->OnCancel(*state_);
+  if (state_->engine != nullptr) return state_->engine->OnCancel(*state_);
+  if (state_->cancel_hook) return state_->cancel_hook();
+  return absl::FailedPreconditionError("the request cannot be cancelled");
 }
 
 void IoTicket::Detach() noexcept { state_.reset(); }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <absl/status/status.h>
@@ -23,7 +24,8 @@ struct BatchCounter {
 struct RequestState {
   IoRequest request;
   IoCallback callback;
-  IoEngine* engine = nullptr;
+  IoEngine* engine = nullptr;    // runs the request; null for scheduler tickets
+  std::function<absl::Status()> cancel_hook;  // cancels a request no engine runs
   int fd = -1;                   // resolved at submission
   int fixed_buffer = -1;         // io_uring fixed-buffer index, or -1
   int file_slot = -1;            // io_uring registered-file slot, or -1 (use fd)
@@ -47,6 +49,15 @@ struct RequestState {
   std::uint64_t offset_now() const { return request.offset + done; }
   std::byte* buffer_now() const { return request.buffer + done; }
   std::size_t remaining() const { return request.length - static_cast<std::size_t>(done); }
+};
+
+// Completes a request: runs its callback, then marks it complete, wakes its waiters and
+// counts it in its batch. For code that completes tickets no engine runs.
+void CompleteRequest(RequestState& state, absl::Status status, std::size_t bytes);
+
+// Tickets for requests completed by CompleteRequest() (the I/O scheduler's).
+struct TicketAccess {
+  static IoTicket Make(std::shared_ptr<RequestState> state);
 };
 
 }  // namespace memascend::io_internal
