@@ -1,12 +1,11 @@
 // Pinned pool hit path vs what a caller does without a pool: malloc + mlock, then
 // munlock + free, for the same size. Single thread and two threads (real time).
 // After the runs it prints the ratio baseline / pool per size and thread count.
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
+#include <sys/mman.h>
 
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>

@@ -16,6 +16,8 @@ constexpr Command kCommands[] = {
     {"info", "print what this machine offers and which backends MemAscend picks", RunInfo},
     {"pool-sim", "replay a training step's pinned-buffer schedule under a memory policy",
      RunPoolSim},
+    {"bench", "measure: `bench io` (direct-I/O throughput), `bench tune` (block x queue depth)",
+     RunBench},
 };
 
 void PrintHelp(std::FILE* out) {

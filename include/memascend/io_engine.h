@@ -80,7 +80,7 @@ class FaultInjector {
 namespace io_internal {
 struct RequestState;
 struct TicketAccess;
-}
+}  // namespace io_internal
 
 class IoEngine;
 
@@ -141,18 +141,18 @@ class IoBatch {
 };
 
 enum class IoBackendChoice {
-  kAuto,        // io_uring if the probe says it works, else threads (with a notice)
-  kIoUring,     // io_uring or kFailedPrecondition
+  kAuto,     // io_uring if the probe says it works, else threads (with a notice)
+  kIoUring,  // io_uring or kFailedPrecondition
   kThreadPool,
   kSync,
 };
 
 struct IoEngineOptions {
   IoBackendChoice backend = IoBackendChoice::kAuto;
-  unsigned queue_depth = 64;   // requests in flight at the kernel (io_uring)
-  unsigned threads = 4;        // workers (kThreadPool)
-  bool sqpoll = false;         // io_uring: a kernel thread polls the submission queue
-  int max_retries = 16;        // EAGAIN/EINTR retries per request
+  unsigned queue_depth = 64;  // requests in flight at the kernel (io_uring)
+  unsigned threads = 4;       // workers (kThreadPool)
+  bool sqpoll = false;        // io_uring: a kernel thread polls the submission queue
+  int max_retries = 16;       // EAGAIN/EINTR retries per request
   std::shared_ptr<FaultInjector> fault_injector;
   // Receives the notice of a fallback (io_uring unavailable); null: stderr.
   std::function<void(std::string_view)> notice;

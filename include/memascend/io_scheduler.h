@@ -72,7 +72,7 @@ class IoScheduler {
   // kInvalidArgument for a chunk that is not a positive multiple of 4096 or a zero
   // queue depth.
   static absl::StatusOr<std::unique_ptr<IoScheduler>> Create(IoEngine* engine,
-                                                              const IoSchedulerOptions& options);
+                                                             const IoSchedulerOptions& options);
   ~IoScheduler();
   IoScheduler(const IoScheduler&) = delete;
   IoScheduler& operator=(const IoScheduler&) = delete;

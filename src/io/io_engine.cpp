@@ -1,7 +1,5 @@
 // The backend-independent part of the I/O engine: validation, checked completions
 // (Note [checked completions]), tickets, batches, and the choice of backend.
-#include <memascend/io_engine.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +10,8 @@
 #include <absl/time/clock.h>
 #include <absl/time/time.h>
 #include <fmt/format.h>
+
+#include <memascend/io_engine.h>
 
 #include "io/backends.h"
 #include "io/request_state.h"
@@ -44,8 +44,8 @@ struct IoEngine::Shared {
   absl::Mutex idle_mu;
   std::uint64_t outstanding ABSL_GUARDED_BY(idle_mu) = 0;
 
-  std::atomic<std::uint64_t> submitted{0}, completed{0}, failed{0}, bytes_read{0},
-      bytes_written{0}, resubmitted{0}, retried{0}, fixed{0};
+  std::atomic<std::uint64_t> submitted{0}, completed{0}, failed{0}, bytes_read{0}, bytes_written{0},
+      resubmitted{0}, retried{0}, fixed{0};
 };
 
 IoEngine::IoEngine(IoBackendKind backend, const IoEngineOptions& options)
@@ -158,8 +158,8 @@ std::vector<IoTicket> IoEngine::SubmitInternal(std::span<const IoRequest> reques
     if (!file.registered) {
       invalid = absl::InvalidArgumentError(fmt::format("file {} is not registered", r.file.index));
     } else if (r.length == 0 || r.buffer == nullptr) {
-      invalid = absl::InvalidArgumentError(
-          fmt::format("{}: empty request or null buffer", Describe(r)));
+      invalid =
+          absl::InvalidArgumentError(fmt::format("{}: empty request or null buffer", Describe(r)));
     } else if (r.offset + r.length < r.offset) {
       invalid = absl::InvalidArgumentError(fmt::format("{}: offset overflows", Describe(r)));
     } else if (file.direct && (r.offset % file.align != 0 || r.length % file.align != 0 ||
@@ -201,12 +201,13 @@ bool IoEngine::Account(RequestState& state, std::int64_t raw) {
     shared_->retried.fetch_add(1, std::memory_order_relaxed);
   } else if (result < 0) {
     const int err = static_cast<int>(-result);
-    Fail(state, absl::ErrnoToStatus(err, fmt::format("{} (after {} bytes)", Describe(r), state.done)));
+    Fail(state,
+         absl::ErrnoToStatus(err, fmt::format("{} (after {} bytes)", Describe(r), state.done)));
     return true;
   } else if (result == 0) {
     if (r.op == IoOp::kRead) {
-      Fail(state, absl::OutOfRangeError(fmt::format("{}: end of file after {} bytes", Describe(r),
-                                                    state.done)));
+      Fail(state, absl::OutOfRangeError(
+                      fmt::format("{}: end of file after {} bytes", Describe(r), state.done)));
     } else {
       Fail(state, absl::DataLossError(fmt::format("{}: the device accepted no bytes after {}",
                                                   Describe(r), state.done)));
@@ -229,7 +230,9 @@ bool IoEngine::Account(RequestState& state, std::int64_t raw) {
 
 void IoEngine::Fail(RequestState& state, absl::Status status) { Finish(state, std::move(status)); }
 
-void IoEngine::NoteFixedBuffer() noexcept { shared_->fixed.fetch_add(1, std::memory_order_relaxed); }
+void IoEngine::NoteFixedBuffer() noexcept {
+  shared_->fixed.fetch_add(1, std::memory_order_relaxed);
+}
 
 void IoEngine::Finish(RequestState& state, absl::Status status) {
   const bool ok = status.ok();
@@ -268,7 +271,9 @@ void CompleteRequest(RequestState& state, absl::Status status, std::size_t bytes
   }
 }
 
-IoTicket TicketAccess::Make(std::shared_ptr<RequestState> state) { return IoTicket(std::move(state)); }
+IoTicket TicketAccess::Make(std::shared_ptr<RequestState> state) {
+  return IoTicket(std::move(state));
+}
 
 }  // namespace io_internal
 
@@ -385,12 +390,15 @@ absl::Status IoBatch::FirstError() {
 
 IoBackendDecision DecideIoBackend(IoBackendChoice choice, const SystemInfo& info) {
   switch (choice) {
-    case IoBackendChoice::kSync: return {IoBackendKind::kSync, "asked for"};
-    case IoBackendChoice::kThreadPool: return {IoBackendKind::kThreadPool, "asked for"};
+    case IoBackendChoice::kSync:
+      return {IoBackendKind::kSync, "asked for"};
+    case IoBackendChoice::kThreadPool:
+      return {IoBackendKind::kThreadPool, "asked for"};
     case IoBackendChoice::kIoUring:
       return {IoBackendKind::kIoUring,
               info.io_uring.available ? "asked for" : info.io_uring.unavailable_reason};
-    case IoBackendChoice::kAuto: break;
+    case IoBackendChoice::kAuto:
+      break;
   }
   if (info.io_uring.available) return {IoBackendKind::kIoUring, "io_uring works on this kernel"};
   return {IoBackendKind::kThreadPool,
@@ -404,7 +412,8 @@ absl::StatusOr<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions
         fmt::format("queue_depth must be in 1..4096, got {}", options.queue_depth));
   }
   if (options.threads == 0 || options.threads > 256) {
-    return absl::InvalidArgumentError(fmt::format("threads must be in 1..256, got {}", options.threads));
+    return absl::InvalidArgumentError(
+        fmt::format("threads must be in 1..256, got {}", options.threads));
   }
   ProbeOptions probe = ProbeOptions::FromEnvironment();
   probe.disable_cuda = true;  // not needed to pick an I/O backend

@@ -1,5 +1,3 @@
-#include <memascend/io_scheduler.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,15 +7,20 @@
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
 
+#include <memascend/io_scheduler.h>
+
 #include "io/request_state.h"
 
 namespace memascend {
 
 std::string_view ToString(IoPriority priority) noexcept {
   switch (priority) {
-    case IoPriority::kDemand: return "demand";
-    case IoPriority::kPrefetch: return "prefetch";
-    case IoPriority::kWriteBack: return "write_back";
+    case IoPriority::kDemand:
+      return "demand";
+    case IoPriority::kPrefetch:
+      return "prefetch";
+    case IoPriority::kWriteBack:
+      return "write_back";
   }
   return "unknown";
 }
@@ -44,7 +47,8 @@ double LatencyHistogram::Percentile(double p) const {
 namespace {
 
 double MicrosSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 }  // namespace
@@ -115,9 +119,10 @@ struct IoScheduler::Impl {
       }
       for (Chunk& c : batch) {
         std::shared_ptr<Parent> parent = c.parent;
-        engine->Submit(c.request, [this, parent](const absl::Status& s, std::size_t n) {
-          OnChunk(parent, s, n);
-        }).Detach();
+        engine
+            ->Submit(c.request, [this, parent](const absl::Status& s,
+                                               std::size_t n) { OnChunk(parent, s, n); })
+            .Detach();
       }
     }
   }
@@ -196,12 +201,13 @@ IoScheduler::~IoScheduler() {
       impl_.get()));
 }
 
-absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(IoEngine* engine,
-                                                                 const IoSchedulerOptions& options) {
+absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(
+    IoEngine* engine, const IoSchedulerOptions& options) {
   if (engine == nullptr) return absl::InvalidArgumentError("io scheduler: engine is null");
   if (options.chunk_bytes == 0 || options.chunk_bytes % 4096 != 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "io scheduler: chunk_bytes must be a positive multiple of 4096, got {}", options.chunk_bytes));
+    return absl::InvalidArgumentError(
+        fmt::format("io scheduler: chunk_bytes must be a positive multiple of 4096, got {}",
+                    options.chunk_bytes));
   }
   if (options.queue_depth == 0) return absl::InvalidArgumentError("io scheduler: queue_depth is 0");
   auto impl = std::make_unique<Impl>();
@@ -225,12 +231,14 @@ IoTicket IoScheduler::Submit(const IoRequest& request, IoPriority priority, IoCa
     invalid = absl::InvalidArgumentError("empty request or null buffer");
   } else if (request.offset % *align != 0 || request.length % *align != 0 ||
              reinterpret_cast<std::uintptr_t>(request.buffer) % *align != 0) {
-    invalid = absl::InvalidArgumentError(fmt::format(
-        "{} of {} bytes at offset {}: direct I/O needs offset, length and buffer aligned to {} bytes",
-        ToString(request.op), request.length, request.offset, *align));
+    invalid = absl::InvalidArgumentError(
+        fmt::format("{} of {} bytes at offset {}: direct I/O needs offset, length and buffer "
+                    "aligned to {} bytes",
+                    ToString(request.op), request.length, request.offset, *align));
   } else if (m.options.chunk_bytes % *align != 0) {
-    invalid = absl::InvalidArgumentError(fmt::format(
-        "chunk size {} is not a multiple of the file's alignment {}", m.options.chunk_bytes, *align));
+    invalid = absl::InvalidArgumentError(
+        fmt::format("chunk size {} is not a multiple of the file's alignment {}",
+                    m.options.chunk_bytes, *align));
   }
   if (!invalid.ok()) {
     io_internal::CompleteRequest(*state, std::move(invalid), 0);

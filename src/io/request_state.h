@@ -24,12 +24,12 @@ struct BatchCounter {
 struct RequestState {
   IoRequest request;
   IoCallback callback;
-  IoEngine* engine = nullptr;    // runs the request; null for scheduler tickets
+  IoEngine* engine = nullptr;                 // runs the request; null for scheduler tickets
   std::function<absl::Status()> cancel_hook;  // cancels a request no engine runs
-  int fd = -1;                   // resolved at submission
-  int fixed_buffer = -1;         // io_uring fixed-buffer index, or -1
-  int file_slot = -1;            // io_uring registered-file slot, or -1 (use fd)
-  std::uint64_t submit_ns = 0;   // steady clock at submission
+  int fd = -1;                                // resolved at submission
+  int fixed_buffer = -1;                      // io_uring fixed-buffer index, or -1
+  int file_slot = -1;                         // io_uring registered-file slot, or -1 (use fd)
+  std::uint64_t submit_ns = 0;                // steady clock at submission
 
   // Engine side: progress of a request that may take several attempts.
   std::uint64_t done = 0;

@@ -14,8 +14,9 @@ namespace {
 
 // One attempt of the remaining part of a request: bytes or -errno.
 std::int64_t Attempt(const RequestState& s) {
-  return s.request.op == IoOp::kRead ? prim::PreadOnce(s.fd, s.buffer_now(), s.remaining(), s.offset_now())
-                                     : prim::PwriteOnce(s.fd, s.buffer_now(), s.remaining(), s.offset_now());
+  return s.request.op == IoOp::kRead
+             ? prim::PreadOnce(s.fd, s.buffer_now(), s.remaining(), s.offset_now())
+             : prim::PwriteOnce(s.fd, s.buffer_now(), s.remaining(), s.offset_now());
 }
 
 class ThreadPoolEngine final : public IoEngine {

@@ -3,8 +3,6 @@
 // wait for completions, checks each completion (Note [checked completions]) and
 // resubmits remainders. Other threads queue requests and wake it through an eventfd
 // that always has a read armed on the ring.
-#include <liburing.h>
-
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -18,6 +16,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
+#include <liburing.h>
 
 #include "io/backends.h"
 #include "io/request_state.h"
@@ -58,7 +57,8 @@ class UringEngine final : public IoEngine {
       absl::ReaderMutexLock lock(&registry_mu_);
       for (const auto& s : requests) {
         const int index = s->request.file.index;
-        if (files_fixed_ && index < kMaxRegisteredFiles && slot_ok_[static_cast<std::size_t>(index)]) {
+        if (files_fixed_ && index < kMaxRegisteredFiles &&
+            slot_ok_[static_cast<std::size_t>(index)]) {
           s->file_slot = index;
         }
         const auto begin = reinterpret_cast<std::uintptr_t>(s->request.buffer);
@@ -101,7 +101,8 @@ class UringEngine final : public IoEngine {
 
   absl::Status OnRegisterFile(int index, int fd) override {
     if (!files_fixed_ || index >= kMaxRegisteredFiles) return absl::OkStatus();  // plain fd
-    const int rc = io_uring_register_files_update(ring_.get(), static_cast<unsigned>(index), &fd, 1);
+    const int rc =
+        io_uring_register_files_update(ring_.get(), static_cast<unsigned>(index), &fd, 1);
     absl::MutexLock lock(&registry_mu_);
     slot_ok_[static_cast<std::size_t>(index)] = rc == 1;
     return absl::OkStatus();
@@ -124,7 +125,8 @@ class UringEngine final : public IoEngine {
     if (ranges.empty()) return absl::OkStatus();
     std::vector<iovec> iov;
     for (const auto& r : ranges) iov.push_back({r.data(), r.size()});
-    const int rc = io_uring_register_buffers(ring_.get(), iov.data(), static_cast<unsigned>(iov.size()));
+    const int rc =
+        io_uring_register_buffers(ring_.get(), iov.data(), static_cast<unsigned>(iov.size()));
     if (rc < 0) {
       const std::string why = fmt::format("io_uring_register_buffers({} ranges): {}", ranges.size(),
                                           std::strerror(-rc));

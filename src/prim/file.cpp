@@ -1,5 +1,7 @@
 #include "prim/file.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <linux/stat.h>
@@ -7,9 +9,6 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
 
 #include <fmt/format.h>
 
@@ -37,8 +36,10 @@ absl::StatusOr<FileFacts> StatFile(int fd) {
   if (facts.block_device) {
     std::uint64_t bytes = 0;
     int logical = 0;
-    if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0) return absl::ErrnoToStatus(errno, "ioctl(BLKGETSIZE64)");
-    if (::ioctl(fd, BLKSSZGET, &logical) != 0) return absl::ErrnoToStatus(errno, "ioctl(BLKSSZGET)");
+    if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0)
+      return absl::ErrnoToStatus(errno, "ioctl(BLKGETSIZE64)");
+    if (::ioctl(fd, BLKSSZGET, &logical) != 0)
+      return absl::ErrnoToStatus(errno, "ioctl(BLKSSZGET)");
     facts.size = bytes;
     facts.logical_block = static_cast<std::size_t>(logical);
   } else {

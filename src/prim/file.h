@@ -14,13 +14,14 @@ namespace memascend::prim {
 // One pread/pwrite attempt: bytes transferred, or -errno. No retries (the engine
 // checks and retries, Note [checked completions]).
 std::int64_t PreadOnce(int fd, void* buffer, std::size_t length, std::uint64_t offset) noexcept;
-std::int64_t PwriteOnce(int fd, const void* buffer, std::size_t length, std::uint64_t offset) noexcept;
+std::int64_t PwriteOnce(int fd, const void* buffer, std::size_t length,
+                        std::uint64_t offset) noexcept;
 
 struct FileFacts {
-  bool direct = false;         // opened with O_DIRECT
+  bool direct = false;  // opened with O_DIRECT
   bool block_device = false;
-  std::uint64_t size = 0;      // bytes (device capacity for a block device)
-  std::size_t dio_align = 1;   // offset, length and memory alignment for O_DIRECT; 1 if buffered
+  std::uint64_t size = 0;     // bytes (device capacity for a block device)
+  std::size_t dio_align = 1;  // offset, length and memory alignment for O_DIRECT; 1 if buffered
   std::size_t logical_block = 512;
 };
 absl::StatusOr<FileFacts> StatFile(int fd);

@@ -1,5 +1,3 @@
-#include <memascend/io_engine.h>
-
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -10,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memascend/io_engine.h>
 #include <memascend/system.h>
 
 #include "io/io_test_util.h"
@@ -45,7 +44,8 @@ class IoEngineTest : public ::testing::TestWithParam<IoBackendChoice> {
  protected:
   void SetUp() override {
     if (GetParam() == IoBackendChoice::kIoUring && !UringWorks()) {
-      GTEST_SKIP() << "io_uring unavailable: " << ProbeSystem(ProbeOptions{}).io_uring.unavailable_reason;
+      GTEST_SKIP() << "io_uring unavailable: "
+                   << ProbeSystem(ProbeOptions{}).io_uring.unavailable_reason;
     }
   }
 };
@@ -84,7 +84,8 @@ TEST_P(IoEngineTest, RoundTripsRandomOffsetsAndSizes) {
     EXPECT_OK(batch.FirstError());
   }
   std::vector<IoRequest> reads;
-  for (const Piece& p : pieces) reads.push_back({IoOp::kRead, id, p.offset, in.get() + p.offset, p.length});
+  for (const Piece& p : pieces)
+    reads.push_back({IoOp::kRead, id, p.offset, in.get() + p.offset, p.length});
   std::vector<IoTicket> tickets = engine->SubmitBatch(reads);
   for (std::size_t i = 0; i < tickets.size(); ++i) {
     ASSERT_OK_AND_ASSIGN(std::size_t n, tickets[i].Wait());
@@ -96,7 +97,7 @@ TEST_P(IoEngineTest, RoundTripsRandomOffsetsAndSizes) {
   EXPECT_EQ(s.failed, 0u);
   EXPECT_EQ(engine->backend(), GetParam() == IoBackendChoice::kIoUring ? IoBackendKind::kIoUring
                                : GetParam() == IoBackendChoice::kSync  ? IoBackendKind::kSync
-                                                                       : IoBackendKind::kThreadPool);
+                                                                      : IoBackendKind::kThreadPool);
 }
 
 TEST_P(IoEngineTest, RejectsMisalignedDirectIoUpFront) {
@@ -106,17 +107,18 @@ TEST_P(IoEngineTest, RejectsMisalignedDirectIoUpFront) {
   ASSERT_OK_AND_ASSIGN(FileId id, engine->RegisterFile(file.fd()));
   AlignedBuffer buf = MakeBuffer(3 * 4096);
   const IoRequest bad[] = {
-      {IoOp::kRead, id, 100, buf.get(), 4096},         // offset
-      {IoOp::kRead, id, 0, buf.get(), 1000},           // length
-      {IoOp::kWrite, id, 0, buf.get() + 8, 4096},      // buffer
-      {IoOp::kRead, id, 0, buf.get(), 0},              // empty
-      {IoOp::kRead, id, 0, nullptr, 4096},             // null
-      {IoOp::kRead, FileId{99}, 0, buf.get(), 4096},   // unknown file
+      {IoOp::kRead, id, 100, buf.get(), 4096},        // offset
+      {IoOp::kRead, id, 0, buf.get(), 1000},          // length
+      {IoOp::kWrite, id, 0, buf.get() + 8, 4096},     // buffer
+      {IoOp::kRead, id, 0, buf.get(), 0},             // empty
+      {IoOp::kRead, id, 0, nullptr, 4096},            // null
+      {IoOp::kRead, FileId{99}, 0, buf.get(), 4096},  // unknown file
   };
   for (const IoRequest& r : bad) {
     IoTicket t = engine->Submit(r);
     EXPECT_TRUE(t.Poll());  // completed without any I/O
-    EXPECT_THAT(t.Wait(), StatusIs(absl::StatusCode::kInvalidArgument)) << r.offset << " " << r.length;
+    EXPECT_THAT(t.Wait(), StatusIs(absl::StatusCode::kInvalidArgument))
+        << r.offset << " " << r.length;
   }
   EXPECT_THAT(engine->Submit({IoOp::kRead, id, 100, buf.get(), 4096}).Wait(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aligned")));
@@ -129,13 +131,17 @@ TEST_P(IoEngineTest, BufferedFilesTakeAnySize) {
   ASSERT_OK_AND_ASSIGN(FileId id, engine->RegisterFile(file.fd()));
   EXPECT_EQ(*engine->Alignment(id), 1u);
   char text[] = "odd sizes at odd offsets";
-  ASSERT_OK(engine->Submit({IoOp::kWrite, id, 3, reinterpret_cast<std::byte*>(text), sizeof(text)}).Wait());
+  ASSERT_OK(engine->Submit({IoOp::kWrite, id, 3, reinterpret_cast<std::byte*>(text), sizeof(text)})
+                .Wait());
   char back[sizeof(text)] = {};
-  ASSERT_OK(engine->Submit({IoOp::kRead, id, 3, reinterpret_cast<std::byte*>(back), sizeof(back)}).Wait());
+  ASSERT_OK(engine->Submit({IoOp::kRead, id, 3, reinterpret_cast<std::byte*>(back), sizeof(back)})
+                .Wait());
   EXPECT_STREQ(back, text);
   // Past the end of the file: a read cannot be completed.
-  EXPECT_THAT(engine->Submit({IoOp::kRead, id, 10, reinterpret_cast<std::byte*>(back), sizeof(back)}).Wait(),
-              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("end of file")));
+  EXPECT_THAT(
+      engine->Submit({IoOp::kRead, id, 10, reinterpret_cast<std::byte*>(back), sizeof(back)})
+          .Wait(),
+      StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("end of file")));
 }
 
 // Fails, shortens or delays chosen requests, by offset.
@@ -151,8 +157,12 @@ class ScriptedFaults final : public FaultInjector {
     if (f.short_by > 0) return result > 0 ? result - static_cast<std::int64_t>(f.short_by) : result;
     return -f.errnum;
   }
-  void Fail(std::uint64_t offset, int errnum, int times = 1) { script_[offset] = {errnum, 0, times}; }
-  void Shorten(std::uint64_t offset, std::size_t by, int times = 1) { script_[offset] = {0, by, times}; }
+  void Fail(std::uint64_t offset, int errnum, int times = 1) {
+    script_[offset] = {errnum, 0, times};
+  }
+  void Shorten(std::uint64_t offset, std::size_t by, int times = 1) {
+    script_[offset] = {0, by, times};
+  }
 
  private:
   struct Fault {
@@ -177,17 +187,19 @@ TEST_P(IoEngineTest, FaultsSurfaceOnTheirOwnTicketsAndNothingElseIsLost) {
   Fill(out.get(), kBlock * kCount, 3);
   faults->Fail(2 * kBlock, EIO);
   faults->Fail(5 * kBlock, ENOSPC);
-  faults->Shorten(7 * kBlock, 4096 * 3);         // completes by resubmission
-  faults->Fail(9 * kBlock, EAGAIN, 3);           // retried
-  faults->Fail(11 * kBlock, EINTR, 2);           // retried
+  faults->Shorten(7 * kBlock, 4096 * 3);  // completes by resubmission
+  faults->Fail(9 * kBlock, EAGAIN, 3);    // retried
+  faults->Fail(11 * kBlock, EINTR, 2);    // retried
   std::vector<IoTicket> writes;
   for (int i = 0; i < kCount; ++i) {
-    writes.push_back(engine->Submit({IoOp::kWrite, id, i * kBlock, out.get() + i * kBlock, kBlock}));
+    writes.push_back(
+        engine->Submit({IoOp::kWrite, id, i * kBlock, out.get() + i * kBlock, kBlock}));
   }
   for (int i = 0; i < kCount; ++i) {
     absl::StatusOr<std::size_t> r = writes[static_cast<std::size_t>(i)].Wait();
     if (i == 2) {
-      EXPECT_THAT(r, StatusIs(absl::ErrnoToStatus(EIO, "").code(), HasSubstr("Input/output error")));
+      EXPECT_THAT(r,
+                  StatusIs(absl::ErrnoToStatus(EIO, "").code(), HasSubstr("Input/output error")));
       EXPECT_THAT(r, StatusIs(absl::ErrnoToStatus(EIO, "").code(), HasSubstr("offset 131072")));
     } else if (i == 5) {
       EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("No space")));
@@ -318,10 +330,14 @@ INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest,
                                            IoBackendChoice::kSync),
                          [](const auto& param_info) {
                            switch (param_info.param) {
-                             case IoBackendChoice::kIoUring: return std::string("IoUring");
-                             case IoBackendChoice::kThreadPool: return std::string("ThreadPool");
-                             case IoBackendChoice::kSync: return std::string("Sync");
-                             default: return std::string("Auto");
+                             case IoBackendChoice::kIoUring:
+                               return std::string("IoUring");
+                             case IoBackendChoice::kThreadPool:
+                               return std::string("ThreadPool");
+                             case IoBackendChoice::kSync:
+                               return std::string("Sync");
+                             default:
+                               return std::string("Auto");
                            }
                          });
 

@@ -1,10 +1,10 @@
-#include <memascend/io_scheduler.h>
-
 #include <chrono>
 #include <cstring>
 #include <thread>
 
 #include <gtest/gtest.h>
+
+#include <memascend/io_scheduler.h>
 
 #include "io/io_test_util.h"
 #include "testing/status_matchers.h"
@@ -38,7 +38,7 @@ struct Rig {
 };
 
 Rig Make(IoBackendChoice backend, std::size_t chunk, unsigned depth,
-           std::shared_ptr<FaultInjector> faults = nullptr) {
+         std::shared_ptr<FaultInjector> faults = nullptr) {
   Rig s;
   s.file = std::make_unique<TempFile>(32 * kMiB, true);
   EXPECT_TRUE(s.file->ok());
@@ -54,16 +54,20 @@ Rig Make(IoBackendChoice backend, std::size_t chunk, unsigned depth,
 }
 
 TEST(IoScheduler, SplitsLargeRequestsIntoChunksAndRoundTrips) {
-  for (IoBackendChoice b : {IoBackendChoice::kThreadPool, IoBackendChoice::kSync, IoBackendChoice::kAuto}) {
+  for (IoBackendChoice b :
+       {IoBackendChoice::kThreadPool, IoBackendChoice::kSync, IoBackendChoice::kAuto}) {
     Rig s = Make(b, 256 * 1024, 4);
     AlignedBuffer out = MakeBuffer(8 * kMiB + 4096 * 3);
     AlignedBuffer in = MakeBuffer(8 * kMiB + 4096 * 3);
     const std::size_t n = 8 * kMiB + 4096 * 3;  // not a multiple of the chunk
     Fill(out.get(), n, 9);
-    ASSERT_OK_AND_ASSIGN(std::size_t w,
-                         s.scheduler->Submit({IoOp::kWrite, s.id, 4096, out.get(), n}, IoPriority::kWriteBack).Wait());
+    ASSERT_OK_AND_ASSIGN(
+        std::size_t w,
+        s.scheduler->Submit({IoOp::kWrite, s.id, 4096, out.get(), n}, IoPriority::kWriteBack)
+            .Wait());
     EXPECT_EQ(w, n);
-    ASSERT_OK(s.scheduler->Submit({IoOp::kRead, s.id, 4096, in.get(), n}, IoPriority::kDemand).Wait());
+    ASSERT_OK(
+        s.scheduler->Submit({IoOp::kRead, s.id, 4096, in.get(), n}, IoPriority::kDemand).Wait());
     EXPECT_EQ(std::memcmp(in.get(), out.get(), n), 0);
     const IoSchedulerStats st = s.scheduler->stats();
     EXPECT_EQ(st.of(IoPriority::kWriteBack).chunks, 33u);
@@ -82,24 +86,26 @@ TEST(IoScheduler, ADemandReadOvertakesALongWriteBack) {
     AlignedBuffer small = MakeBuffer(128 * 1024);
     IoTicket write_back =
         s.scheduler->Submit({IoOp::kWrite, s.id, 0, big.get(), 16 * kMiB}, IoPriority::kWriteBack);
-    IoTicket prefetch =
-        s.scheduler->Submit({IoOp::kRead, s.id, 16 * kMiB, small.get(), 128 * 1024}, IoPriority::kPrefetch);
-    IoTicket demand =
-        s.scheduler->Submit({IoOp::kRead, s.id, 20 * kMiB, small.get(), 128 * 1024}, IoPriority::kDemand);
+    IoTicket prefetch = s.scheduler->Submit({IoOp::kRead, s.id, 16 * kMiB, small.get(), 128 * 1024},
+                                            IoPriority::kPrefetch);
+    IoTicket demand = s.scheduler->Submit({IoOp::kRead, s.id, 20 * kMiB, small.get(), 128 * 1024},
+                                          IoPriority::kDemand);
     ASSERT_OK(demand.Wait());
     EXPECT_FALSE(write_back.Poll()) << "the demand read waited for the whole write-back";
     ASSERT_OK(prefetch.Wait());
     EXPECT_FALSE(write_back.Poll());
     ASSERT_OK(write_back.Wait());
     const IoSchedulerStats st = s.scheduler->stats();
-    EXPECT_LT(st.of(IoPriority::kDemand).latency.MeanMicros(), st.of(IoPriority::kWriteBack).latency.MeanMicros());
+    EXPECT_LT(st.of(IoPriority::kDemand).latency.MeanMicros(),
+              st.of(IoPriority::kWriteBack).latency.MeanMicros());
   }
 }
 
 TEST(IoScheduler, CancelDropsChunksNotYetDispatched) {
   Rig s = Make(IoBackendChoice::kThreadPool, 64 * 1024, 1, std::make_shared<SlowWrites>());
   AlignedBuffer big = MakeBuffer(8 * kMiB);
-  IoTicket t = s.scheduler->Submit({IoOp::kWrite, s.id, 0, big.get(), 8 * kMiB}, IoPriority::kWriteBack);
+  IoTicket t =
+      s.scheduler->Submit({IoOp::kWrite, s.id, 0, big.get(), 8 * kMiB}, IoPriority::kWriteBack);
   ASSERT_OK(t.Cancel());
   EXPECT_THAT(t.Wait(), StatusIs(absl::StatusCode::kCancelled));
   EXPECT_LT(s.engine->stats().bytes_written, 8 * kMiB);
@@ -121,9 +127,12 @@ class FailAt final : public FaultInjector {
 TEST(IoScheduler, AChunkErrorFailsItsRequestOnly) {
   Rig s = Make(IoBackendChoice::kThreadPool, 64 * 1024, 4, std::make_shared<FailAt>(192 * 1024));
   AlignedBuffer buf = MakeBuffer(kMiB);
-  IoTicket bad = s.scheduler->Submit({IoOp::kWrite, s.id, 0, buf.get(), 512 * 1024}, IoPriority::kWriteBack);
-  IoTicket good = s.scheduler->Submit({IoOp::kWrite, s.id, kMiB, buf.get(), 512 * 1024}, IoPriority::kWriteBack);
-  EXPECT_THAT(bad.Wait(), StatusIs(absl::ErrnoToStatus(EIO, "").code(), HasSubstr("offset 196608")));
+  IoTicket bad =
+      s.scheduler->Submit({IoOp::kWrite, s.id, 0, buf.get(), 512 * 1024}, IoPriority::kWriteBack);
+  IoTicket good = s.scheduler->Submit({IoOp::kWrite, s.id, kMiB, buf.get(), 512 * 1024},
+                                      IoPriority::kWriteBack);
+  EXPECT_THAT(bad.Wait(),
+              StatusIs(absl::ErrnoToStatus(EIO, "").code(), HasSubstr("offset 196608")));
   EXPECT_OK(good.Wait());
   EXPECT_EQ(s.scheduler->stats().of(IoPriority::kWriteBack).failed, 1u);
 }
@@ -131,12 +140,17 @@ TEST(IoScheduler, AChunkErrorFailsItsRequestOnly) {
 TEST(IoScheduler, RejectsBadRequestsAndOptions) {
   Rig s = Make(IoBackendChoice::kSync, 64 * 1024, 4);
   AlignedBuffer buf = MakeBuffer(kMiB);
-  EXPECT_THAT(s.scheduler->Submit({IoOp::kRead, s.id, 100, buf.get(), 4096}, IoPriority::kDemand).Wait(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aligned")));
-  EXPECT_THAT(s.scheduler->Submit({IoOp::kRead, FileId{42}, 0, buf.get(), 4096}, IoPriority::kDemand).Wait(),
+  EXPECT_THAT(
+      s.scheduler->Submit({IoOp::kRead, s.id, 100, buf.get(), 4096}, IoPriority::kDemand).Wait(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aligned")));
+  EXPECT_THAT(
+      s.scheduler->Submit({IoOp::kRead, FileId{42}, 0, buf.get(), 4096}, IoPriority::kDemand)
+          .Wait(),
+      StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(IoScheduler::Create(s.engine.get(), {1000, 4}),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(IoScheduler::Create(s.engine.get(), {1000, 4}), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(IoScheduler::Create(s.engine.get(), {4096, 0}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(IoScheduler::Create(s.engine.get(), {4096, 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(IoScheduler::Create(nullptr, {}), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
@@ -149,8 +163,10 @@ TEST(IoScheduler, ManyThreadsSubmitting) {
       Fill(buf.get(), 256 * 1024, static_cast<std::uint32_t>(t));
       for (int i = 0; i < 20; ++i) {
         const std::uint64_t off = (static_cast<std::uint64_t>(t) * 20 + i) * 256 * 1024;
-        EXPECT_OK(s.scheduler->Submit({IoOp::kWrite, s.id, off, buf.get(), 256 * 1024},
-                                      static_cast<IoPriority>(i % 3)).Wait());
+        EXPECT_OK(s.scheduler
+                      ->Submit({IoOp::kWrite, s.id, off, buf.get(), 256 * 1024},
+                               static_cast<IoPriority>(i % 3))
+                      .Wait());
       }
     });
   }

@@ -2,14 +2,13 @@
 #ifndef MEMASCEND_TESTS_IO_IO_TEST_UTIL_H_
 #define MEMASCEND_TESTS_IO_IO_TEST_UTIL_H_
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <memory>
 #include <random>
 #include <string>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -21,7 +20,8 @@ struct FreeDeleter {
 using AlignedBuffer = std::unique_ptr<std::byte[], FreeDeleter>;
 
 inline AlignedBuffer MakeBuffer(std::size_t bytes, std::size_t align = 4096) {
-  return AlignedBuffer(static_cast<std::byte*>(std::aligned_alloc(align, (bytes + align - 1) / align * align)));
+  return AlignedBuffer(
+      static_cast<std::byte*>(std::aligned_alloc(align, (bytes + align - 1) / align * align)));
 }
 
 inline void Fill(std::byte* p, std::size_t n, std::uint32_t seed) {
@@ -36,7 +36,8 @@ class TempFile {
     static int counter = 0;
     path_ = ::testing::TempDir() + "/memascend_io_" + std::to_string(getpid()) + "_" +
             std::to_string(counter++);
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0),
+                 0600);
     if (fd_ >= 0 && bytes > 0 && ::fallocate(fd_, 0, 0, static_cast<off_t>(bytes)) != 0) {
       ::close(fd_);
       fd_ = -1;
