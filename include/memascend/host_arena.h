@@ -29,7 +29,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include <absl/status/statusor.h>
 
@@ -110,6 +112,9 @@ class HostArena {
   std::size_t ReleaseFreeRegions();
 
   HostArenaStats stats() const;
+  // The regions mapped now, by address: what an I/O engine registers as fixed buffers
+  // (IoEngine::RegisterBuffers). Growth and ReleaseFreeRegions() change the set.
+  std::vector<std::span<std::byte>> Regions() const;
   ArenaBacking backing() const noexcept;  // resolved: never kAuto
   std::size_t budget_bytes() const noexcept;
   MemoryLedger* ledger() const noexcept;  // from the options; may be null

@@ -372,6 +372,14 @@ HostArenaStats HostArena::stats() const {
   return s;
 }
 
+std::vector<std::span<std::byte>> HostArena::Regions() const {
+  absl::MutexLock lock(&impl_->mu);
+  std::vector<std::span<std::byte>> out;
+  for (const auto& [begin, region] : impl_->regions)
+    out.emplace_back(region->mem.data(), region->mem.size());
+  return out;
+}
+
 ArenaBacking HostArena::backing() const noexcept { return impl_->options.backing; }
 std::size_t HostArena::budget_bytes() const noexcept { return impl_->options.budget_bytes; }
 MemoryLedger* HostArena::ledger() const noexcept { return impl_->options.ledger; }

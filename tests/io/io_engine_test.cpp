@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memascend/host_arena.h>
 #include <memascend/io_engine.h>
+#include <memascend/pinned_pool.h>
 #include <memascend/system.h>
 
 #include "io/io_test_util.h"
@@ -390,6 +392,45 @@ TEST(IoEngine, FixedBuffersAreUsedInsideRegisteredRanges) {
   ASSERT_OK(engine->Submit({IoOp::kRead, id, 4096, registered.get() + 8192, 8192}).Wait());
   EXPECT_EQ(engine->stats().fixed_buffer_ops, 2u);
   EXPECT_OK(engine->RegisterBuffers({}));
+}
+
+TEST(IoEngine, PinnedPoolBlocksUseTheArenasRegionsAsFixedBuffers) {
+  if (!UringWorks()) GTEST_SKIP() << "io_uring unavailable here";
+  TempFile file(4 * kMiB, true);
+  ASSERT_TRUE(file.ok());
+  HostArenaOptions a;
+  a.backing = ArenaBacking::kMlock;
+  a.budget_bytes = 8 * kMiB;
+  a.chunk_bytes = 4 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto arena, HostArena::Create(a));
+  ASSERT_OK_AND_ASSIGN(auto pool, PinnedPool::Create(arena.get(), PinnedPoolOptions{}));
+  ASSERT_OK_AND_ASSIGN(PinnedBlock block, pool->Allocate(kMiB));
+  auto engine = MakeEngine(IoBackendChoice::kIoUring);
+  ASSERT_OK_AND_ASSIGN(FileId id, engine->RegisterFile(file.fd()));
+  ASSERT_OK(engine->RegisterBuffers(arena->Regions()));
+  Fill(block.data(), kMiB, 21);
+  ASSERT_OK(engine->Submit({IoOp::kWrite, id, 0, block.data(), kMiB}).Wait());
+  AlignedBuffer check = MakeBuffer(kMiB);
+  ASSERT_OK(engine->Submit({IoOp::kRead, id, 0, check.get(), kMiB}).Wait());
+  EXPECT_EQ(std::memcmp(check.get(), block.data(), kMiB), 0);
+  EXPECT_EQ(engine->stats().fixed_buffer_ops, 1u);
+}
+
+TEST(IoEngine, SqpollRoundTrip) {
+  if (!UringWorks()) GTEST_SKIP() << "io_uring unavailable here";
+  IoEngineOptions o;
+  o.backend = IoBackendChoice::kIoUring;
+  o.sqpoll = true;
+  auto engine = IoEngine::Create(o);
+  if (!engine.ok()) GTEST_SKIP() << "SQPOLL refused here: " << engine.status();
+  TempFile file(kMiB, true);
+  ASSERT_TRUE(file.ok());
+  ASSERT_OK_AND_ASSIGN(FileId id, (*engine)->RegisterFile(file.fd()));
+  AlignedBuffer out = MakeBuffer(64 * 1024), in = MakeBuffer(64 * 1024);
+  Fill(out.get(), 64 * 1024, 4);
+  ASSERT_OK((*engine)->Submit({IoOp::kWrite, id, 0, out.get(), 64 * 1024}).Wait());
+  ASSERT_OK((*engine)->Submit({IoOp::kRead, id, 0, in.get(), 64 * 1024}).Wait());
+  EXPECT_EQ(std::memcmp(in.get(), out.get(), 64 * 1024), 0);
 }
 
 TEST(IoEngine, UnregisteredFilesAreRefused) {
