@@ -1,0 +1,147 @@
+// memascend/volume.h: tensors stored in extents of a raw block device or one
+// preallocated file, with crash-safe metadata and checksummed data.
+//
+//   MEMASCEND_RETURN_IF_ERROR(memascend::Volume::Format("/dev/nvme1n1", {}));
+//   MEMASCEND_ASSIGN_OR_RETURN(auto volume, memascend::Volume::Open("/dev/nvme1n1", {}));
+//   MEMASCEND_RETURN_IF_ERROR(volume->Put("layers.0.mlp.up", bytes,
+//                                         memascend::Durability::kDurable, "bf16[11008,4096]"));
+//   MEMASCEND_RETURN_IF_ERROR(volume->Get("layers.0.mlp.up", out));
+//
+// Note [commit order]: a durable object becomes visible only after its data and then
+// its journal record are on stable storage (data written, fdatasync, journal write,
+// fdatasync). Overwriting writes new extents and frees the old ones only after the
+// commit, so a crash leaves the old or the new object, never a mix. Concurrent commits
+// share the journal write and the flushes (group commit). A scratch object skips the
+// journal: it lives for this open only and is gone after reopen.
+//
+// Note [journal halves]: the journal region has two halves. Commits append to the live
+// half; when it is full, the volume writes a snapshot of every durable object plus the
+// new records into the other half, makes it durable, and only then writes the next
+// superblock (the two superblocks alternate by generation) to point at it. On open:
+// the newest valid superblock, replay of its half up to the last complete commit, free
+// space rebuilt from the objects. A damaged journal block followed by valid later
+// commits is kDataLoss unless allow_data_loss.
+//
+// Thread-safety: every method may be called from any thread. Reading or overwriting an
+// object while another thread deletes or overwrites it is a race of the caller's; the
+// data checksum reports it as kDataLoss rather than returning mixed bytes.
+// Lifetime: one process opens a volume at a time (an exclusive lock on the target).
+// The engine passed in options must outlive the volume.
+#ifndef MEMASCEND_VOLUME_H_
+#define MEMASCEND_VOLUME_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <absl/status/statusor.h>
+
+#include <memascend/io_engine.h>
+
+namespace memascend {
+
+enum class Durability { kDurable, kScratch };
+std::string_view ToString(Durability d) noexcept;
+
+struct VolumeFormatOptions {
+  std::uint64_t size = 0;                  // create/grow a regular file to this size
+  std::uint32_t unit_bytes = 64 * 1024;    // allocation unit: a multiple of 4096
+  std::uint64_t journal_bytes = 0;         // both halves; 0: capacity / 512 in [2 MiB, 256 MiB]
+  bool force = false;                      // Note [foreign data] in block_target.h
+  // Called while format writes the journal region (large targets take a while).
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress;
+};
+
+struct VolumeOpenOptions {
+  bool verify_checksums = true;  // check each object's CRC-32C on Get()
+  bool allow_data_loss = false;  // open a volume whose journal was damaged mid-way
+  IoEngine* engine = nullptr;    // null: the volume creates its own (IoBackendChoice::kAuto)
+};
+
+struct VolumeExtent {
+  std::uint64_t offset = 0;  // bytes into the target
+  std::uint64_t bytes = 0;
+};
+
+struct ObjectInfo {
+  std::string name;
+  std::uint64_t size = 0;
+  std::string metadata;
+  Durability durability = Durability::kDurable;
+  std::uint32_t checksum = 0;  // CRC-32C of the data
+  std::vector<VolumeExtent> extents;
+};
+
+struct VolumeStats {
+  std::string uuid;
+  std::uint64_t generation = 0;
+  std::uint64_t capacity_bytes = 0;  // of the target
+  std::uint64_t data_bytes = 0;      // of the data region
+  std::uint64_t used_bytes = 0;      // allocated to objects (whole units)
+  std::uint64_t free_bytes = 0;
+  std::uint64_t largest_free_extent_bytes = 0;
+  double fragmentation = 0;  // 1 - largest free extent / free space
+  std::uint32_t unit_bytes = 0;
+  std::uint32_t block_bytes = 0;
+  std::uint64_t objects = 0;
+  std::uint64_t durable_objects = 0;
+  std::uint64_t journal_bytes = 0;       // one half
+  std::uint64_t journal_used_bytes = 0;  // of the live half
+  std::uint64_t commits = 0;             // journal writes since open
+  std::uint64_t compactions = 0;
+};
+
+struct FsckReport {
+  bool clean = true;
+  std::uint64_t objects = 0;
+  std::uint64_t used_bytes = 0;
+  std::uint64_t free_bytes = 0;
+  std::vector<std::string> errors;    // damage: clean is false
+  std::vector<std::string> warnings;  // repaired or expected (a torn last commit)
+};
+
+class Volume {
+ public:
+  // Writes an empty volume. Refuses foreign data unless forced; kInvalidArgument for
+  // a bad unit or journal size or a target too small to hold anything.
+  static absl::Status Format(const std::string& path, const VolumeFormatOptions& options);
+  // kFailedPrecondition if the target holds no MemAscend volume or another process has
+  // it open; kDataLoss if no superblock is valid or the journal was damaged mid-way.
+  static absl::StatusOr<std::unique_ptr<Volume>> Open(const std::string& path,
+                                                      const VolumeOpenOptions& options);
+  ~Volume();
+  Volume(const Volume&) = delete;
+  Volume& operator=(const Volume&) = delete;
+
+  // Stores `data` under `name` (1..255 bytes), replacing an object of that name per
+  // Note [commit order]. kResourceExhausted if the volume or journal is full (the old
+  // object, if any, stays); kInvalidArgument for a bad name or metadata over 16 KiB;
+  // I/O errors as the engine reports them.
+  absl::Status Put(std::string_view name, std::span<const std::byte> data, Durability durability,
+                   std::string_view metadata = {});
+  // Reads the whole object into `out` (at least its size). kNotFound; kInvalidArgument
+  // if `out` is too small; kDataLoss naming the object on a checksum mismatch.
+  absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out);
+  absl::StatusOr<ObjectInfo> Stat(std::string_view name) const;
+  std::vector<ObjectInfo> List() const;
+  // Removes an object (durably, for a durable one). kNotFound.
+  absl::Status Delete(std::string_view name);
+
+  // Checks the volume's structures (and, with verify_data, every object's checksum).
+  absl::StatusOr<FsckReport> Fsck(bool verify_data);
+  VolumeStats stats() const;
+  IoEngine* engine() const noexcept;
+
+ private:
+  struct Impl;
+  explicit Volume(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memascend
+
+#endif  // MEMASCEND_VOLUME_H_

@@ -1,0 +1,649 @@
+#include <memascend/volume.h>
+
+#include <sys/file.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include <absl/synchronization/mutex.h>
+#include <fmt/format.h>
+
+#include <memascend/block_target.h>
+#include <memascend/status.h>
+
+#include "storage/extent_allocator.h"
+#include "storage/format.h"
+#include "util/align.h"
+#include "util/crc32c.h"
+#include "util/units.h"
+
+namespace memascend {
+
+std::string_view ToString(Durability d) noexcept { return d == Durability::kDurable ? "durable" : "scratch"; }
+
+namespace {
+
+using storage::Extent;
+using storage::JournalRecord;
+using storage::kMetaBlock;
+using storage::RecordType;
+using storage::Superblock;
+
+constexpr std::size_t kWindowBytes = 16u << 20;  // staging window of unaligned transfers
+constexpr std::size_t kRequestBytes = 4u << 20;  // one engine request
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using Aligned = std::unique_ptr<std::byte, FreeDeleter>;
+
+Aligned AllocAligned(std::size_t bytes, std::size_t align) {
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, util::RoundUp(std::max<std::size_t>(bytes, 1), align)));
+  return Aligned(p);
+}
+
+std::uint64_t Random64() {
+  std::uint64_t v = 0;
+  while (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
+  }
+  return v;
+}
+
+std::string UuidString(const std::array<std::uint8_t, 16>& u) {
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += fmt::format("{:02x}", u[static_cast<std::size_t>(i)]);
+  }
+  return s;
+}
+
+struct Object {
+  std::uint64_t size = 0;
+  std::string metadata;
+  std::uint32_t checksum = 0;
+  std::vector<Extent> extents;
+  Durability durability = Durability::kDurable;
+};
+
+absl::Status CheckName(std::string_view name) {
+  if (name.empty() || name.size() > storage::kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        fmt::format("object name must be 1..{} bytes, got {}", storage::kMaxNameBytes, name.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Moves bytes between a caller buffer and the target: zero-copy for the aligned part,
+// through an aligned staging window for the rest. Requests of one window run together.
+absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op, std::uint64_t offset,
+                      std::byte* user, std::size_t length) {
+  std::size_t direct = 0;
+  if (reinterpret_cast<std::uintptr_t>(user) % block == 0) direct = length / block * block;
+  {
+    IoBatch batch;
+    for (std::size_t done = 0; done < direct; done += kRequestBytes) {
+      batch.Add(engine->Submit({op, file, offset + done, user + done, std::min(kRequestBytes, direct - done)}));
+    }
+    batch.WaitAll();
+    MEMASCEND_RETURN_IF_ERROR(batch.FirstError());
+  }
+  if (direct == length) return absl::OkStatus();
+  const std::size_t rest = length - direct;
+  Aligned window = AllocAligned(std::min(util::RoundUp(rest, block), kWindowBytes), block);
+  for (std::size_t done = direct; done < length;) {
+    const std::size_t n = std::min(kWindowBytes, length - done);
+    const std::size_t padded = util::RoundUp(n, block);
+    if (op == IoOp::kWrite) {
+      std::memcpy(window.get(), user + done, n);
+      std::memset(window.get() + n, 0, padded - n);
+    }
+    IoBatch batch;
+    for (std::size_t at = 0; at < padded; at += kRequestBytes) {
+      batch.Add(engine->Submit({op, file, offset + done + at, window.get() + at, std::min(kRequestBytes, padded - at)}));
+    }
+    batch.WaitAll();
+    MEMASCEND_RETURN_IF_ERROR(batch.FirstError());
+    if (op == IoOp::kRead) std::memcpy(user + done, window.get(), n);
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct Volume::Impl {
+  BlockTarget target;
+  std::unique_ptr<IoEngine> own_engine;
+  IoEngine* engine = nullptr;
+  FileId file;
+  bool verify = true;
+  std::vector<std::string> open_warnings;
+  std::vector<std::string> open_errors;
+
+  mutable absl::Mutex mu;
+  Superblock sb ABSL_GUARDED_BY(mu);
+  std::map<std::string, Object, std::less<>> objects ABSL_GUARDED_BY(mu);
+  std::unique_ptr<storage::ExtentAllocator> alloc ABSL_GUARDED_BY(mu);
+  std::uint64_t next_block ABSL_GUARDED_BY(mu) = 0;
+  absl::Status poisoned ABSL_GUARDED_BY(mu);
+  std::uint64_t commits ABSL_GUARDED_BY(mu) = 0;
+  std::uint64_t compactions ABSL_GUARDED_BY(mu) = 0;
+
+  struct Pending {
+    std::vector<JournalRecord> records;
+    absl::Status result;
+    bool done = false;
+  };
+  absl::Mutex commit_mu;
+  absl::CondVar commit_cv;
+  std::deque<Pending*> queue ABSL_GUARDED_BY(commit_mu);
+  bool leader ABSL_GUARDED_BY(commit_mu) = false;
+
+  explicit Impl(BlockTarget t) : target(std::move(t)) {}
+  ~Impl() {
+    if (engine != nullptr && file.index >= 0) (void)engine->UnregisterFile(file);
+  }
+
+  std::size_t block() const { return target.io_block(); }
+
+  absl::Status WriteBlocks(std::uint64_t offset, std::span<const std::byte> bytes) {
+    Aligned buf = AllocAligned(bytes.size(), block());
+    std::memcpy(buf.get(), bytes.data(), bytes.size());
+    return Transfer(engine, file, block(), IoOp::kWrite, offset, buf.get(), bytes.size());
+  }
+
+  absl::StatusOr<std::vector<std::byte>> ReadBlocks(std::uint64_t offset, std::size_t bytes) {
+    Aligned buf = AllocAligned(bytes, block());
+    MEMASCEND_RETURN_IF_ERROR(Transfer(engine, file, block(), IoOp::kRead, offset, buf.get(), bytes));
+    return std::vector<std::byte>(buf.get(), buf.get() + bytes);
+  }
+
+  // A failed flush leaves the device's contents unknown: nothing more is written.
+  absl::Status SyncOrPoison() {
+    absl::Status s = target.Sync();
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu);
+      poisoned = absl::DataLossError(fmt::format(
+          "the volume failed to flush ({}); it accepts no more writes: reopen it", std::string(s.message())));
+      return poisoned;
+    }
+    return absl::OkStatus();
+  }
+
+  std::uint64_t DataOffset(const Extent& e) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    return sb.data_offset + e.start * sb.unit_bytes;
+  }
+
+  void ApplyLocked(const std::vector<JournalRecord>& records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (const JournalRecord& r : records) {
+      auto it = objects.find(r.name);
+      if (it != objects.end()) {
+        (void)alloc->Free(it->second.extents);
+        objects.erase(it);
+      }
+      if (r.type == RecordType::kPut) {
+        objects.emplace(r.name, Object{r.size, r.metadata, r.checksum, r.extents, Durability::kDurable});
+      }
+    }
+  }
+
+  // Note [journal halves].
+  absl::Status Compact(const std::vector<JournalRecord>& records) {
+    std::vector<JournalRecord> all;
+    Superblock next;
+    {
+      absl::MutexLock lock(&mu);
+      for (const auto& [name, o] : objects) {
+        if (o.durability != Durability::kDurable) continue;
+        all.push_back({RecordType::kPut, name, o.metadata, o.size, o.checksum, o.extents});
+      }
+      next = sb;
+    }
+    all.insert(all.end(), records.begin(), records.end());
+    const std::uint64_t half_blocks = next.journal_half_bytes / kMetaBlock;
+    const std::size_t blocks = storage::CommitBlocks(all);
+    if (blocks > half_blocks || blocks > 0xffff) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "journal full: {} objects need {} journal blocks, a half holds {}; reformat with a larger "
+          "journal", all.size(), blocks, half_blocks));
+    }
+    next.generation += 1;
+    next.active_half = 1 - next.active_half;
+    next.epoch += 1;
+    const std::vector<std::byte> bytes = storage::EncodeCommit(all, 0, next.epoch);
+    MEMASCEND_RETURN_IF_ERROR(WriteBlocks(next.journal_offset + next.active_half * next.journal_half_bytes, bytes));
+    MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());
+    const auto super = storage::EncodeSuperblock(next);
+    MEMASCEND_RETURN_IF_ERROR(WriteBlocks((next.generation % 2) * kMetaBlock, super));
+    MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());
+    absl::MutexLock lock(&mu);
+    sb = next;
+    next_block = blocks;
+    ++compactions;
+    ++commits;
+    ApplyLocked(records);
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteBatch(const std::vector<JournalRecord>& records) {
+    std::uint64_t slot, offset, epoch, half_blocks;
+    {
+      absl::MutexLock lock(&mu);
+      if (!poisoned.ok()) return poisoned;
+      slot = next_block;
+      half_blocks = sb.journal_half_bytes / kMetaBlock;
+      offset = sb.journal_offset + sb.active_half * sb.journal_half_bytes + slot * kMetaBlock;
+      epoch = sb.epoch;
+    }
+    const std::size_t blocks = storage::CommitBlocks(records);
+    if (slot + blocks > half_blocks || blocks > 0xffff) return Compact(records);
+    MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());  // the objects' data first
+    MEMASCEND_RETURN_IF_ERROR(WriteBlocks(offset, storage::EncodeCommit(records, slot, epoch)));
+    MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());  // then their records
+    absl::MutexLock lock(&mu);
+    next_block = slot + blocks;
+    ++commits;
+    ApplyLocked(records);
+    return absl::OkStatus();
+  }
+
+  // Group commit: the first waiter writes everything queued in one journal write.
+  absl::Status Commit(std::vector<JournalRecord> records) {
+    Pending me;
+    me.records = std::move(records);
+    absl::MutexLock lock(&commit_mu);
+    queue.push_back(&me);
+    while (!me.done) {
+      if (leader) {
+        commit_cv.Wait(&commit_mu);
+        continue;
+      }
+      leader = true;
+      std::vector<Pending*> batch(queue.begin(), queue.end());
+      queue.clear();
+      std::vector<JournalRecord> all;
+      for (Pending* p : batch) all.insert(all.end(), p->records.begin(), p->records.end());
+      commit_mu.Unlock();
+      const absl::Status s = WriteBatch(all);
+      commit_mu.Lock();
+      for (Pending* p : batch) {
+        p->result = s;
+        p->done = true;
+      }
+      leader = false;
+      commit_cv.SignalAll();
+    }
+    return me.result;
+  }
+};
+
+Volume::Volume(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Volume::~Volume() = default;
+
+IoEngine* Volume::engine() const noexcept { return impl_->engine; }
+
+absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& options) {
+  if (options.unit_bytes < kMetaBlock || options.unit_bytes % kMetaBlock != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("unit_bytes {} is not a positive multiple of 4096", options.unit_bytes));
+  }
+  BlockTargetOptions to;
+  to.create_size = options.size;
+  to.check_signatures = true;
+  to.force = options.force;
+  MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, to));
+  const std::uint64_t capacity = target.size();
+  std::uint64_t journal = options.journal_bytes;
+  if (journal == 0) journal = std::clamp<std::uint64_t>(capacity / 512, 2u << 20, 256u << 20);
+  const std::uint64_t half = util::RoundDown(journal / 2, kMetaBlock);
+  if (half < 4 * kMetaBlock) return absl::InvalidArgumentError("journal_bytes must be at least 32 KiB");
+  Superblock sb;
+  sb.block_size = target.io_block();
+  sb.unit_bytes = options.unit_bytes;
+  sb.capacity = capacity;
+  sb.journal_offset = 2 * kMetaBlock;
+  sb.journal_half_bytes = half;
+  sb.data_offset = util::RoundUp(sb.journal_offset + 2 * half, std::max<std::uint64_t>(sb.unit_bytes, 1u << 20));
+  if (capacity <= sb.data_offset || (capacity - sb.data_offset) / sb.unit_bytes == 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{} holds {}: too small for a {} journal and one {} unit", path, util::FormatBytes(capacity),
+        util::FormatBytes(2 * half), util::FormatBytes(sb.unit_bytes)));
+  }
+  sb.data_units = (capacity - sb.data_offset) / sb.unit_bytes;
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    const std::uint64_t a = Random64();
+    std::memcpy(sb.uuid.data() + 8 * i, &a, 8);
+  }
+  sb.epoch = Random64() >> 1;
+  sb.active_half = 0;
+
+  IoEngineOptions eo;
+  eo.backend = IoBackendChoice::kSync;
+  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, IoEngine::Create(eo));
+  MEMASCEND_ASSIGN_OR_RETURN(FileId file, engine->RegisterFile(target.fd()));
+  // Clear the journal region, so nothing of an earlier life of the target remains there.
+  const std::uint64_t total = 2 * half;
+  Aligned zeros = AllocAligned(kWindowBytes, target.io_block());
+  std::memset(zeros.get(), 0, kWindowBytes);
+  for (std::uint64_t done = 0; done < total;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kWindowBytes, total - done));
+    MEMASCEND_RETURN_IF_ERROR(engine->Submit({IoOp::kWrite, file, sb.journal_offset + done, zeros.get(), n}).Wait().status());
+    done += n;
+    if (options.progress) options.progress(done, total);
+  }
+  for (std::uint64_t generation : {0, 1}) {
+    sb.generation = generation;
+    const auto block = storage::EncodeSuperblock(sb);
+    std::memcpy(zeros.get(), block.data(), kMetaBlock);
+    MEMASCEND_RETURN_IF_ERROR(
+        engine->Submit({IoOp::kWrite, file, generation * kMetaBlock, zeros.get(), kMetaBlock}).Wait().status());
+  }
+  MEMASCEND_RETURN_IF_ERROR(engine->UnregisterFile(file));
+  return target.Sync();
+}
+
+absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path, const VolumeOpenOptions& options) {
+  MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, {}));
+  if (::flock(target.fd(), LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(fmt::format("{} is open in another process", path));
+  }
+  auto impl = std::make_unique<Impl>(std::move(target));
+  Impl& m = *impl;
+  m.verify = options.verify_checksums;
+  if (options.engine != nullptr) {
+    m.engine = options.engine;
+  } else {
+    IoEngineOptions eo;
+    eo.notice = [](std::string_view) {};  // the volume reports its backend in stats
+    MEMASCEND_ASSIGN_OR_RETURN(m.own_engine, IoEngine::Create(eo));
+    m.engine = m.own_engine.get();
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(m.file, m.engine->RegisterFile(m.target.fd()));
+  if (m.target.size() < 2 * kMetaBlock) return absl::FailedPreconditionError(fmt::format("{} is not a MemAscend volume", path));
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> head, m.ReadBlocks(0, 2 * kMetaBlock));
+  absl::StatusOr<Superblock> copies[2] = {storage::DecodeSuperblock({head.data(), kMetaBlock}),
+                                          storage::DecodeSuperblock({head.data() + kMetaBlock, kMetaBlock})};
+  if (!copies[0].ok() && !copies[1].ok()) {
+    if (!DetectSignature(head).has_value() || *DetectSignature(head) != "memascend") {
+      return absl::FailedPreconditionError(fmt::format("{} is not a MemAscend volume (format it first)", path));
+    }
+    return absl::DataLossError(fmt::format("{}: both superblocks are damaged ({}; {})", path,
+                                           std::string(copies[0].status().message()),
+                                           std::string(copies[1].status().message())));
+  }
+  int pick = !copies[0].ok() ? 1 : !copies[1].ok() ? 0 : (copies[1]->generation > copies[0]->generation ? 1 : 0);
+  if (!copies[1 - pick].ok()) {
+    m.open_errors.push_back(fmt::format("superblock {} is damaged ({}); using superblock {} (generation {})",
+                                        1 - pick, std::string(copies[1 - pick].status().message()), pick,
+                                        copies[pick]->generation));
+  }
+  Superblock sb = *copies[pick];
+  if (sb.capacity > m.target.size()) {
+    return absl::DataLossError(fmt::format("{}: the volume spans {} but the target holds {}", path, sb.capacity,
+                                           m.target.size()));
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> half,
+                             m.ReadBlocks(sb.journal_offset + sb.active_half * sb.journal_half_bytes,
+                                          sb.journal_half_bytes));
+  storage::Replay replay = storage::ReplayJournal(half, sb.epoch);
+  if (replay.corrupt) {
+    if (!options.allow_data_loss) {
+      return absl::DataLossError(fmt::format("{}: journal damaged: {} (open with allow_data_loss to keep "
+                                             "the {} commits before it)", path, replay.detail, replay.commits));
+    }
+    m.open_errors.push_back("journal damaged: " + replay.detail);
+  } else if (replay.torn_tail) {
+    m.open_warnings.push_back(replay.detail);
+  }
+  absl::MutexLock lock(&m.mu);
+  m.sb = sb;
+  for (JournalRecord& r : replay.records) {  // the last record of a name wins
+    m.objects.erase(r.name);
+    if (r.type == RecordType::kPut) {
+      m.objects.emplace(r.name, Object{r.size, std::move(r.metadata), r.checksum, std::move(r.extents),
+                                       Durability::kDurable});
+    }
+  }
+  m.alloc = std::make_unique<storage::ExtentAllocator>(sb.data_units);
+  for (const auto& [name, o] : m.objects) {  // free space: whatever no object holds
+    if (absl::Status s = m.alloc->Reserve(o.extents); !s.ok()) {
+      return absl::DataLossError(fmt::format("{}: object '{}': {}", path, name, std::string(s.message())));
+    }
+  }
+  m.next_block = replay.blocks_used;
+  return std::unique_ptr<Volume>(new Volume(std::move(impl)));
+}
+
+absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data, Durability durability,
+                         std::string_view metadata) {
+  Impl& m = *impl_;
+  MEMASCEND_RETURN_IF_ERROR(CheckName(name));
+  if (metadata.size() > storage::kMaxMetadataBytes) {
+    return absl::InvalidArgumentError(fmt::format("metadata of {} bytes exceeds {}", metadata.size(),
+                                                  storage::kMaxMetadataBytes));
+  }
+  std::vector<Extent> extents;
+  std::uint64_t unit;
+  {
+    absl::MutexLock lock(&m.mu);
+    if (!m.poisoned.ok()) return m.poisoned;
+    unit = m.sb.unit_bytes;
+    auto got = m.alloc->Allocate((data.size() + unit - 1) / unit);
+    if (!got.ok()) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "put '{}' ({}): {}; free {}, largest free extent {}", name, util::FormatBytes(data.size()),
+          std::string(got.status().message()), util::FormatBytes(m.alloc->free_units() * unit),
+          util::FormatBytes(m.alloc->largest_free() * unit)));
+    }
+    extents = *std::move(got);
+  }
+  const auto release = [&] {
+    absl::MutexLock lock(&m.mu);
+    (void)m.alloc->Free(extents);
+  };
+  std::uint64_t done = 0;
+  for (const Extent& e : extents) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(e.units * unit, data.size() - done));
+    std::uint64_t offset;
+    {
+      absl::ReaderMutexLock lock(&m.mu);
+      offset = m.DataOffset(e);
+    }
+    if (absl::Status s = Transfer(m.engine, m.file, m.block(), IoOp::kWrite, offset,
+                                  const_cast<std::byte*>(data.data()) + done, n);
+        !s.ok()) {
+      release();
+      return s;
+    }
+    done += n;
+  }
+  const std::uint32_t checksum = util::Crc32c(data.data(), data.size());
+  if (durability == Durability::kDurable) {
+    absl::Status s = m.Commit({{RecordType::kPut, std::string(name), std::string(metadata), data.size(), checksum, extents}});
+    if (!s.ok()) release();
+    return s;
+  }
+  bool replaces_durable = false;
+  {
+    absl::ReaderMutexLock lock(&m.mu);
+    auto it = m.objects.find(name);
+    replaces_durable = it != m.objects.end() && it->second.durability == Durability::kDurable;
+  }
+  if (replaces_durable) {  // its record must not resurrect it after a reopen
+    if (absl::Status s = m.Commit({{RecordType::kDelete, std::string(name), {}, 0, 0, {}}}); !s.ok()) {
+      release();
+      return s;
+    }
+  }
+  absl::MutexLock lock(&m.mu);
+  if (auto it = m.objects.find(name); it != m.objects.end()) {
+    (void)m.alloc->Free(it->second.extents);
+    m.objects.erase(it);
+  }
+  m.objects.emplace(std::string(name), Object{data.size(), std::string(metadata), checksum, extents, Durability::kScratch});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::size_t> Volume::Get(std::string_view name, std::span<std::byte> out) {
+  Impl& m = *impl_;
+  Object o;
+  std::uint64_t unit, data_offset;
+  {
+    absl::ReaderMutexLock lock(&m.mu);
+    auto it = m.objects.find(name);
+    if (it == m.objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
+    o = it->second;
+    unit = m.sb.unit_bytes;
+    data_offset = m.sb.data_offset;
+  }
+  if (out.size() < o.size) {
+    return absl::InvalidArgumentError(fmt::format("object '{}' holds {} bytes; the buffer has {}", name, o.size, out.size()));
+  }
+  std::uint64_t done = 0;
+  for (const Extent& e : o.extents) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(e.units * unit, o.size - done));
+    MEMASCEND_RETURN_IF_ERROR(Transfer(m.engine, m.file, m.block(), IoOp::kRead, data_offset + e.start * unit,
+                                       out.data() + done, n));
+    done += n;
+  }
+  if (m.verify) {
+    const std::uint32_t crc = util::Crc32c(out.data(), o.size);
+    if (crc != o.checksum) {
+      return absl::DataLossError(fmt::format("object '{}': checksum mismatch (stored {:08x}, read {:08x})", name,
+                                             o.checksum, crc));
+    }
+  }
+  return static_cast<std::size_t>(o.size);
+}
+
+namespace {
+ObjectInfo Info(const std::string& name, const Object& o, const Superblock& sb) {
+  ObjectInfo info{name, o.size, o.metadata, o.durability, o.checksum, {}};
+  for (const Extent& e : o.extents) info.extents.push_back({sb.data_offset + e.start * sb.unit_bytes, e.units * sb.unit_bytes});
+  return info;
+}
+}  // namespace
+
+absl::StatusOr<ObjectInfo> Volume::Stat(std::string_view name) const {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  auto it = impl_->objects.find(name);
+  if (it == impl_->objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
+  return Info(it->first, it->second, impl_->sb);
+}
+
+std::vector<ObjectInfo> Volume::List() const {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  std::vector<ObjectInfo> out;
+  for (const auto& [name, o] : impl_->objects) out.push_back(Info(name, o, impl_->sb));
+  return out;
+}
+
+absl::Status Volume::Delete(std::string_view name) {
+  Impl& m = *impl_;
+  {
+    absl::MutexLock lock(&m.mu);
+    auto it = m.objects.find(name);
+    if (it == m.objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
+    if (it->second.durability == Durability::kScratch) {
+      (void)m.alloc->Free(it->second.extents);
+      m.objects.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  return m.Commit({{RecordType::kDelete, std::string(name), {}, 0, 0, {}}});
+}
+
+VolumeStats Volume::stats() const {
+  const Impl& m = *impl_;
+  absl::ReaderMutexLock lock(&m.mu);
+  VolumeStats s;
+  s.uuid = UuidString(m.sb.uuid);
+  s.generation = m.sb.generation;
+  s.capacity_bytes = m.sb.capacity;
+  s.unit_bytes = m.sb.unit_bytes;
+  s.block_bytes = m.sb.block_size;
+  s.data_bytes = m.sb.data_units * m.sb.unit_bytes;
+  s.free_bytes = m.alloc->free_units() * m.sb.unit_bytes;
+  s.used_bytes = s.data_bytes - s.free_bytes;
+  s.largest_free_extent_bytes = m.alloc->largest_free() * m.sb.unit_bytes;
+  s.fragmentation = m.alloc->fragmentation();
+  s.objects = m.objects.size();
+  for (const auto& [name, o] : m.objects) s.durable_objects += o.durability == Durability::kDurable;
+  s.journal_bytes = m.sb.journal_half_bytes;
+  s.journal_used_bytes = m.next_block * kMetaBlock;
+  s.commits = m.commits;
+  s.compactions = m.compactions;
+  return s;
+}
+
+absl::StatusOr<FsckReport> Volume::Fsck(bool verify_data) {
+  Impl& m = *impl_;
+  FsckReport r;
+  r.errors = m.open_errors;
+  r.warnings = m.open_warnings;
+  // The on-disk structures as they are now.
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> head, m.ReadBlocks(0, 2 * kMetaBlock));
+  Superblock sb;
+  std::uint64_t next_block;
+  std::vector<std::pair<std::string, Object>> objects;
+  {
+    absl::ReaderMutexLock lock(&m.mu);
+    sb = m.sb;
+    next_block = m.next_block;
+    objects.assign(m.objects.begin(), m.objects.end());
+    storage::ExtentAllocator fresh(sb.data_units);
+    std::uint64_t used_units = 0;
+    for (const auto& [name, o] : objects) {
+      if (absl::Status s = fresh.Reserve(o.extents); !s.ok()) {
+        r.errors.push_back(fmt::format("object '{}': {}", name, std::string(s.message())));
+      }
+      std::uint64_t units = 0;
+      for (const Extent& e : o.extents) units += e.units;
+      if (units * sb.unit_bytes < o.size) r.errors.push_back(fmt::format("object '{}': extents hold less than its size", name));
+      used_units += units;
+    }
+    if (fresh.free_units() != m.alloc->free_units()) {
+      r.errors.push_back(fmt::format("free space: {} units accounted free, {} free by the objects' extents",
+                                     m.alloc->free_units(), fresh.free_units()));
+    }
+    if (absl::Status s = m.alloc->CheckInvariants(); !s.ok()) r.errors.push_back(std::string(s.message()));
+    r.objects = objects.size();
+    r.used_bytes = used_units * sb.unit_bytes;
+    r.free_bytes = m.alloc->free_units() * sb.unit_bytes;
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto copy = storage::DecodeSuperblock({head.data() + i * kMetaBlock, kMetaBlock});
+    if (!copy.ok()) {
+      const std::string e = fmt::format("superblock {}: {}", i, std::string(copy.status().message()));
+      if (std::find(r.errors.begin(), r.errors.end(), e) == r.errors.end()) r.errors.push_back(e);
+    }
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> half,
+                             m.ReadBlocks(sb.journal_offset + sb.active_half * sb.journal_half_bytes, sb.journal_half_bytes));
+  const storage::Replay replay = storage::ReplayJournal(half, sb.epoch);
+  if (replay.corrupt) r.errors.push_back("journal: " + replay.detail);
+  if (replay.blocks_used != next_block) {
+    r.errors.push_back(fmt::format("journal: {} blocks replay, {} written since open", replay.blocks_used, next_block));
+  }
+  if (verify_data) {
+    std::vector<std::byte> buf;
+    for (const auto& [name, o] : objects) {
+      buf.resize(o.size);
+      auto got = Get(name, buf);
+      if (!got.ok() && got.status().code() != absl::StatusCode::kNotFound) {
+        r.errors.push_back(std::string(got.status().message()));
+      }
+    }
+  }
+  r.clean = r.errors.empty();
+  return r;
+}
+
+}  // namespace memascend
