@@ -1,0 +1,413 @@
+#include <memascend/volume.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include <memascend/block_target.h>
+
+#include "storage/volume_test_util.h"
+#include "testing/status_matchers.h"
+
+namespace memascend {
+namespace {
+
+using ::memascend::testing::FlipByte;
+using ::memascend::testing::Pattern;
+using ::memascend::testing::ScratchPath;
+using ::memascend::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr std::uint64_t kMiB = 1 << 20;
+
+std::unique_ptr<Volume> FormatAndOpen(const std::string& path, std::uint64_t size = 64 * kMiB,
+                                      std::uint64_t journal = 0, VolumeOpenOptions open = {}) {
+  VolumeFormatOptions f;
+  f.size = size;
+  f.journal_bytes = journal;
+  EXPECT_OK(Volume::Format(path, f));
+  auto v = Volume::Open(path, open);
+  EXPECT_OK(v);
+  return v.ok() ? *std::move(v) : nullptr;
+}
+
+void ExpectContent(Volume& v, const std::string& name, std::uint64_t version, std::size_t size) {
+  std::vector<std::byte> out(size + 1);
+  ASSERT_OK_AND_ASSIGN(std::size_t n, v.Get(name, out));
+  ASSERT_EQ(n, size) << name;
+  out.resize(size);
+  EXPECT_TRUE(out == Pattern(name, version, size)) << name << " v" << version;
+}
+
+TEST(Volume, RoundTripsManySizesAndReopens) {
+  ScratchPath p("vol");
+  const std::vector<std::size_t> sizes = {0, 1, 4095, 4096, 4097, 65535, 65536, 65537, kMiB + 3, 5 * kMiB};
+  {
+    auto v = FormatAndOpen(p.path());
+    for (std::size_t s : sizes) {
+      const std::string name = "t" + std::to_string(s);
+      // An unaligned source buffer: the volume stages what it cannot write directly.
+      std::vector<std::byte> src(s + 1);
+      auto pat = Pattern(name, 1, s);
+      std::copy(pat.begin(), pat.end(), src.begin() + 1);
+      ASSERT_OK(v->Put(name, std::span(src).subspan(1, s), Durability::kDurable, "bf16[" + std::to_string(s) + "]"));
+      ExpectContent(*v, name, 1, s);
+    }
+    ASSERT_OK_AND_ASSIGN(ObjectInfo info, v->Stat("t65537"));
+    EXPECT_EQ(info.size, 65537u);
+    EXPECT_EQ(info.metadata, "bf16[65537]");
+    EXPECT_EQ(info.durability, Durability::kDurable);
+    EXPECT_EQ(info.extents.size(), 1u);
+    EXPECT_EQ(info.extents[0].bytes, 2 * 65536u);
+  }
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+  EXPECT_EQ(v->List().size(), sizes.size());
+  for (std::size_t s : sizes) ExpectContent(*v, "t" + std::to_string(s), 1, s);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+  EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+  EXPECT_EQ(r.objects, sizes.size());
+  EXPECT_EQ(r.used_bytes, v->stats().used_bytes);
+}
+
+TEST(Volume, OverwritesReplaceAndFreeTheOldExtents) {
+  ScratchPath p("vol");
+  auto v = FormatAndOpen(p.path());
+  const std::uint64_t free0 = v->stats().free_bytes;
+  ASSERT_OK(v->Put("w", Pattern("w", 1, kMiB), Durability::kDurable));
+  ASSERT_OK(v->Put("w", Pattern("w", 2, 2 * kMiB), Durability::kDurable));  // the same name again
+  EXPECT_EQ(v->stats().free_bytes, free0 - 2 * kMiB);
+  ExpectContent(*v, "w", 2, 2 * kMiB);
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  ExpectContent(*v, "w", 2, 2 * kMiB);
+  EXPECT_EQ(v->stats().free_bytes, free0 - 2 * kMiB);
+  ASSERT_OK(v->Delete("w"));
+  EXPECT_THAT(v->Delete("w"), StatusIs(absl::StatusCode::kNotFound));
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  EXPECT_THAT(v->Stat("w"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(v->stats().free_bytes, free0);
+}
+
+TEST(Volume, ScratchObjectsLiveForOneOpen) {
+  ScratchPath p("vol");
+  auto v = FormatAndOpen(p.path());
+  const std::uint64_t free0 = v->stats().free_bytes;
+  ASSERT_OK(v->Put("durable", Pattern("durable", 1, 100000), Durability::kDurable));
+  ASSERT_OK(v->Put("swap", Pattern("swap", 1, 300000), Durability::kScratch));
+  ASSERT_OK(v->Put("was-durable", Pattern("was-durable", 1, 1000), Durability::kDurable));
+  ASSERT_OK(v->Put("was-durable", Pattern("was-durable", 2, 2000), Durability::kScratch));
+  ExpectContent(*v, "swap", 1, 300000);
+  ExpectContent(*v, "was-durable", 2, 2000);
+  EXPECT_EQ(v->stats().durable_objects, 1u);
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  EXPECT_THAT(v->Stat("swap"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(v->Stat("was-durable"), StatusIs(absl::StatusCode::kNotFound));  // not resurrected
+  ExpectContent(*v, "durable", 1, 100000);
+  EXPECT_EQ(v->stats().free_bytes, free0 - 2 * 65536);  // only the durable object holds space
+}
+
+TEST(Volume, AFullVolumeFailsCleanly) {
+  ScratchPath p("vol");
+  auto v = FormatAndOpen(p.path(), 16 * kMiB);
+  int stored = 0;
+  absl::Status s;
+  for (; stored < 100; ++stored) {
+    s = v->Put("obj" + std::to_string(stored), Pattern("obj" + std::to_string(stored), 1, kMiB), Durability::kDurable);
+    if (!s.ok()) break;
+  }
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("free")));
+  EXPECT_GT(stored, 5);
+  for (int i = 0; i < stored; ++i) ExpectContent(*v, "obj" + std::to_string(i), 1, kMiB);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(false));
+  EXPECT_TRUE(r.clean);
+  // Overwriting with something larger than the free space keeps the old version.
+  EXPECT_THAT(v->Put("obj0", Pattern("obj0", 2, 8 * kMiB), Durability::kDurable),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  ExpectContent(*v, "obj0", 1, kMiB);
+  ASSERT_OK(v->Delete("obj1"));
+  EXPECT_OK(v->Put("again", Pattern("again", 1, kMiB), Durability::kDurable));
+}
+
+TEST(Volume, NamesMetadataAndBuffersAreChecked) {
+  ScratchPath p("vol");
+  auto v = FormatAndOpen(p.path());
+  const auto data = Pattern("x", 1, 10);
+  EXPECT_THAT(v->Put("", data, Durability::kDurable), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(v->Put(std::string(256, 'n'), data, Durability::kDurable),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1..255")));
+  EXPECT_OK(v->Put(std::string(255, 'n'), data, Durability::kDurable));
+  EXPECT_THAT(v->Put("m", data, Durability::kDurable, std::string(16 * 1024 + 1, 'm')),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("metadata")));
+  std::vector<std::byte> small(5);
+  EXPECT_THAT(v->Get(std::string(255, 'n'), small), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(v->Get("missing", small), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(Volume, CompactsTheJournalWhenAHalfFills) {
+  ScratchPath p("vol");
+  auto v = FormatAndOpen(p.path(), 64 * kMiB, /*journal=*/64 * 1024);  // 8 blocks a half
+  for (int round = 1; round <= 6; ++round) {
+    for (int i = 0; i < 40; ++i) {
+      const std::string name = "n" + std::to_string(i);
+      ASSERT_OK(v->Put(name, Pattern(name, static_cast<std::uint64_t>(round), 5000), Durability::kDurable));
+    }
+  }
+  EXPECT_GT(v->stats().compactions, 0u);
+  const std::uint64_t used = v->stats().used_bytes;
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  for (int i = 0; i < 40; ++i) ExpectContent(*v, "n" + std::to_string(i), 6, 5000);
+  EXPECT_EQ(v->stats().used_bytes, used);
+  // More objects than a half can describe: the journal is full, nothing else breaks.
+  absl::Status s;
+  int i = 0;
+  for (; i < 5000 && s.ok(); ++i) s = v->Put("many" + std::to_string(i), Pattern("m", 1, 10), Durability::kDurable);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("journal full")));
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+  EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+}
+
+TEST(Volume, ConcurrentPutsShareCommits) {
+  ScratchPath p("vol");
+  auto v = FormatAndOpen(p.path());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        const std::string name = "t" + std::to_string(t) + "." + std::to_string(i);
+        EXPECT_OK(v->Put(name, Pattern(name, 1, 20000), Durability::kDurable));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_LE(v->stats().commits, 100u);
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  EXPECT_EQ(v->List().size(), 100u);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+  EXPECT_TRUE(r.clean);
+}
+
+TEST(Volume, RefusesForeignDataUnlessForced) {
+  ScratchPath p("vol");
+  {
+    const int fd = ::open(p.path().c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 8 * kMiB), 0);
+    const unsigned char ext_magic[2] = {0x53, 0xef};
+    ASSERT_EQ(::pwrite(fd, ext_magic, 2, 1080), 2);
+    ::close(fd);
+  }
+  VolumeFormatOptions f;
+  EXPECT_THAT(Volume::Format(p.path(), f), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ext4")));
+  f.force = true;
+  ASSERT_OK(Volume::Format(p.path(), f));
+  f.force = false;  // now it holds a MemAscend volume: reformatting needs force too
+  EXPECT_THAT(Volume::Format(p.path(), f), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("memascend")));
+}
+
+TEST(BlockTarget, DetectsSignatures) {
+  std::vector<std::byte> head(72 * 1024);
+  const auto with = [&](std::size_t off, std::string_view magic) {
+    std::vector<std::byte> h = head;
+    std::memcpy(h.data() + off, magic.data(), magic.size());
+    return DetectSignature(h);
+  };
+  EXPECT_EQ(DetectSignature(head), std::nullopt);
+  EXPECT_EQ(with(1080, "\x53\xef"), "ext4");
+  EXPECT_EQ(with(0, "XFSB"), "xfs");
+  EXPECT_EQ(with(0x10040, "_BHRfS_M"), "btrfs");
+  EXPECT_EQ(with(512, "EFI PART"), "gpt");
+  EXPECT_EQ(with(510, "\x55\xaa"), "mbr");
+  EXPECT_EQ(with(0, "LUKS\xba\xbe"), "luks");
+  EXPECT_EQ(with(4086, "SWAPSPACE2"), "swap");
+}
+
+TEST(Volume, OpenRefusesWhatItCannotOpen) {
+  ScratchPath p("vol");
+  {
+    const int fd = ::open(p.path().c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_EQ(::ftruncate(fd, 8 * kMiB), 0);
+    ::close(fd);
+  }
+  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a MemAscend")));
+  auto v = FormatAndOpen(p.path(), 8 * kMiB);
+  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another process")));
+  VolumeFormatOptions tiny;
+  ScratchPath t("tiny");
+  tiny.size = 64 * 1024;
+  EXPECT_THAT(Volume::Format(t.path(), tiny), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too small")));
+  tiny.size = 8 * kMiB;
+  tiny.unit_bytes = 1000;
+  EXPECT_THAT(Volume::Format(t.path(), tiny), StatusIs(absl::StatusCode::kInvalidArgument));
+  // tmpfs refuses O_DIRECT before Linux 6.6; where it does, so must Format, saying why.
+  const std::string shm_path = "/dev/shm/memascend_test_" + std::to_string(getpid());
+  const int probe = ::open(shm_path.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  const bool shm_refuses = probe < 0 && errno == EINVAL;
+  if (probe >= 0) ::close(probe);
+  ::unlink(shm_path.c_str());
+  if (shm_refuses) {
+    VolumeFormatOptions shm;
+    shm.size = 8 * kMiB;
+    EXPECT_THAT(Volume::Format(shm_path, shm), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("O_DIRECT")));
+    ::unlink(shm_path.c_str());
+  }
+}
+
+// ---- Corruption ----------------------------------------------------------------------
+
+TEST(VolumeCorruption, ADamagedSuperblockIsReportedAndTheOtherUsed) {
+  ScratchPath p("vol");
+  FormatAndOpen(p.path()).reset();
+  FlipByte(p.path(), 4096 + 20);  // superblock 1, the newest at format
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(false));
+  EXPECT_FALSE(r.clean);
+  ASSERT_FALSE(r.errors.empty());
+  EXPECT_THAT(r.errors[0], HasSubstr("superblock 1"));
+  v.reset();
+  FlipByte(p.path(), 30);  // and superblock 0
+  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("both superblocks")));
+}
+
+TEST(VolumeCorruption, ADamagedJournalRecordIsDetected) {
+  ScratchPath p("vol");
+  {
+    auto v = FormatAndOpen(p.path());
+    for (int i = 0; i < 3; ++i) ASSERT_OK(v->Put("j" + std::to_string(i), Pattern("j", 1, 100), Durability::kDurable));
+  }
+  FlipByte(p.path(), 8192 + 64);  // inside the first commit's record
+  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("journal damaged")));
+  VolumeOpenOptions lossy;
+  lossy.allow_data_loss = true;
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), lossy));
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(false));
+  EXPECT_FALSE(r.clean);
+  EXPECT_THAT(r.errors[0], HasSubstr("journal"));
+}
+
+TEST(VolumeCorruption, DamagedDataIsDataLossNamingTheObject) {
+  ScratchPath p("vol");
+  std::uint64_t offset = 0;
+  {
+    auto v = FormatAndOpen(p.path());
+    ASSERT_OK(v->Put("weights", Pattern("weights", 1, 300000), Durability::kDurable));
+    ASSERT_OK(v->Put("other", Pattern("other", 1, 1000), Durability::kDurable));
+    offset = v->Stat("weights")->extents[0].offset;
+  }
+  FlipByte(p.path(), offset + 123456, 0x80);
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+  std::vector<std::byte> out(300000);
+  EXPECT_THAT(v->Get("weights", out), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'weights'")));
+  ExpectContent(*v, "other", 1, 1000);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(/*verify_data=*/true));
+  EXPECT_FALSE(r.clean);
+  EXPECT_THAT(r.errors[0], HasSubstr("'weights'"));
+  ASSERT_OK_AND_ASSIGN(FsckReport quick, v->Fsck(false));
+  EXPECT_TRUE(quick.clean);  // the structures are fine; only a data check sees it
+  v.reset();
+  VolumeOpenOptions no_verify;
+  no_verify.verify_checksums = false;
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), no_verify));
+  EXPECT_OK(v->Get("weights", out));
+}
+
+// ---- Fault injection -----------------------------------------------------------------
+
+// Fails or tears chosen requests by region: the journal [8192, data) or the data.
+class VolumeFaults final : public FaultInjector {
+ public:
+  std::int64_t Adjust(const IoRequest& a, std::int64_t result) override {
+    const bool journal = a.offset >= 8192 && a.offset < journal_end.load();
+    if (a.op == IoOp::kWrite && journal && fail_journal_writes.load() > 0) {
+      --fail_journal_writes;
+      return -journal_errno.load();
+    }
+    if (a.op == IoOp::kWrite && !journal && a.offset >= journal_end.load() && fail_data_writes.load() > 0) {
+      --fail_data_writes;
+      return -EIO;
+    }
+    if (a.op == IoOp::kRead && short_reads.load() && result > 4096) return 4096;
+    return result;
+  }
+  std::atomic<std::uint64_t> journal_end{~0ull};
+  std::atomic<int> fail_journal_writes{0};
+  std::atomic<int> journal_errno{ENOSPC};
+  std::atomic<int> fail_data_writes{0};
+  std::atomic<bool> short_reads{false};
+};
+
+TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
+  ScratchPath p("vol");
+  auto faults = std::make_shared<VolumeFaults>();
+  IoEngineOptions eo;
+  eo.backend = IoBackendChoice::kThreadPool;
+  eo.fault_injector = faults;
+  ASSERT_OK_AND_ASSIGN(auto engine, IoEngine::Create(eo));
+  VolumeOpenOptions open;
+  open.engine = engine.get();
+  {
+    auto v = FormatAndOpen(p.path(), 64 * kMiB, 0, open);
+    faults->journal_end = 8192 + 2 * v->stats().journal_bytes;
+    ASSERT_OK(v->Put("keep", Pattern("keep", 1, 200000), Durability::kDurable));
+    const std::uint64_t free_before = v->stats().free_bytes;
+
+    faults->fail_data_writes = 1;  // EIO while writing the new version's data
+    EXPECT_THAT(v->Put("keep", Pattern("keep", 2, 200000), Durability::kDurable),
+                StatusIs(absl::ErrnoToStatus(EIO, "").code(), HasSubstr("Input/output error")));
+    ExpectContent(*v, "keep", 1, 200000);
+    EXPECT_EQ(v->stats().free_bytes, free_before);  // its extents went back
+
+    faults->fail_journal_writes = 1;  // ENOSPC while writing the commit record
+    EXPECT_THAT(v->Put("keep", Pattern("keep", 3, 200000), Durability::kDurable),
+                StatusIs(absl::StatusCode::kResourceExhausted));
+    ExpectContent(*v, "keep", 1, 200000);
+    EXPECT_EQ(v->stats().free_bytes, free_before);
+
+    faults->short_reads = true;  // every read returns at most 4 KiB: completed by resubmission
+    ExpectContent(*v, "keep", 1, 200000);
+    faults->short_reads = false;
+    ASSERT_OK(v->Put("later", Pattern("later", 1, 5000), Durability::kDurable));  // the journal slot is reused
+  }
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), open));
+  ExpectContent(*v, "keep", 1, 200000);
+  ExpectContent(*v, "later", 1, 5000);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+  EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+}
+
+TEST(VolumeFaults, ATornLastJournalBlockLosesOnlyThatCommit) {
+  ScratchPath p("vol");
+  std::uint64_t journal_used = 0;
+  {
+    auto v = FormatAndOpen(p.path());
+    ASSERT_OK(v->Put("a", Pattern("a", 1, 10000), Durability::kDurable));
+    ASSERT_OK(v->Put("b", Pattern("b", 1, 10000), Durability::kDurable));
+    ASSERT_OK(v->Put("a", Pattern("a", 2, 10000), Durability::kDurable));
+    journal_used = v->stats().journal_used_bytes;
+  }
+  // The last commit's block half-written: its second half never reached the disk.
+  for (std::uint64_t off = 8192 + journal_used - 2048; off < 8192 + journal_used; off += 97) FlipByte(p.path(), off, 0xff);
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+  ExpectContent(*v, "a", 1, 10000);  // the previous version, whole
+  ExpectContent(*v, "b", 1, 10000);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+  EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_THAT(r.warnings[0], HasSubstr("incomplete commit"));
+  EXPECT_EQ(r.used_bytes, 2 * 65536u);  // the lost version's extents are free again
+  ASSERT_OK(v->Put("c", Pattern("c", 1, 100), Durability::kDurable));  // writes over the torn block
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  ExpectContent(*v, "c", 1, 100);
+}
+
+}  // namespace
+}  // namespace memascend
