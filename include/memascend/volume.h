@@ -30,6 +30,7 @@
 #ifndef MEMASCEND_VOLUME_H_
 #define MEMASCEND_VOLUME_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,6 +61,9 @@ struct VolumeOpenOptions {
   bool verify_checksums = true;  // check each object's CRC-32C on Get()
   bool allow_data_loss = false;  // open a volume whose journal was damaged mid-way
   IoEngine* engine = nullptr;    // null: the volume creates its own (IoBackendChoice::kAuto)
+  // How long to wait for the lock of another holder. A process that just died may hold
+  // it for a moment: the kernel releases an io_uring's registered files asynchronously.
+  std::chrono::milliseconds lock_wait{2000};
 };
 
 struct VolumeExtent {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <thread>
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
@@ -351,8 +352,13 @@ absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& 
 
 absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path, const VolumeOpenOptions& options) {
   MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, {}));
-  if (::flock(target.fd(), LOCK_EX | LOCK_NB) != 0) {
-    return absl::FailedPreconditionError(fmt::format("{} is open in another process", path));
+  const auto give_up = std::chrono::steady_clock::now() + options.lock_wait;
+  while (::flock(target.fd(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) return absl::ErrnoToStatus(errno, fmt::format("flock({})", path));
+    if (std::chrono::steady_clock::now() >= give_up) {
+      return absl::FailedPreconditionError(fmt::format("{} is open in another process", path));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   auto impl = std::make_unique<Impl>(std::move(target));
   Impl& m = *impl;

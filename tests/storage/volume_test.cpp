@@ -239,7 +239,10 @@ TEST(Volume, OpenRefusesWhatItCannotOpen) {
   }
   EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a MemAscend")));
   auto v = FormatAndOpen(p.path(), 8 * kMiB);
-  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another process")));
+  VolumeOpenOptions impatient;
+  impatient.lock_wait = std::chrono::milliseconds(50);
+  EXPECT_THAT(Volume::Open(p.path(), impatient),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another process")));
   VolumeFormatOptions tiny;
   ScratchPath t("tiny");
   tiny.size = 64 * 1024;
