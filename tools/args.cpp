@@ -9,10 +9,15 @@
 
 namespace memascend::cli {
 
-absl::StatusOr<Args> Args::Parse(std::span<char* const> argv, std::span<const OptionSpec> specs) {
+absl::StatusOr<Args> Args::Parse(std::span<char* const> argv, std::span<const OptionSpec> specs,
+                                 std::size_t max_positional) {
   Args args;
   for (std::size_t i = 0; i < argv.size(); ++i) {
     std::string_view arg(argv[i]);
+    if (!arg.starts_with("--") && args.positional_.size() < max_positional) {
+      args.positional_.emplace_back(arg);
+      continue;
+    }
     if (!arg.starts_with("--")) {
       return absl::InvalidArgumentError(fmt::format("unexpected argument \'{}\'", arg));
     }

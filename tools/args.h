@@ -23,7 +23,10 @@ struct OptionSpec {
 // missing values and stray positional arguments are kInvalidArgument.
 class Args {
  public:
-  static absl::StatusOr<Args> Parse(std::span<char* const> argv, std::span<const OptionSpec> specs);
+  // Up to `max_positional` arguments that are not options are kept, in order.
+  static absl::StatusOr<Args> Parse(std::span<char* const> argv, std::span<const OptionSpec> specs,
+                                    std::size_t max_positional = 0);
+  const std::vector<std::string>& positional() const { return positional_; }
 
   bool Has(std::string_view name) const { return values_.contains(std::string(name)); }
   std::string Get(std::string_view name, std::string_view fallback = {}) const;
@@ -32,6 +35,7 @@ class Args {
 
  private:
   std::map<std::string, std::string, std::less<>> values_;
+  std::vector<std::string> positional_;
 };
 
 // The message of a status as a std::string (Note [absl string_view] in util/strings.h).

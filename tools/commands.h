@@ -21,6 +21,7 @@ struct Command {
 int RunInfo(std::span<char* const> args);
 int RunPoolSim(std::span<char* const> args);
 int RunBench(std::span<char* const> args);
+int RunVolume(std::span<char* const> args);
 
 }  // namespace memascend::cli
 

@@ -16,6 +16,7 @@ constexpr Command kCommands[] = {
     {"info", "print what this machine offers and which backends MemAscend picks", RunInfo},
     {"pool-sim", "replay a training step's pinned-buffer schedule under a memory policy",
      RunPoolSim},
+    {"volume", "format, inspect and use a volume: format|info|put|get|ls|rm|fsck", RunVolume},
     {"bench", "measure: `bench io` (direct-I/O throughput), `bench tune` (block x queue depth)",
      RunBench},
 };

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -63,11 +66,14 @@ CpuInfo ProbeCpu() {
   cpu.avx = __builtin_cpu_supports("avx");
   cpu.avx2 = __builtin_cpu_supports("avx2");
   cpu.fma = __builtin_cpu_supports("fma");
-  cpu.f16c = __builtin_cpu_supports("f16c");
+  // F16C and AVX512-BF16 straight from CPUID: not every compiler's builtin knows them.
+  // Both depend on AVX / AVX-512 state, whose OS support the checks above include.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d)) cpu.f16c = cpu.avx && (c & bit_F16C) != 0;
   cpu.avx512f = __builtin_cpu_supports("avx512f");
   cpu.avx512bw = __builtin_cpu_supports("avx512bw");
   cpu.avx512vl = __builtin_cpu_supports("avx512vl");
-  cpu.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) cpu.avx512bf16 = cpu.avx512f && (a & (1u << 5)) != 0;
 #endif
   return cpu;
 }

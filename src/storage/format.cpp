@@ -134,6 +134,7 @@ absl::StatusOr<std::vector<JournalRecord>> DecodeRecords(std::span<const std::by
     JournalRecord r;
     const auto type = Get<std::uint8_t>(p);
     if (type != 1 && type != 2) return absl::DataLossError(fmt::format("journal: record type {}", type));
+    if (Get<std::uint8_t>(p + 1) != 0) return absl::DataLossError("journal: reserved record byte is set");
     r.type = static_cast<RecordType>(type);
     const auto name_len = Get<std::uint16_t>(p + 2);
     const auto meta_len = Get<std::uint32_t>(p + 4);

@@ -1,0 +1,238 @@
+// memascend volume format|info|put|get|ls|rm|fsck: a volume from the command line.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <memascend/volume.h>
+
+#include "args.h"
+#include "commands.h"
+#include "util/json_writer.h"
+#include "util/units.h"
+
+namespace memascend::cli {
+namespace {
+
+struct Sub {
+  std::string_view name;
+  std::string_view usage;
+  std::size_t positional;
+  std::vector<OptionSpec> options;
+};
+
+const Sub kSubs[] = {
+    {"format", "format PATH [--size BYTES] [--unit BYTES] [--journal BYTES] [--force]", 1,
+     {{"size", true, "create/grow a regular file to this size"},
+      {"unit", true, "allocation unit (default 64K)"},
+      {"journal", true, "journal bytes, both halves (default: capacity/512 in 2M..256M)"},
+      {"force", false, "overwrite a file system, partition table or volume"}}},
+    {"info", "info PATH [--json]", 1, {{"json", false, "one JSON object"}}},
+    {"put", "put PATH NAME FILE [--scratch] [--meta TEXT]", 3,
+     {{"scratch", false, "swap space for this open only (not journaled)"},
+      {"meta", true, "opaque metadata kept with the object (e.g. dtype and shape)"}}},
+    {"get", "get PATH NAME OUT", 3, {}},
+    {"ls", "ls PATH [--json]", 1, {{"json", false, "one JSON object"}}},
+    {"rm", "rm PATH NAME", 2, {}},
+    {"fsck", "fsck PATH [--verify-data] [--json]", 1,
+     {{"verify-data", false, "read every object and check its checksum"}, {"json", false, "one JSON object"}}},
+};
+
+void PrintUsage(std::FILE* out) {
+  fmt::print(out, "usage: memascend volume COMMAND ...\n");
+  for (const Sub& s : kSubs) fmt::print(out, "  memascend volume {}\n", s.usage);
+}
+
+int Fail(const absl::Status& s) {
+  fmt::print(stderr, "memascend volume: {}\n", Message(s));
+  return kExitFailure;
+}
+
+absl::StatusOr<std::vector<std::byte>> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::ErrnoToStatus(errno, fmt::format("open {}", path));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(bytes.size());
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+absl::Status WriteFile(const std::string& path, std::span<const std::byte> data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::ErrnoToStatus(errno, fmt::format("open {}", path));
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  if (!out.flush()) return absl::ErrnoToStatus(errno, fmt::format("write {}", path));
+  return absl::OkStatus();
+}
+
+int Format(const Args& a) {
+  VolumeFormatOptions o;
+  auto size = a.GetBytes("size", 0);
+  auto unit = a.GetBytes("unit", 64 * 1024);
+  auto journal = a.GetBytes("journal", 0);
+  for (const absl::Status& s : {size.status(), unit.status(), journal.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  o.size = *size;
+  o.unit_bytes = static_cast<std::uint32_t>(*unit);
+  o.journal_bytes = *journal;
+  o.force = a.Has("force");
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  o.progress = [tty](std::uint64_t done, std::uint64_t total) {
+    if (total < (64u << 20)) return;
+    fmt::print(stderr, "{}format: clearing the journal {:3.0f}%{}", tty ? "\r" : "",
+               100.0 * static_cast<double>(done) / static_cast<double>(total), tty && done < total ? "" : "\n");
+  };
+  const std::string& path = a.positional()[0];
+  if (absl::Status s = Volume::Format(path, o); !s.ok()) return Fail(s);
+  auto v = Volume::Open(path, {});
+  if (!v.ok()) return Fail(v.status());
+  const VolumeStats st = (*v)->stats();
+  fmt::print("formatted {}: {} data in {} units, journal 2 x {}, uuid {}\n", path, util::FormatBytes(st.data_bytes),
+             util::FormatBytes(st.unit_bytes), util::FormatBytes(st.journal_bytes), st.uuid);
+  return kExitOk;
+}
+
+int Info(Volume& v, bool json) {
+  const VolumeStats s = v.stats();
+  if (json) {
+    util::JsonWriter w;
+    w.BeginObject();
+    w.Field("uuid", s.uuid);
+    w.Field("generation", s.generation);
+    w.Field("capacity_bytes", s.capacity_bytes);
+    w.Field("data_bytes", s.data_bytes);
+    w.Field("used_bytes", s.used_bytes);
+    w.Field("free_bytes", s.free_bytes);
+    w.Field("largest_free_extent_bytes", s.largest_free_extent_bytes);
+    w.Field("fragmentation", s.fragmentation);
+    w.Field("unit_bytes", s.unit_bytes);
+    w.Field("block_bytes", s.block_bytes);
+    w.Field("objects", s.objects);
+    w.Field("durable_objects", s.durable_objects);
+    w.Field("journal_bytes", s.journal_bytes);
+    w.Field("journal_used_bytes", s.journal_used_bytes);
+    w.Field("io_backend", ToString(v.engine()->backend()));
+    w.EndObject();
+    fmt::print("{}\n", w.str());
+    return kExitOk;
+  }
+  fmt::print("uuid        {}\ngeneration  {}\ncapacity    {}\ndata        {} ({} used, {} free, largest free extent {}, "
+             "fragmentation {:.1f}%)\nunit        {}\nobjects     {} ({} durable)\njournal     2 x {} ({} used)\n"
+             "io backend  {}\n",
+             s.uuid, s.generation, util::FormatBytes(s.capacity_bytes), util::FormatBytes(s.data_bytes),
+             util::FormatBytes(s.used_bytes), util::FormatBytes(s.free_bytes),
+             util::FormatBytes(s.largest_free_extent_bytes), 100 * s.fragmentation, util::FormatBytes(s.unit_bytes),
+             s.objects, s.durable_objects, util::FormatBytes(s.journal_bytes), util::FormatBytes(s.journal_used_bytes),
+             ToString(v.engine()->backend()));
+  return kExitOk;
+}
+
+int Ls(Volume& v, bool json) {
+  const std::vector<ObjectInfo> objects = v.List();
+  if (json) {
+    util::JsonWriter w;
+    w.BeginObject();
+    w.Key("objects").BeginArray();
+    for (const ObjectInfo& o : objects) {
+      w.BeginObject();
+      w.Field("name", o.name);
+      w.Field("size", o.size);
+      w.Field("durability", ToString(o.durability));
+      w.Field("metadata", o.metadata);
+      w.Field("checksum", fmt::format("{:08x}", o.checksum));
+      w.Field("extents", o.extents.size());
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+    fmt::print("{}\n", w.str());
+    return kExitOk;
+  }
+  for (const ObjectInfo& o : objects) {
+    fmt::print("{:>12}  {:<8} {:08x}  {}{}\n", o.size, ToString(o.durability), o.checksum, o.name,
+               o.metadata.empty() ? "" : "  [" + o.metadata + "]");
+  }
+  return kExitOk;
+}
+
+int Fsck(Volume& v, bool verify, bool json) {
+  auto r = v.Fsck(verify);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    util::JsonWriter w;
+    w.BeginObject();
+    w.Field("clean", r->clean);
+    w.Field("objects", r->objects);
+    w.Field("used_bytes", r->used_bytes);
+    w.Field("free_bytes", r->free_bytes);
+    w.Key("errors").BeginArray();
+    for (const std::string& e : r->errors) w.String(e);
+    w.EndArray();
+    w.Key("warnings").BeginArray();
+    for (const std::string& e : r->warnings) w.String(e);
+    w.EndArray();
+    w.EndObject();
+    fmt::print("{}\n", w.str());
+  } else {
+    for (const std::string& e : r->errors) fmt::print("error: {}\n", e);
+    for (const std::string& e : r->warnings) fmt::print("warning: {}\n", e);
+    fmt::print("{}: {} objects, {} used, {} free\n", r->clean ? "clean" : "NOT CLEAN", r->objects,
+               util::FormatBytes(r->used_bytes), util::FormatBytes(r->free_bytes));
+  }
+  return r->clean ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+int RunVolume(std::span<char* const> argv) {
+  const std::string_view name = argv.empty() ? std::string_view() : std::string_view(argv[0]);
+  const Sub* sub = nullptr;
+  for (const Sub& s : kSubs) {
+    if (s.name == name) sub = &s;
+  }
+  if (sub == nullptr) {
+    PrintUsage(name == "--help" ? stdout : stderr);
+    return name == "--help" ? kExitOk : kExitUsage;
+  }
+  auto args = Args::Parse(argv.subspan(1), sub->options, sub->positional);
+  if (!args.ok() || args->positional().size() != sub->positional) {
+    fmt::print(stderr, "memascend volume: {}\nusage: memascend volume {}\n",
+               args.ok() ? "wrong number of arguments" : Message(args.status()), sub->usage);
+    return kExitUsage;
+  }
+  const std::vector<std::string>& pos = args->positional();
+  if (sub->name == "format") return Format(*args);
+  auto volume = Volume::Open(pos[0], {});
+  if (!volume.ok()) return Fail(volume.status());
+  Volume& v = **volume;
+  if (sub->name == "info") return Info(v, args->Has("json"));
+  if (sub->name == "ls") return Ls(v, args->Has("json"));
+  if (sub->name == "fsck") return Fsck(v, args->Has("verify-data"), args->Has("json"));
+  if (sub->name == "rm") {
+    if (absl::Status s = v.Delete(pos[1]); !s.ok()) return Fail(s);
+    return kExitOk;
+  }
+  if (sub->name == "put") {
+    auto data = ReadFile(pos[2]);
+    if (!data.ok()) return Fail(data.status());
+    const Durability d = args->Has("scratch") ? Durability::kScratch : Durability::kDurable;
+    if (absl::Status s = v.Put(pos[1], *data, d, args->Get("meta")); !s.ok()) return Fail(s);
+    return kExitOk;
+  }
+  // get
+  auto info = v.Stat(pos[1]);
+  if (!info.ok()) return Fail(info.status());
+  std::vector<std::byte> out(info->size);
+  if (auto n = v.Get(pos[1], out); !n.ok()) return Fail(n.status());
+  if (absl::Status s = WriteFile(pos[2], out); !s.ok()) return Fail(s);
+  return kExitOk;
+}
+
+}  // namespace memascend::cli
