@@ -61,6 +61,9 @@ struct CpuInfo {
   bool avx512bf16 = false;
 };
 
+// The widest SIMD level the CPU kernels may use on `cpu`, at most `cap`.
+SimdLevel SelectSimd(const CpuInfo& cpu, SimdLevel cap) noexcept;
+
 // The names of the extensions `cpu` has ("sse4.2", "avx2", "avx512f", ...), in a fixed order.
 std::vector<std::string_view> FeatureNames(const CpuInfo& cpu);
 

@@ -63,6 +63,11 @@ std::string_view ToString(SimdLevel level) noexcept {
   return "unknown";
 }
 
+SimdLevel SelectSimd(const CpuInfo& cpu, SimdLevel cap) noexcept {
+  const SimdLevel best = BestSimd(cpu);
+  return static_cast<int>(best) < static_cast<int>(cap) ? best : cap;
+}
+
 std::vector<std::string_view> FeatureNames(const CpuInfo& cpu) {
   const std::pair<std::string_view, bool> all[] = {
       {"sse4.2", cpu.sse42},      {"avx", cpu.avx},           {"avx2", cpu.avx2},
@@ -99,8 +104,7 @@ SystemInfo ProbeSystem(const ProbeOptions& options) {
   info.io_backend = info.io_uring.available ? IoBackendKind::kIoUring : IoBackendKind::kThreadPool;
   info.host_backing =
       info.cuda.device_count > 0 ? HostBackingKind::kCudaRegistered : HostBackingKind::kMlock;
-  const SimdLevel best = BestSimd(info.cpu);
-  info.simd = static_cast<int>(best) < static_cast<int>(options.max_simd) ? best : options.max_simd;
+  info.simd = SelectSimd(info.cpu, options.max_simd);
   return info;
 }
 

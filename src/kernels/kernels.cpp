@@ -1,0 +1,286 @@
+// The public CPU kernels: instruction-set dispatch, threading, validation.
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <memascend/kernels.h>
+
+#include "kernels/isa.h"
+#include "prim/os.h"
+
+namespace memascend {
+
+std::size_t SizeOf(DType t) noexcept { return t == DType::kF32 ? 4 : 2; }
+
+std::string_view ToString(DType t) noexcept {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+namespace kernels {
+
+const Isa& PickIsa(SimdLevel cap) {
+  static const SimdLevel best =
+      SelectSimd(prim::ProbeCpu(), ProbeOptions::FromEnvironment().max_simd);
+  const SimdLevel level = static_cast<int>(best) < static_cast<int>(cap) ? best : cap;
+  switch (level) {
+    case SimdLevel::kAvx512:
+      return Avx512Isa();
+    case SimdLevel::kAvx2:
+      return Avx2Isa();
+    case SimdLevel::kScalar:
+      break;
+  }
+  return ScalarIsa();
+}
+
+}  // namespace kernels
+
+namespace {
+
+constexpr std::size_t kChunkElements = 1u << 18;  // 1 MiB of fp32 per task
+
+// Runs fn(begin, end) over [0, n) in chunks, on the pool if any.
+template <typename F>
+void Chunked(KernelThreads* threads, std::size_t n, F&& fn) {
+  const std::size_t chunks = (n + kChunkElements - 1) / kChunkElements;
+  if (threads == nullptr || chunks <= 1) {
+    if (n > 0) fn(std::size_t{0}, n);
+    return;
+  }
+  threads->ParallelFor(chunks, [&](std::size_t c) {
+    const std::size_t begin = c * kChunkElements;
+    fn(begin, std::min(n, begin + kChunkElements));
+  });
+}
+
+// Chunks over a list of tensors without building a list: chunk c is found by walking
+// the tensors' chunk counts.
+template <typename F>
+void ChunkedList(KernelThreads* threads, std::span<const TensorView> tensors, F&& fn) {
+  std::size_t chunks = 0;
+  for (const TensorView& t : tensors) chunks += (t.elements + kChunkElements - 1) / kChunkElements;
+  const auto run = [&](std::size_t c) {
+    for (const TensorView& t : tensors) {
+      const std::size_t mine = (t.elements + kChunkElements - 1) / kChunkElements;
+      if (c < mine) {
+        const std::size_t begin = c * kChunkElements;
+        fn(t, begin, std::min(t.elements, begin + kChunkElements));
+        return;
+      }
+      c -= mine;
+    }
+  };
+  if (threads == nullptr || chunks <= 1) {
+    for (std::size_t c = 0; c < chunks; ++c) run(c);
+  } else {
+    threads->ParallelFor(chunks, run);
+  }
+}
+
+}  // namespace
+
+// ---- KernelThreads -------------------------------------------------------------------
+
+struct KernelThreads::Impl {
+  std::mutex call_mu;  // one parallel call at a time
+  std::mutex mu;
+  std::condition_variable wake, done;
+  std::vector<std::thread> workers;
+  std::uint64_t generation = 0;
+  bool stop = false;
+  void (*thunk)(void*, std::size_t) = nullptr;
+  void* ctx = nullptr;
+  std::size_t chunks = 0;
+  std::atomic<std::size_t> next{0};
+  std::size_t running = 0;  // workers inside the current call
+
+  void Drain() {
+    for (std::size_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) thunk(ctx, c);
+  }
+
+  void Work() {
+    std::uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      wake.wait(lock, [&] { return stop || generation != seen; });
+      if (stop) return;
+      seen = generation;
+      ++running;
+      lock.unlock();
+      Drain();
+      lock.lock();
+      if (--running == 0) done.notify_all();
+    }
+  }
+};
+
+KernelThreads::KernelThreads(int threads) : impl_(new Impl) {
+  for (int i = 1; i < std::max(threads, 1); ++i)
+    impl_->workers.emplace_back([this] { impl_->Work(); });
+}
+
+KernelThreads::~KernelThreads() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->wake.notify_all();
+  for (std::thread& t : impl_->workers) t.join();
+  delete impl_;
+}
+
+int KernelThreads::size() const noexcept { return static_cast<int>(impl_->workers.size()) + 1; }
+
+void KernelThreads::Run(std::size_t chunks, void (*thunk)(void*, std::size_t), void* ctx) {
+  std::lock_guard<std::mutex> call(impl_->call_mu);
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.thunk = thunk;
+    m.ctx = ctx;
+    m.chunks = chunks;
+    m.next.store(0, std::memory_order_relaxed);
+    ++m.generation;
+  }
+  m.wake.notify_all();
+  m.Drain();  // the caller works too
+  std::unique_lock<std::mutex> lock(m.mu);
+  // Every chunk has been taken; wait for workers still finishing theirs. A worker that
+  // wakes late finds nothing left and leaves at once.
+  m.done.wait(lock, [&] { return m.running == 0; });
+}
+
+// ---- Kernels ---------------------------------------------------------------------------
+
+bool HasOverflow(std::span<const TensorView> tensors, const KernelOptions& options) {
+  const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
+  std::atomic<bool> found{false};
+  ChunkedList(
+      options.threads, tensors, [&](const TensorView& t, std::size_t begin, std::size_t end) {
+        if (found.load(std::memory_order_relaxed) || t.data == nullptr) return;  // stop early
+        bool bad;
+        if (t.dtype == DType::kF32) {
+          bad =
+              isa.any_nonfinite_32(static_cast<const std::uint32_t*>(t.data) + begin, end - begin);
+        } else {
+          bad = isa.any_nonfinite_16(static_cast<const std::uint16_t*>(t.data) + begin, end - begin,
+                                     t.dtype == DType::kF16 ? 0x7c00 : 0x7f80);
+        }
+        if (bad) found.store(true, std::memory_order_relaxed);
+      });
+  return found.load();
+}
+
+double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options) {
+  const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
+  std::mutex mu;
+  double total = 0;
+  ChunkedList(options.threads, tensors,
+              [&](const TensorView& t, std::size_t begin, std::size_t end) {
+                const double part = isa.sum_squares(t.data, t.dtype, begin, end);
+                std::lock_guard<std::mutex> lock(mu);
+                total += part;
+              });
+  return total;
+}
+
+float ClipCoefficient(double global_norm, double max_norm) noexcept {
+  if (!(max_norm > 0) || !std::isfinite(global_norm)) return 1.0f;
+  const double c = max_norm / (global_norm + 1e-6);
+  return c < 1.0 ? static_cast<float>(c) : 1.0f;
+}
+
+absl::Status FusedAdam(const AdamConfig& c, std::span<float> master, std::span<float> exp_avg,
+                       std::span<float> exp_avg_sq, TensorView grad, MutableTensorView params_out,
+                       const KernelOptions& options) {
+  const std::size_t n = master.size();
+  if (exp_avg.size() != n || exp_avg_sq.size() != n || grad.elements != n ||
+      (params_out.data != nullptr && params_out.elements != n)) {
+    return absl::InvalidArgumentError(
+        fmt::format("fused adam: element counts differ (master {}, m {}, v {}, grad {}, params {})",
+                    n, exp_avg.size(), exp_avg_sq.size(), grad.elements, params_out.elements));
+  }
+  if (c.step < 1 || !(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) ||
+      !(c.eps > 0) || !(c.lr >= 0) || !(c.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(
+        fmt::format("fused adam: bad config (step {}, betas {} {}, eps {}, lr {})", c.step, c.beta1,
+                    c.beta2, c.eps, c.lr));
+  }
+  kernels::AdamArgs a{};
+  a.master = master.data();
+  a.m = exp_avg.data();
+  a.v = exp_avg_sq.data();
+  a.grad = grad.data;
+  a.grad_type = grad.dtype;
+  a.out = params_out.data;
+  a.out_type = params_out.dtype;
+  a.b1 = c.beta1;
+  a.b2 = c.beta2;
+  a.one_minus_b1 = 1.0f - c.beta1;
+  a.one_minus_b2 = 1.0f - c.beta2;
+  a.eps = c.eps;
+  a.l2 = c.adamw ? 0.0f : c.weight_decay;
+  a.decay = c.adamw ? 1.0f - c.lr * c.weight_decay : 1.0f;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(c.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(c.step));
+  a.step_size = static_cast<float>(static_cast<double>(c.lr) / bc1);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  a.grad_mul = c.grad_multiplier;
+  const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
+  Chunked(options.threads, n, [&](std::size_t begin, std::size_t end) { isa.adam(a, begin, end); });
+  return absl::OkStatus();
+}
+
+absl::Status Convert(TensorView from, MutableTensorView to, const KernelOptions& options) {
+  if (from.elements != to.elements) {
+    return absl::InvalidArgumentError(
+        fmt::format("convert: {} elements into {}", from.elements, to.elements));
+  }
+  const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
+  Chunked(options.threads, from.elements, [&](std::size_t begin, std::size_t end) {
+    isa.convert(from.data, from.dtype, to.data, to.dtype, begin, end);
+  });
+  return absl::OkStatus();
+}
+
+// ---- DynamicLossScaler -----------------------------------------------------------------
+
+DynamicLossScaler::DynamicLossScaler(const Options& options)
+    : options_(options),
+      scale_(options.initial_scale),
+      hysteresis_left_(std::max(options.hysteresis, 1)) {}
+
+bool DynamicLossScaler::Update(bool overflow) noexcept {
+  if (overflow) {
+    ++skipped_;
+    good_steps_ = 0;
+    if (hysteresis_left_ <= 1) {
+      scale_ = std::max(scale_ * options_.backoff_factor, options_.min_scale);
+      hysteresis_left_ = std::max(options_.hysteresis, 1);
+    } else {
+      --hysteresis_left_;
+    }
+    return false;
+  }
+  if (options_.consecutive_hysteresis) hysteresis_left_ = std::max(options_.hysteresis, 1);
+  if (++good_steps_ >= options_.growth_interval) {
+    scale_ = std::min(scale_ * options_.growth_factor, options_.max_scale);
+    good_steps_ = 0;
+  }
+  return true;
+}
+
+}  // namespace memascend

@@ -1,0 +1,145 @@
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <memascend/kernels.h>
+
+#include "kernels/kernel_test_util.h"
+
+namespace memascend {
+namespace {
+
+using ::memascend::testing::KernelTest;
+
+// A tensor of `n` finite values of `dtype`, as raw 16- or 32-bit words.
+struct Buffer {
+  DType dtype;
+  std::vector<std::uint32_t> w32;
+  std::vector<std::uint16_t> w16;
+  Buffer(DType t, std::size_t n) : dtype(t) {
+    if (t == DType::kF32) {
+      w32.resize(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float f = static_cast<float>(static_cast<long>(i % 2000) - 1000) * 0.37f;
+        std::memcpy(&w32[i], &f, 4);
+      }
+    } else {
+      w16.resize(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float f = static_cast<float>(static_cast<long>(i % 2000) - 1000) * 0.37f;
+        w16[i] = t == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
+      }
+    }
+  }
+  TensorView view() const {
+    return dtype == DType::kF32 ? TensorView{w32.data(), w32.size(), dtype}
+                                : TensorView{w16.data(), w16.size(), dtype};
+  }
+  void Set(std::size_t i, float f) {
+    if (dtype == DType::kF32) {
+      std::memcpy(&w32[i], &f, 4);
+    } else {
+      w16[i] = dtype == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
+    }
+  }
+};
+
+class Overflow : public KernelTest {};
+
+TEST_P(Overflow, FindsInfAndNanAtEveryPosition) {
+  const float bad[] = {std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN()};
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (std::size_t n : {1u, 2u, 15u, 16u, 17u, 31u, 33u, 63u, 64u, 65u, 127u, 129u, 255u, 1000u,
+                          4097u, 8193u, 70001u, 300001u}) {
+      Buffer b(t, n);
+      const TensorView one[] = {b.view()};
+      ASSERT_FALSE(HasOverflow(one, options_)) << ToString(t) << " n=" << n;
+      std::vector<std::size_t> positions = {0, n - 1, n / 2};
+      if (n <= 300) {
+        for (std::size_t i = 0; i < n; ++i) positions.push_back(i);
+      }
+      for (std::size_t pos : positions) {
+        for (float f : bad) {
+          Buffer c = b;
+          c.Set(pos, f);
+          const TensorView v[] = {c.view()};
+          ASSERT_TRUE(HasOverflow(v, options_))
+              << ToString(t) << " n=" << n << " at " << pos << " value " << f;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Overflow, LooksAcrossManyTensorsOfMixedTypes) {
+  Buffer a(DType::kF32, 1001), b(DType::kBF16, 77777), c(DType::kF16, 3), d(DType::kF32, 262145),
+      e(DType::kBF16, 5);
+  std::vector<TensorView> list = {a.view(), b.view(), c.view(), d.view(), e.view()};
+  EXPECT_FALSE(HasOverflow(list, options_));
+  d.Set(262144, std::numeric_limits<float>::quiet_NaN());  // the very last element of a big one
+  list[3] = d.view();
+  EXPECT_TRUE(HasOverflow(list, options_));
+  d.Set(262144, 1.0f);
+  e.Set(4, std::numeric_limits<float>::infinity());
+  list[3] = d.view();
+  list[4] = e.view();
+  EXPECT_TRUE(HasOverflow(list, options_));
+  EXPECT_FALSE(HasOverflow(std::span<const TensorView>(), options_));
+}
+
+TEST_P(Overflow, SpecialFiniteValuesAreNotOverflows) {
+  // -0, the smallest subnormals, the largest finite values, of each type.
+  std::vector<std::uint32_t> f32 = {0x80000000u, 0x00000001u, 0x80000001u,
+                                    0x007fffffu, 0x7f7fffffu, 0xff7fffffu};
+  std::vector<std::uint16_t> f16 = {0x8000, 0x0001, 0x8001, 0x03ff, 0x7bff, 0xfbff};
+  std::vector<std::uint16_t> bf16 = {0x8000, 0x0001, 0x8001, 0x007f, 0x7f7f, 0xff7f};
+  for (int rep = 0; rep < 6; ++rep) {  // long enough for the vector paths
+    f32.insert(f32.end(), f32.begin(), f32.end());
+    f16.insert(f16.end(), f16.begin(), f16.end());
+    bf16.insert(bf16.end(), bf16.begin(), bf16.end());
+  }
+  const TensorView list[] = {{f32.data(), f32.size(), DType::kF32},
+                             {f16.data(), f16.size(), DType::kF16},
+                             {bf16.data(), bf16.size(), DType::kBF16}};
+  EXPECT_FALSE(HasOverflow(list, options_));
+  f16.push_back(0x7c00);  // +inf in fp16 is the next value after the largest
+  const TensorView with_inf[] = {{f16.data(), f16.size(), DType::kF16}};
+  EXPECT_TRUE(HasOverflow(with_inf, options_));
+}
+
+MEMASCEND_INSTANTIATE_KERNEL_TEST(Overflow);
+
+TEST(KernelThreads, EveryChunkRunsOnceAcrossRepeatedCalls) {
+  KernelThreads pool(4);
+  EXPECT_EQ(pool.size(), 4);
+  for (std::size_t chunks : {0u, 1u, 3u, 1000u}) {
+    for (int round = 0; round < 20; ++round) {
+      std::vector<std::atomic<int>> hits(chunks);
+      pool.ParallelFor(chunks, [&](std::size_t i) { hits[i].fetch_add(1); });
+      for (std::size_t i = 0; i < chunks; ++i) ASSERT_EQ(hits[i].load(), 1) << chunks << " " << i;
+    }
+  }
+}
+
+TEST(KernelThreads, ConcurrentCallersAreSerialised) {
+  KernelThreads pool(3);
+  std::atomic<long> total{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t) {
+    callers.emplace_back([&] {
+      for (int r = 0; r < 50; ++r)
+        pool.ParallelFor(100, [&](std::size_t i) { total += static_cast<long>(i); });
+    });
+  }
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(total.load(), 3L * 50 * 4950);
+}
+
+}  // namespace
+}  // namespace memascend
