@@ -1,0 +1,93 @@
+// Host side of the CUDA kernels: validation, error mapping, no-CUDA builds.
+#include <memascend/cuda_kernels.h>
+
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernels/cuda_launch.h"
+
+namespace memascend {
+namespace {
+
+#if MEMASCEND_HAVE_CUDA
+int CodeOf(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
+
+absl::Status FromCuda(int error, std::string_view what) {
+  if (error == 0) return absl::OkStatus();
+  // No device, no driver: a capability that is missing, not a failure of the call.
+  const bool missing = error == 100 /* cudaErrorNoDevice */ || error == 35 /* InsufficientDriver */;
+  return absl::Status(missing ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kInternal,
+                      fmt::format("{}: {}", what, cuda_internal::ErrorString(error)));
+}
+#else
+absl::Status NoCuda() {
+  return absl::FailedPreconditionError("the CUDA kernels need a library built with MEMASCEND_WITH_CUDA");
+}
+#endif
+
+}  // namespace
+
+absl::Status CudaHasOverflow(std::span<const TensorView> device_tensors, std::uint32_t* device_flag,
+                             CudaStreamView stream) {
+  if (device_flag == nullptr) return absl::InvalidArgumentError("CudaHasOverflow: null flag");
+#if MEMASCEND_HAVE_CUDA
+  std::vector<cuda_internal::DeviceTensor> list;
+  list.reserve(device_tensors.size());
+  for (const TensorView& t : device_tensors) {
+    if (t.elements > 0) list.push_back({t.data, t.elements, CodeOf(t.dtype)});
+  }
+  if (list.empty()) return absl::OkStatus();
+  return FromCuda(cuda_internal::LaunchOverflowCheck(list.data(), static_cast<int>(list.size()), device_flag,
+                                                     stream.handle),
+                  "overflow check launch");
+#else
+  (void)device_tensors;
+  (void)stream;
+  return NoCuda();
+#endif
+}
+
+absl::Status CudaFusedAdam(const AdamConfig& c, float* master, float* exp_avg, float* exp_avg_sq, TensorView grad,
+                           MutableTensorView params_out, std::size_t elements, CudaStreamView stream) {
+  if (grad.elements != elements || (params_out.data != nullptr && params_out.elements != elements)) {
+    return absl::InvalidArgumentError(
+        fmt::format("CudaFusedAdam: {} elements, gradient {}, parameters {}", elements, grad.elements,
+                    params_out.elements));
+  }
+  if (c.step < 1 || !(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) || !(c.eps > 0)) {
+    return absl::InvalidArgumentError("CudaFusedAdam: bad config");
+  }
+#if MEMASCEND_HAVE_CUDA
+  cuda_internal::AdamDeviceArgs a{};
+  a.master = master;
+  a.m = exp_avg;
+  a.v = exp_avg_sq;
+  a.grad = grad.data;
+  a.grad_type = CodeOf(grad.dtype);
+  a.out = params_out.data;
+  a.out_type = CodeOf(params_out.dtype);
+  a.b1 = c.beta1;
+  a.b2 = c.beta2;
+  a.one_minus_b1 = 1.0f - c.beta1;
+  a.one_minus_b2 = 1.0f - c.beta2;
+  a.eps = c.eps;
+  a.l2 = c.adamw ? 0.0f : c.weight_decay;
+  a.decay = c.adamw ? 1.0f - c.lr * c.weight_decay : 1.0f;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(c.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(c.step));
+  a.step_size = static_cast<float>(static_cast<double>(c.lr) / bc1);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  a.grad_mul = c.grad_multiplier;
+  return FromCuda(cuda_internal::LaunchFusedAdam(a, elements, stream.handle), "fused adam launch");
+#else
+  (void)master;
+  (void)exp_avg;
+  (void)exp_avg_sq;
+  (void)stream;
+  return NoCuda();
+#endif
+}
+
+}  // namespace memascend
