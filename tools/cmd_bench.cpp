@@ -1,6 +1,7 @@
 // memascend bench io | tune: direct-I/O throughput of a target (file or block device).
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include "args.h"
 #include "commands.h"
 #include "io_bench.h"
+#include "kernel_bench.h"
 #include "util/json_writer.h"
 #include "util/units.h"
 
@@ -33,6 +35,16 @@ constexpr OptionSpec kTuneOptions[] = {
     {"target", true, "file or block device"},
     {"size", true, "bytes per measurement (default 1G, or the target's size)"},
     {"backend", true, "uring | threads"},
+    {"json", false, "print one JSON object"},
+    {"help", false, "show this help"},
+};
+
+constexpr std::string_view kKernelsSummary =
+    "fused overflow check and Adam vs unfused baselines and memory-bandwidth ceilings";
+constexpr OptionSpec kKernelsOptions[] = {
+    {"elements", true, "elements per tensor (default 64M)"},
+    {"threads", true, "CPU threads (default: all online CPUs)"},
+    {"reps", true, "repetitions; the best is reported (default 5)"},
     {"json", false, "print one JSON object"},
     {"help", false, "show this help"},
 };
@@ -168,15 +180,89 @@ int RunTune(std::span<char* const> argv) {
   return kExitOk;
 }
 
+int RunKernels(std::span<char* const> argv) {
+  auto args = Args::Parse(argv, kKernelsOptions);
+  if (!args.ok()) return Fail("kernels", args.status(), true);
+  if (args->Has("help")) {
+    fmt::print("{}", Usage("bench kernels", kKernelsSummary, kKernelsOptions));
+    return kExitOk;
+  }
+  auto elements = args->GetBytes("elements", std::uint64_t{1} << 26);
+  auto threads =
+      args->GetInt("threads", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
+  auto reps = args->GetInt("reps", 5);
+  for (const absl::Status& s : {elements.status(), threads.status(), reps.status()}) {
+    if (!s.ok()) return Fail("kernels", s, true);
+  }
+  if (*threads < 1 || *threads > 1024 || *reps < 1 || *reps > 1000) {
+    return Fail("kernels", absl::InvalidArgumentError("--threads and --reps must be positive"),
+                true);
+  }
+  auto r = RunKernelBench(*elements, static_cast<int>(*threads), static_cast<int>(*reps));
+  if (!r.ok())
+    return Fail("kernels", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);
+  const double n = static_cast<double>(r->elements);
+  if (args->Has("json")) {
+    util::JsonWriter w;
+    w.BeginObject();
+    w.Field("elements", r->elements);
+    w.Field("threads", r->threads);
+    w.Field("simd", r->simd);
+    w.Field("read_ceiling_gbps", r->read_ceiling_gbps);
+    w.Field("copy_ceiling_gbps", r->copy_ceiling_gbps);
+    w.Field("overflow_fused_gbps", r->overflow_fused_gbps);
+    w.Field("overflow_fused_bf16_gbps", r->overflow_fused_bf16_gbps);
+    w.Field("overflow_baseline_gbps", r->overflow_baseline_gbps);
+    w.Field("overflow_fused_extra_bytes", r->overflow_fused_extra_bytes);
+    w.Field("overflow_baseline_extra_bytes", r->overflow_baseline_extra_bytes);
+    w.Field("overflow_fused_over_read_ceiling", r->overflow_fused_gbps / r->read_ceiling_gbps);
+    w.Field("overflow_fused_over_baseline", r->overflow_fused_gbps / r->overflow_baseline_gbps);
+    w.Field("adam_fused_gbps", r->adam_fused_gbps);
+    w.Field("adam_unfused_gbps", r->adam_unfused_gbps);
+    w.Field("adam_fused_bytes_per_element", r->adam_fused_bytes_per_element);
+    w.Field("adam_unfused_bytes_per_element", r->adam_unfused_bytes_per_element);
+    w.Field("adam_unfused_extra_bytes", r->adam_unfused_extra_bytes);
+    w.Field("adam_fused_over_copy_ceiling", r->adam_fused_gbps / r->copy_ceiling_gbps);
+    w.Field("adam_fused_speedup", r->adam_unfused_seconds / r->adam_fused_seconds);
+    w.EndObject();
+    fmt::print("{}\n", w.str());
+    return kExitOk;
+  }
+  fmt::print("{} elements, {} threads, {} kernels (GB/s = 1e9 bytes/s)\n", r->elements, r->threads,
+             r->simd);
+  fmt::print("  {:<34} {:>9.2f} GB/s\n", "read ceiling (vectorised read)", r->read_ceiling_gbps);
+  fmt::print("  {:<34} {:>9.2f} GB/s (read + write)\n", "copy ceiling (best copy)",
+             r->copy_ceiling_gbps);
+  fmt::print("  {:<34} {:>9.2f} GB/s  {:.2f} x read ceiling, {} bytes allocated\n",
+             "overflow check, fused (fp32)", r->overflow_fused_gbps,
+             r->overflow_fused_gbps / r->read_ceiling_gbps, r->overflow_fused_extra_bytes);
+  fmt::print("  {:<34} {:>9.2f} GB/s\n", "overflow check, fused (bf16)",
+             r->overflow_fused_bf16_gbps);
+  fmt::print("  {:<34} {:>9.2f} GB/s  {} bytes allocated ({:.2f} N)\n",
+             "overflow check, ZeRO (2 bool temps)", r->overflow_baseline_gbps,
+             r->overflow_baseline_extra_bytes,
+             static_cast<double>(r->overflow_baseline_extra_bytes) / n);
+  fmt::print("  {:<34} {:>9.2f} GB/s  {:.0f} B/element, {:.2f} x copy ceiling\n",
+             "adam, fused (bf16 in/out)", r->adam_fused_gbps, r->adam_fused_bytes_per_element,
+             r->adam_fused_gbps / r->copy_ceiling_gbps);
+  fmt::print(
+      "  {:<34} {:>9.2f} GB/s  {:.0f} B/element, {} bytes allocated; fused is {:.2f}x faster\n",
+      "adam, unfused (5 passes)", r->adam_unfused_gbps, r->adam_unfused_bytes_per_element,
+      r->adam_unfused_extra_bytes, r->adam_unfused_seconds / r->adam_fused_seconds);
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunBench(std::span<char* const> argv) {
   const std::string_view sub = argv.empty() ? std::string_view() : std::string_view(argv[0]);
   if (sub == "io") return RunIo(argv.subspan(1));
   if (sub == "tune") return RunTune(argv.subspan(1));
+  if (sub == "kernels") return RunKernels(argv.subspan(1));
   fmt::print(sub == "--help" ? stdout : stderr,
-             "usage: memascend bench io|tune [options]\n  io    {}\n  tune  {}\n", kIoSummary,
-             kTuneSummary);
+             "usage: memascend bench io|tune|kernels [options]\n  io       {}\n  tune     {}\n  "
+             "kernels  {}\n",
+             kIoSummary, kTuneSummary, kKernelsSummary);
   return sub == "--help" ? kExitOk : kExitUsage;
 }
 

@@ -1,11 +1,10 @@
 // memascend volume format|info|put|get|ls|rm|fsck: a volume from the command line.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cstdio>
+#include <fcntl.h>
 #include <fstream>
 #include <iterator>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
@@ -28,20 +27,27 @@ struct Sub {
 };
 
 const Sub kSubs[] = {
-    {"format", "format PATH [--size BYTES] [--unit BYTES] [--journal BYTES] [--force]", 1,
+    {"format",
+     "format PATH [--size BYTES] [--unit BYTES] [--journal BYTES] [--force]",
+     1,
      {{"size", true, "create/grow a regular file to this size"},
       {"unit", true, "allocation unit (default 64K)"},
       {"journal", true, "journal bytes, both halves (default: capacity/512 in 2M..256M)"},
       {"force", false, "overwrite a file system, partition table or volume"}}},
     {"info", "info PATH [--json]", 1, {{"json", false, "one JSON object"}}},
-    {"put", "put PATH NAME FILE [--scratch] [--meta TEXT]", 3,
+    {"put",
+     "put PATH NAME FILE [--scratch] [--meta TEXT]",
+     3,
      {{"scratch", false, "swap space for this open only (not journaled)"},
       {"meta", true, "opaque metadata kept with the object (e.g. dtype and shape)"}}},
     {"get", "get PATH NAME OUT", 3, {}},
     {"ls", "ls PATH [--json]", 1, {{"json", false, "one JSON object"}}},
     {"rm", "rm PATH NAME", 2, {}},
-    {"fsck", "fsck PATH [--verify-data] [--json]", 1,
-     {{"verify-data", false, "read every object and check its checksum"}, {"json", false, "one JSON object"}}},
+    {"fsck",
+     "fsck PATH [--verify-data] [--json]",
+     1,
+     {{"verify-data", false, "read every object and check its checksum"},
+      {"json", false, "one JSON object"}}},
 };
 
 void PrintUsage(std::FILE* out) {
@@ -87,15 +93,17 @@ int Format(const Args& a) {
   o.progress = [tty](std::uint64_t done, std::uint64_t total) {
     if (total < (64u << 20)) return;
     fmt::print(stderr, "{}format: clearing the journal {:3.0f}%{}", tty ? "\r" : "",
-               100.0 * static_cast<double>(done) / static_cast<double>(total), tty && done < total ? "" : "\n");
+               100.0 * static_cast<double>(done) / static_cast<double>(total),
+               tty && done < total ? "" : "\n");
   };
   const std::string& path = a.positional()[0];
   if (absl::Status s = Volume::Format(path, o); !s.ok()) return Fail(s);
   auto v = Volume::Open(path, {});
   if (!v.ok()) return Fail(v.status());
   const VolumeStats st = (*v)->stats();
-  fmt::print("formatted {}: {} data in {} units, journal 2 x {}, uuid {}\n", path, util::FormatBytes(st.data_bytes),
-             util::FormatBytes(st.unit_bytes), util::FormatBytes(st.journal_bytes), st.uuid);
+  fmt::print("formatted {}: {} data in {} units, journal 2 x {}, uuid {}\n", path,
+             util::FormatBytes(st.data_bytes), util::FormatBytes(st.unit_bytes),
+             util::FormatBytes(st.journal_bytes), st.uuid);
   return kExitOk;
 }
 
@@ -123,14 +131,18 @@ int Info(Volume& v, bool json) {
     fmt::print("{}\n", w.str());
     return kExitOk;
   }
-  fmt::print("uuid        {}\ngeneration  {}\ncapacity    {}\ndata        {} ({} used, {} free, largest free extent {}, "
-             "fragmentation {:.1f}%)\nunit        {}\nobjects     {} ({} durable)\njournal     2 x {} ({} used)\n"
-             "io backend  {}\n",
-             s.uuid, s.generation, util::FormatBytes(s.capacity_bytes), util::FormatBytes(s.data_bytes),
-             util::FormatBytes(s.used_bytes), util::FormatBytes(s.free_bytes),
-             util::FormatBytes(s.largest_free_extent_bytes), 100 * s.fragmentation, util::FormatBytes(s.unit_bytes),
-             s.objects, s.durable_objects, util::FormatBytes(s.journal_bytes), util::FormatBytes(s.journal_used_bytes),
-             ToString(v.engine()->backend()));
+  fmt::print(
+      "uuid        {}\ngeneration  {}\ncapacity    {}\ndata        {} ({} used, {} free, largest "
+      "free extent {}, "
+      "fragmentation {:.1f}%)\nunit        {}\nobjects     {} ({} durable)\njournal     2 x {} ({} "
+      "used)\n"
+      "io backend  {}\n",
+      s.uuid, s.generation, util::FormatBytes(s.capacity_bytes), util::FormatBytes(s.data_bytes),
+      util::FormatBytes(s.used_bytes), util::FormatBytes(s.free_bytes),
+      util::FormatBytes(s.largest_free_extent_bytes), 100 * s.fragmentation,
+      util::FormatBytes(s.unit_bytes), s.objects, s.durable_objects,
+      util::FormatBytes(s.journal_bytes), util::FormatBytes(s.journal_used_bytes),
+      ToString(v.engine()->backend()));
   return kExitOk;
 }
 

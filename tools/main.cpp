@@ -17,7 +17,7 @@ constexpr Command kCommands[] = {
     {"pool-sim", "replay a training step's pinned-buffer schedule under a memory policy",
      RunPoolSim},
     {"volume", "format, inspect and use a volume: format|info|put|get|ls|rm|fsck", RunVolume},
-    {"bench", "measure: `bench io` (direct-I/O throughput), `bench tune` (block x queue depth)",
+    {"bench", "measure: `bench io` (direct-I/O throughput), `bench tune`, `bench kernels`",
      RunBench},
 };
 

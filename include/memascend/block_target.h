@@ -32,7 +32,8 @@ struct BlockTargetOptions {
 
 class BlockTarget {
  public:
-  static absl::StatusOr<BlockTarget> Open(const std::string& path, const BlockTargetOptions& options);
+  static absl::StatusOr<BlockTarget> Open(const std::string& path,
+                                          const BlockTargetOptions& options);
 
   BlockTarget(BlockTarget&& other) noexcept;
   BlockTarget& operator=(BlockTarget&& other) noexcept;

@@ -2,7 +2,8 @@
 //
 //   const memascend::TensorView grads[] = {{d_g0, n0, memascend::DType::kBF16}, ...};
 //   cudaMemsetAsync(d_flag, 0, 4, stream);
-//   MEMASCEND_RETURN_IF_ERROR(memascend::CudaHasOverflow(grads, d_flag, memascend::CudaStreamView(stream)));
+//   MEMASCEND_RETURN_IF_ERROR(memascend::CudaHasOverflow(grads, d_flag,
+//   memascend::CudaStreamView(stream)));
 //   // d_flag (device memory) is 1 once the stream reaches this point if any value was inf/NaN
 //
 // All pointers are device pointers. Nothing synchronises: errors of the kernels
@@ -28,9 +29,9 @@ absl::Status CudaHasOverflow(std::span<const TensorView> device_tensors, std::ui
                              CudaStreamView stream);
 
 // Note [adam] in memascend/kernels.h, on `elements` values.
-absl::Status CudaFusedAdam(const AdamConfig& config, float* master, float* exp_avg, float* exp_avg_sq,
-                           TensorView grad, MutableTensorView params_out, std::size_t elements,
-                           CudaStreamView stream);
+absl::Status CudaFusedAdam(const AdamConfig& config, float* master, float* exp_avg,
+                           float* exp_avg_sq, TensorView grad, MutableTensorView params_out,
+                           std::size_t elements, CudaStreamView stream);
 
 }  // namespace memascend
 

@@ -49,10 +49,10 @@ enum class Durability { kDurable, kScratch };
 std::string_view ToString(Durability d) noexcept;
 
 struct VolumeFormatOptions {
-  std::uint64_t size = 0;                  // create/grow a regular file to this size
-  std::uint32_t unit_bytes = 64 * 1024;    // allocation unit: a multiple of 4096
-  std::uint64_t journal_bytes = 0;         // both halves; 0: capacity / 512 in [2 MiB, 256 MiB]
-  bool force = false;                      // Note [foreign data] in block_target.h
+  std::uint64_t size = 0;                // create/grow a regular file to this size
+  std::uint32_t unit_bytes = 64 * 1024;  // allocation unit: a multiple of 4096
+  std::uint64_t journal_bytes = 0;       // both halves; 0: capacity / 512 in [2 MiB, 256 MiB]
+  bool force = false;                    // Note [foreign data] in block_target.h
   // Called while format writes the journal region (large targets take a while).
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;
 };

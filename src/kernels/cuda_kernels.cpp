@@ -1,10 +1,10 @@
 // Host side of the CUDA kernels: validation, error mapping, no-CUDA builds.
-#include <memascend/cuda_kernels.h>
-
 #include <cmath>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include <memascend/cuda_kernels.h>
 
 #include "kernels/cuda_launch.h"
 
@@ -23,7 +23,8 @@ absl::Status FromCuda(int error, std::string_view what) {
 }
 #else
 absl::Status NoCuda() {
-  return absl::FailedPreconditionError("the CUDA kernels need a library built with MEMASCEND_WITH_CUDA");
+  return absl::FailedPreconditionError(
+      "the CUDA kernels need a library built with MEMASCEND_WITH_CUDA");
 }
 #endif
 
@@ -39,8 +40,8 @@ absl::Status CudaHasOverflow(std::span<const TensorView> device_tensors, std::ui
     if (t.elements > 0) list.push_back({t.data, t.elements, CodeOf(t.dtype)});
   }
   if (list.empty()) return absl::OkStatus();
-  return FromCuda(cuda_internal::LaunchOverflowCheck(list.data(), static_cast<int>(list.size()), device_flag,
-                                                     stream.handle),
+  return FromCuda(cuda_internal::LaunchOverflowCheck(list.data(), static_cast<int>(list.size()),
+                                                     device_flag, stream.handle),
                   "overflow check launch");
 #else
   (void)device_tensors;
@@ -49,14 +50,17 @@ absl::Status CudaHasOverflow(std::span<const TensorView> device_tensors, std::ui
 #endif
 }
 
-absl::Status CudaFusedAdam(const AdamConfig& c, float* master, float* exp_avg, float* exp_avg_sq, TensorView grad,
-                           MutableTensorView params_out, std::size_t elements, CudaStreamView stream) {
-  if (grad.elements != elements || (params_out.data != nullptr && params_out.elements != elements)) {
+absl::Status CudaFusedAdam(const AdamConfig& c, float* master, float* exp_avg, float* exp_avg_sq,
+                           TensorView grad, MutableTensorView params_out, std::size_t elements,
+                           CudaStreamView stream) {
+  if (grad.elements != elements ||
+      (params_out.data != nullptr && params_out.elements != elements)) {
     return absl::InvalidArgumentError(
-        fmt::format("CudaFusedAdam: {} elements, gradient {}, parameters {}", elements, grad.elements,
-                    params_out.elements));
+        fmt::format("CudaFusedAdam: {} elements, gradient {}, parameters {}", elements,
+                    grad.elements, params_out.elements));
   }
-  if (c.step < 1 || !(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) || !(c.eps > 0)) {
+  if (c.step < 1 || !(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) ||
+      !(c.eps > 0)) {
     return absl::InvalidArgumentError("CudaFusedAdam: bad config");
   }
 #if MEMASCEND_HAVE_CUDA

@@ -46,6 +46,9 @@ struct Isa {
   void (*copy)(std::byte* to, const std::byte* from, std::size_t bytes);
 };
 
+// The widest table this CPU supports, at most `cap` (and MEMASCEND_MAX_SIMD).
+const Isa& PickIsa(SimdLevel cap);
+
 const Isa& ScalarIsa();
 const Isa& Avx2Isa();
 const Isa& Avx512Isa();

@@ -1,7 +1,5 @@
 // The CUDA kernels against the CPU ones. Without a device (or a CUDA build) the calls
 // must say so with kFailedPrecondition; the comparisons run where a GPU is present.
-#include <memascend/cuda_kernels.h>
-
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -9,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memascend/cuda_kernels.h>
 #include <memascend/system.h>
 #include <memascend/version.h>
 
@@ -29,12 +28,15 @@ TEST(CudaKernels, WithoutAGpuTheyReportIt) {
   if (HaveGpu()) GTEST_SKIP() << "a GPU is present: the comparisons below run instead";
   std::uint32_t flag = 0;
   const TensorView none[] = {{&flag, 1, DType::kF32}};
-  EXPECT_THAT(CudaHasOverflow(none, &flag, CudaStreamView()), StatusIs(absl::StatusCode::kFailedPrecondition));
-  float x = 0;
-  EXPECT_THAT(CudaFusedAdam(AdamConfig{}, &x, &x, &x, {&x, 1, DType::kF32}, {}, 1, CudaStreamView()),
+  EXPECT_THAT(CudaHasOverflow(none, &flag, CudaStreamView()),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(CudaFusedAdam(AdamConfig{}, &x, &x, &x, {&x, 2, DType::kF32}, {}, 1, CudaStreamView()),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  float x = 0;
+  EXPECT_THAT(
+      CudaFusedAdam(AdamConfig{}, &x, &x, &x, {&x, 1, DType::kF32}, {}, 1, CudaStreamView()),
+      StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(
+      CudaFusedAdam(AdamConfig{}, &x, &x, &x, {&x, 2, DType::kF32}, {}, 1, CudaStreamView()),
+      StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 #if MEMASCEND_HAVE_CUDA
@@ -42,7 +44,8 @@ template <typename T>
 T* ToDevice(const std::vector<T>& host) {
   void* d = nullptr;
   EXPECT_EQ(cudaMalloc(&d, host.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
   return static_cast<T*>(d);
 }
 template <typename T>
@@ -60,7 +63,8 @@ TEST(CudaKernels, OverflowCheckFindsWhatTheCpuFinds) {
   float* d_clean = ToDevice(clean);
   std::uint16_t* d_half = ToDevice(half);
   std::vector<TensorView> list;
-  for (int i = 0; i < 100; ++i) list.push_back({d_clean, clean.size(), DType::kF32});  // > 64: two launches
+  for (int i = 0; i < 100; ++i)
+    list.push_back({d_clean, clean.size(), DType::kF32});  // > 64: two launches
   list.push_back({d_half, half.size(), DType::kF16});
   ASSERT_OK(CudaHasOverflow(list, flag, CudaStreamView()));
   EXPECT_EQ(ToHost(flag, 1)[0], 0u);
@@ -94,7 +98,8 @@ TEST(CudaKernels, FusedAdamMatchesTheCpu) {
   for (int step = 1; step <= 10; ++step) {
     c.step = step;
     ASSERT_OK(FusedAdam(c, p, m, v, {g.data(), n, DType::kBF16}, {out.data(), n, DType::kBF16}));
-    ASSERT_OK(CudaFusedAdam(c, dp, dm, dv, {dg, n, DType::kBF16}, {dout, n, DType::kBF16}, n, CudaStreamView()));
+    ASSERT_OK(CudaFusedAdam(c, dp, dm, dv, {dg, n, DType::kBF16}, {dout, n, DType::kBF16}, n,
+                            CudaStreamView()));
   }
   const std::vector<float> gp = ToHost(dp, n);
   for (std::size_t i = 0; i < n; ++i) {
