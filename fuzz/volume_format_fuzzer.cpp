@@ -16,14 +16,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (sb.ok()) {
       // A decoded superblock re-encodes to a block that decodes to the same values.
       auto again = DecodeSuperblock(EncodeSuperblock(*sb));
-      if (!again.ok() || again->generation != sb->generation || again->data_units != sb->data_units) __builtin_trap();
+      if (!again.ok() || again->generation != sb->generation || again->data_units != sb->data_units)
+        __builtin_trap();
     }
   }
   auto records = DecodeRecords(bytes);
   if (records.ok()) {
     // Records that decode re-encode to the same bytes.
     const auto encoded = EncodeRecords(*records);
-    if (encoded.size() != size || (size > 0 && std::memcmp(encoded.data(), data, size) != 0)) __builtin_trap();
+    if (encoded.size() != size || (size > 0 && std::memcmp(encoded.data(), data, size) != 0))
+      __builtin_trap();
   }
   std::uint64_t epoch = 0;
   if (size >= 8) std::memcpy(&epoch, data, 8);

@@ -1,10 +1,10 @@
 // CUDA kernels of MemAscend: the multi-tensor overflow check and fused Adam.
 // The host side is src/kernels/cuda_kernels.cpp; the contract is src/kernels/cuda_launch.h.
+#include <cstdint>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <cstdint>
 
 #include "kernels/cuda_launch.h"
 
@@ -23,14 +23,16 @@ struct TensorList {
 
 __global__ void OverflowKernel(TensorList list, unsigned int* flag) {
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const unsigned long long first =
+      static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int t = 0; t < list.count; ++t) {
     if (*static_cast<volatile unsigned int*>(flag) != 0) return;  // another block found one
     const unsigned long long n = list.elements[t];
     bool bad = false;
     if (list.dtype[t] == 0) {
       const auto* p = static_cast<const std::uint32_t*>(list.data[t]);
-      for (unsigned long long i = first; i < n; i += stride) bad |= (p[i] & 0x7f800000u) == 0x7f800000u;
+      for (unsigned long long i = first; i < n; i += stride)
+        bad |= (p[i] & 0x7f800000u) == 0x7f800000u;
     } else {
       const std::uint16_t mask = list.dtype[t] == 1 ? 0x7c00u : 0x7f80u;
       const auto* p = static_cast<const std::uint16_t*>(list.data[t]);
@@ -66,8 +68,9 @@ __device__ void StoreOut(void* p, unsigned long long i, float x) {
 template <int G, int O>
 __global__ void AdamKernel(AdamDeviceArgs a, unsigned long long n) {
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (unsigned long long i =
+           static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += stride) {
     float p = a.master[i];
     const float g = fmaf(LoadGrad<G>(a.grad, i), a.grad_mul, a.l2 * p);
     const float m = fmaf(a.b1, a.m[i], a.one_minus_b1 * g);
@@ -96,10 +99,14 @@ int Launch(const AdamDeviceArgs& a, unsigned long long n, cudaStream_t s) {
 template <int G>
 int LaunchG(const AdamDeviceArgs& a, unsigned long long n, cudaStream_t s) {
   switch (a.out == nullptr ? -1 : a.out_type) {
-    case 0: return Launch<G, 0>(a, n, s);
-    case 1: return Launch<G, 1>(a, n, s);
-    case 2: return Launch<G, 2>(a, n, s);
-    default: return Launch<G, -1>(a, n, s);
+    case 0:
+      return Launch<G, 0>(a, n, s);
+    case 1:
+      return Launch<G, 1>(a, n, s);
+    case 2:
+      return Launch<G, 2>(a, n, s);
+    default:
+      return Launch<G, -1>(a, n, s);
   }
 }
 
@@ -116,7 +123,8 @@ int LaunchOverflowCheck(const DeviceTensor* tensors, int count, unsigned int* fl
       list.dtype[i] = tensors[start + i].dtype;
       total += list.elements[i];
     }
-    OverflowKernel<<<Blocks(total / 4), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(list, flag);
+    OverflowKernel<<<Blocks(total / 4), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(list,
+                                                                                          flag);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
   return static_cast<int>(cudaSuccess);
@@ -126,9 +134,12 @@ int LaunchFusedAdam(const AdamDeviceArgs& a, unsigned long long n, void* stream)
   if (n == 0) return static_cast<int>(cudaSuccess);
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.grad_type) {
-    case 0: return LaunchG<0>(a, n, s);
-    case 1: return LaunchG<1>(a, n, s);
-    default: return LaunchG<2>(a, n, s);
+    case 0:
+      return LaunchG<0>(a, n, s);
+    case 1:
+      return LaunchG<1>(a, n, s);
+    default:
+      return LaunchG<2>(a, n, s);
   }
 }
 

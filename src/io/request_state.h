@@ -51,6 +51,19 @@ struct RequestState {
   std::size_t remaining() const { return request.length - static_cast<std::size_t>(done); }
 };
 
+// Removes `state` from a backend's queue of requests not yet started; null if absent.
+template <typename Queue>
+std::shared_ptr<RequestState> TakeQueued(Queue& queue, const RequestState& state) {
+  for (auto it = queue.begin(); it != queue.end(); ++it) {
+    if (it->get() == &state) {
+      std::shared_ptr<RequestState> found = std::move(*it);
+      queue.erase(it);
+      return found;
+    }
+  }
+  return nullptr;
+}
+
 // Completes a request: runs its callback, then marks it complete, wakes its waiters and
 // counts it in its batch. For code that completes tickets no engine runs.
 void CompleteRequest(RequestState& state, absl::Status status, std::size_t bytes);

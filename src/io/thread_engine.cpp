@@ -45,13 +45,7 @@ class ThreadPoolEngine final : public IoEngine {
     std::shared_ptr<RequestState> found;
     {
       absl::MutexLock lock(&mu_);
-      for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-        if (it->get() == &state) {
-          found = std::move(*it);
-          queue_.erase(it);
-          break;
-        }
-      }
+      found = TakeQueued(queue_, state);
     }
     if (found == nullptr) return absl::FailedPreconditionError("the request is already running");
     Fail(*found, absl::CancelledError("cancelled before it started"));

@@ -82,13 +82,7 @@ class UringEngine final : public IoEngine {
     std::shared_ptr<RequestState> found;
     {
       absl::MutexLock lock(&mu_);
-      for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-        if (it->get() == &state) {
-          found = std::move(*it);
-          queue_.erase(it);
-          break;
-        }
-      }
+      found = TakeQueued(queue_, state);
     }
     if (found == nullptr) {
       // In flight at the kernel: a direct read or write of a file is not interrupted.

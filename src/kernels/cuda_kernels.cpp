@@ -7,6 +7,7 @@
 #include <memascend/cuda_kernels.h>
 
 #include "kernels/cuda_launch.h"
+#include "kernels/isa.h"
 
 namespace memascend {
 namespace {
@@ -64,6 +65,7 @@ absl::Status CudaFusedAdam(const AdamConfig& c, float* master, float* exp_avg, f
     return absl::InvalidArgumentError("CudaFusedAdam: bad config");
   }
 #if MEMASCEND_HAVE_CUDA
+  const kernels::AdamArgs k = kernels::AdamCoefficients(c);
   cuda_internal::AdamDeviceArgs a{};
   a.master = master;
   a.m = exp_avg;
@@ -72,18 +74,16 @@ absl::Status CudaFusedAdam(const AdamConfig& c, float* master, float* exp_avg, f
   a.grad_type = CodeOf(grad.dtype);
   a.out = params_out.data;
   a.out_type = CodeOf(params_out.dtype);
-  a.b1 = c.beta1;
-  a.b2 = c.beta2;
-  a.one_minus_b1 = 1.0f - c.beta1;
-  a.one_minus_b2 = 1.0f - c.beta2;
-  a.eps = c.eps;
-  a.l2 = c.adamw ? 0.0f : c.weight_decay;
-  a.decay = c.adamw ? 1.0f - c.lr * c.weight_decay : 1.0f;
-  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(c.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(c.step));
-  a.step_size = static_cast<float>(static_cast<double>(c.lr) / bc1);
-  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  a.grad_mul = c.grad_multiplier;
+  a.b1 = k.b1;
+  a.b2 = k.b2;
+  a.one_minus_b1 = k.one_minus_b1;
+  a.one_minus_b2 = k.one_minus_b2;
+  a.eps = k.eps;
+  a.l2 = k.l2;
+  a.decay = k.decay;
+  a.step_size = k.step_size;
+  a.inv_sqrt_bc2 = k.inv_sqrt_bc2;
+  a.grad_mul = k.grad_mul;
   return FromCuda(cuda_internal::LaunchFusedAdam(a, elements, stream.handle), "fused adam launch");
 #else
   (void)master;

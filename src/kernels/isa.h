@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <absl/status/status.h>
+
 #include <memascend/kernels.h>
 
 namespace memascend::kernels {
@@ -30,6 +32,11 @@ struct AdamArgs {
   float inv_sqrt_bc2;  // 1 / sqrt(1 - b2^t)
   float grad_mul;
 };
+
+// AdamArgs' scalar fields from a config (Note [adam]); pointers and types left unset.
+AdamArgs AdamCoefficients(const AdamConfig& config);
+// kInvalidArgument for step < 1, betas outside [0, 1), eps <= 0, negative lr or decay.
+absl::Status ValidateAdamConfig(const AdamConfig& config);
 
 struct Isa {
   SimdLevel level;

@@ -213,13 +213,8 @@ absl::Status FusedAdam(const AdamConfig& c, std::span<float> master, std::span<f
         fmt::format("fused adam: element counts differ (master {}, m {}, v {}, grad {}, params {})",
                     n, exp_avg.size(), exp_avg_sq.size(), grad.elements, params_out.elements));
   }
-  if (c.step < 1 || !(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) ||
-      !(c.eps > 0) || !(c.lr >= 0) || !(c.weight_decay >= 0)) {
-    return absl::InvalidArgumentError(
-        fmt::format("fused adam: bad config (step {}, betas {} {}, eps {}, lr {})", c.step, c.beta1,
-                    c.beta2, c.eps, c.lr));
-  }
-  kernels::AdamArgs a{};
+  if (absl::Status s = kernels::ValidateAdamConfig(c); !s.ok()) return s;
+  kernels::AdamArgs a = kernels::AdamCoefficients(c);
   a.master = master.data();
   a.m = exp_avg.data();
   a.v = exp_avg_sq.data();
@@ -227,18 +222,6 @@ absl::Status FusedAdam(const AdamConfig& c, std::span<float> master, std::span<f
   a.grad_type = grad.dtype;
   a.out = params_out.data;
   a.out_type = params_out.dtype;
-  a.b1 = c.beta1;
-  a.b2 = c.beta2;
-  a.one_minus_b1 = 1.0f - c.beta1;
-  a.one_minus_b2 = 1.0f - c.beta2;
-  a.eps = c.eps;
-  a.l2 = c.adamw ? 0.0f : c.weight_decay;
-  a.decay = c.adamw ? 1.0f - c.lr * c.weight_decay : 1.0f;
-  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(c.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(c.step));
-  a.step_size = static_cast<float>(static_cast<double>(c.lr) / bc1);
-  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  a.grad_mul = c.grad_multiplier;
   const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
   Chunked(options.threads, n, [&](std::size_t begin, std::size_t end) { isa.adam(a, begin, end); });
   return absl::OkStatus();
@@ -255,6 +238,37 @@ absl::Status Convert(TensorView from, MutableTensorView to, const KernelOptions&
   });
   return absl::OkStatus();
 }
+
+namespace kernels {
+
+absl::Status ValidateAdamConfig(const AdamConfig& c) {
+  if (c.step < 1 || !(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) ||
+      !(c.eps > 0) || !(c.lr >= 0) || !(c.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(
+        fmt::format("adam: bad config (step {}, betas {} {}, eps {}, lr {}, decay {})", c.step,
+                    c.beta1, c.beta2, c.eps, c.lr, c.weight_decay));
+  }
+  return absl::OkStatus();
+}
+
+AdamArgs AdamCoefficients(const AdamConfig& c) {
+  AdamArgs a{};
+  a.b1 = c.beta1;
+  a.b2 = c.beta2;
+  a.one_minus_b1 = 1.0f - c.beta1;
+  a.one_minus_b2 = 1.0f - c.beta2;
+  a.eps = c.eps;
+  a.l2 = c.adamw ? 0.0f : c.weight_decay;
+  a.decay = c.adamw ? 1.0f - c.lr * c.weight_decay : 1.0f;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(c.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(c.step));
+  a.step_size = static_cast<float>(static_cast<double>(c.lr) / bc1);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  a.grad_mul = c.grad_multiplier;
+  return a;
+}
+
+}  // namespace kernels
 
 // ---- DynamicLossScaler -----------------------------------------------------------------
 

@@ -1,17 +1,15 @@
-#include <memascend/block_target.h>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <memory>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include <memascend/block_target.h>
 #include <memascend/status.h>
 
 #include "prim/file.h"
@@ -48,12 +46,14 @@ std::optional<std::string> DetectSignature(std::span<const std::byte> head) {
   return std::nullopt;
 }
 
-absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path, const BlockTargetOptions& options) {
+absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
+                                              const BlockTargetOptions& options) {
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
   const bool device = exists && S_ISBLK(st.st_mode);
   if (exists && !device && !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(fmt::format("{} is neither a block device nor a regular file", path));
+    return absl::InvalidArgumentError(
+        fmt::format("{} is neither a block device nor a regular file", path));
   }
   int flags = O_RDWR | O_DIRECT;
   if (device) flags |= O_EXCL;  // fails with EBUSY if mounted or held exclusively
@@ -69,7 +69,8 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path, const Blo
     if (why.find("Invalid argument") != std::string::npos) {
       return absl::FailedPreconditionError(fmt::format(
           "{}: its file system does not support O_DIRECT (tmpfs?); put the volume on a disk-backed "
-          "file system or a block device ({})", path, why));
+          "file system or a block device ({})",
+          path, why));
     }
     return fd.status();
   }
@@ -81,18 +82,23 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path, const Blo
   t.io_block_ = static_cast<std::uint32_t>(std::max<std::size_t>(4096, facts.dio_align));
   t.size_ = facts.size;
   if (!device && options.create_size > 0) {
-    if (facts.size < options.create_size) MEMASCEND_RETURN_IF_ERROR(prim::Preallocate(fd->get(), options.create_size));
+    if (facts.size < options.create_size)
+      MEMASCEND_RETURN_IF_ERROR(prim::Preallocate(fd->get(), options.create_size));
     t.size_ = options.create_size;
   }
-  if (device && options.create_size > 0 && options.create_size < facts.size) t.size_ = options.create_size;
+  if (device && options.create_size > 0 && options.create_size < facts.size)
+    t.size_ = options.create_size;
   if (options.check_signatures && !options.force && t.size_ > 0) {
     const std::size_t n = std::min<std::uint64_t>(kHeadBytes, t.size_) / t.io_block_ * t.io_block_;
     if (n > 0) {
       std::unique_ptr<std::byte, decltype(&std::free)> head(
           static_cast<std::byte*>(std::aligned_alloc(t.io_block_, n)), &std::free);
       const std::int64_t got = prim::PreadOnce(fd->get(), head.get(), n, 0);
-      if (got < 0) return absl::ErrnoToStatus(static_cast<int>(-got), fmt::format("read the head of {}", path));
-      if (auto sig = DetectSignature({head.get(), static_cast<std::size_t>(got)}); sig.has_value()) {
+      if (got < 0)
+        return absl::ErrnoToStatus(static_cast<int>(-got),
+                                   fmt::format("read the head of {}", path));
+      if (auto sig = DetectSignature({head.get(), static_cast<std::size_t>(got)});
+          sig.has_value()) {
         return absl::FailedPreconditionError(fmt::format(
             "{} carries a {} signature: refusing to overwrite it (force to override)", path, *sig));
       }

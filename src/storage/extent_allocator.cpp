@@ -43,7 +43,8 @@ void ExtentAllocator::Take(std::uint64_t start, std::uint64_t units) {
   free_ -= units;
 }
 
-absl::StatusOr<std::vector<Extent>> ExtentAllocator::Allocate(std::uint64_t units, std::size_t max_extents) {
+absl::StatusOr<std::vector<Extent>> ExtentAllocator::Allocate(std::uint64_t units,
+                                                              std::size_t max_extents) {
   if (units == 0) return std::vector<Extent>{};
   if (units > free_) {
     return absl::ResourceExhaustedError(
@@ -64,9 +65,9 @@ absl::StatusOr<std::vector<Extent>> ExtentAllocator::Allocate(std::uint64_t unit
     covered += take;
   }
   if (covered < units) {
-    return absl::ResourceExhaustedError(fmt::format(
-        "volume too fragmented: {} units need more than {} extents (largest free {})", units,
-        max_extents, largest_free()));
+    return absl::ResourceExhaustedError(
+        fmt::format("volume too fragmented: {} units need more than {} extents (largest free {})",
+                    units, max_extents, largest_free()));
   }
   for (const Extent& e : picked) Take(e.start, e.units);
   return picked;
@@ -75,7 +76,8 @@ absl::StatusOr<std::vector<Extent>> ExtentAllocator::Allocate(std::uint64_t unit
 absl::Status ExtentAllocator::Free(std::span<const Extent> extents) {
   for (const Extent& e : extents) {
     if (e.units == 0 || e.start + e.units > total_ || e.start + e.units < e.start) {
-      return absl::InternalError(fmt::format("free of extent [{}, +{}) out of range", e.start, e.units));
+      return absl::InternalError(
+          fmt::format("free of extent [{}, +{}) out of range", e.start, e.units));
     }
     auto next = by_start_.lower_bound(e.start);
     if ((next != by_start_.end() && next->first < e.start + e.units) ||
@@ -108,10 +110,12 @@ absl::Status ExtentAllocator::Free(std::span<const Extent> extents) {
 absl::Status ExtentAllocator::Reserve(std::span<const Extent> extents) {
   for (const Extent& e : extents) {
     if (e.units == 0 || e.start + e.units > total_ || e.start + e.units < e.start) {
-      return absl::DataLossError(fmt::format("extent [{}, +{}) lies outside the data region", e.start, e.units));
+      return absl::DataLossError(
+          fmt::format("extent [{}, +{}) lies outside the data region", e.start, e.units));
     }
     if (!IsFree(e)) {
-      return absl::DataLossError(fmt::format("extent [{}, +{}) is claimed twice", e.start, e.units));
+      return absl::DataLossError(
+          fmt::format("extent [{}, +{}) is claimed twice", e.start, e.units));
     }
     Take(e.start, e.units);
   }
@@ -119,12 +123,15 @@ absl::Status ExtentAllocator::Reserve(std::span<const Extent> extents) {
 }
 
 absl::Status ExtentAllocator::CheckInvariants() const {
-  if (by_start_.size() != by_size_.size()) return absl::InternalError("free indexes differ in size");
+  if (by_start_.size() != by_size_.size())
+    return absl::InternalError("free indexes differ in size");
   std::uint64_t sum = 0, end = 0;
   bool first = true;
   for (const auto& [start, units] : by_start_) {
-    if (units == 0 || !by_size_.contains({units, start})) return absl::InternalError("index mismatch");
-    if (!first && start <= end) return absl::InternalError(fmt::format("free extents touch at {}", start));
+    if (units == 0 || !by_size_.contains({units, start}))
+      return absl::InternalError("index mismatch");
+    if (!first && start <= end)
+      return absl::InternalError(fmt::format("free extents touch at {}", start));
     end = start + units;
     first = false;
     sum += units;

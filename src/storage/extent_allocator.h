@@ -23,7 +23,8 @@ class ExtentAllocator {
   // `units` as one extent (best fit) when one is large enough, else the largest free
   // extents until covered (at most `max_extents`). kResourceExhausted, and nothing
   // changes, when the free space cannot cover it.
-  absl::StatusOr<std::vector<Extent>> Allocate(std::uint64_t units, std::size_t max_extents = kMaxExtents);
+  absl::StatusOr<std::vector<Extent>> Allocate(std::uint64_t units,
+                                               std::size_t max_extents = kMaxExtents);
 
   // Returns extents. kInternal, and nothing changes, if any part is already free or
   // out of range (the caller's bookkeeping is broken).
@@ -47,7 +48,8 @@ class ExtentAllocator {
   bool IsFree(const Extent& e) const;
   void Insert(std::uint64_t start, std::uint64_t units);
   void Erase(std::map<std::uint64_t, std::uint64_t>::iterator it);
-  void Take(std::uint64_t start, std::uint64_t units);  // [start, start+units) lies in one free extent
+  void Take(std::uint64_t start,
+            std::uint64_t units);  // [start, start+units) lies in one free extent
 
   std::uint64_t total_;
   std::uint64_t free_;

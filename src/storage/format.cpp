@@ -31,8 +31,8 @@ constexpr std::size_t kOffMagic = 0, kOffVersion = 8, kOffGeneration = 16, kOffU
                       kOffEpoch = 96, kOffCrc = kMetaBlock - 4;
 
 // Journal block header offsets.
-constexpr std::size_t kJOffMagic = 0, kJOffCrc = 4, kJOffSeq = 8, kJOffEpoch = 16,
-                      kJOffLength = 24, kJOffFlags = 28;
+constexpr std::size_t kJOffMagic = 0, kJOffCrc = 4, kJOffSeq = 8, kJOffEpoch = 16, kJOffLength = 24,
+                      kJOffFlags = 28;
 // Flags: the block's index within its commit (low 16 bits) and the commit's block count.
 
 // Record header: type, reserved, name length, metadata length, size, checksum, extents.
@@ -70,8 +70,8 @@ absl::StatusOr<Superblock> DecodeSuperblock(std::span<const std::byte> block) {
     return absl::DataLossError("superblock: checksum mismatch");
   }
   if (const auto v = Get<std::uint32_t>(p + kOffVersion); v != kFormatVersion) {
-    return absl::DataLossError(fmt::format("superblock: format version {} (this build reads {})", v,
-                                           kFormatVersion));
+    return absl::DataLossError(
+        fmt::format("superblock: format version {} (this build reads {})", v, kFormatVersion));
   }
   Superblock sb;
   sb.generation = Get<std::uint64_t>(p + kOffGeneration);
@@ -133,19 +133,23 @@ absl::StatusOr<std::vector<JournalRecord>> DecodeRecords(std::span<const std::by
     const std::byte* p = stream.data() + at;
     JournalRecord r;
     const auto type = Get<std::uint8_t>(p);
-    if (type != 1 && type != 2) return absl::DataLossError(fmt::format("journal: record type {}", type));
-    if (Get<std::uint8_t>(p + 1) != 0) return absl::DataLossError("journal: reserved record byte is set");
+    if (type != 1 && type != 2)
+      return absl::DataLossError(fmt::format("journal: record type {}", type));
+    if (Get<std::uint8_t>(p + 1) != 0)
+      return absl::DataLossError("journal: reserved record byte is set");
     r.type = static_cast<RecordType>(type);
     const auto name_len = Get<std::uint16_t>(p + 2);
     const auto meta_len = Get<std::uint32_t>(p + 4);
     r.size = Get<std::uint64_t>(p + 8);
     r.checksum = Get<std::uint32_t>(p + 16);
     const auto extents = Get<std::uint32_t>(p + 20);
-    if (name_len == 0 || name_len > kMaxNameBytes || meta_len > kMaxMetadataBytes || extents > kMaxExtents) {
+    if (name_len == 0 || name_len > kMaxNameBytes || meta_len > kMaxMetadataBytes ||
+        extents > kMaxExtents) {
       return absl::DataLossError("journal: record field out of range");
     }
     const std::size_t body = std::size_t{name_len} + meta_len + std::size_t{extents} * 16;
-    if (stream.size() - at - kRecordHeader < body) return absl::DataLossError("journal: truncated record");
+    if (stream.size() - at - kRecordHeader < body)
+      return absl::DataLossError("journal: truncated record");
     p += kRecordHeader;
     r.name.assign(reinterpret_cast<const char*>(p), name_len);
     p += name_len;
@@ -177,7 +181,8 @@ std::vector<std::byte> EncodeCommit(std::span<const JournalRecord> records, std:
   for (std::size_t i = 0; i < blocks; ++i) {
     std::byte* b = out.data() + i * kMetaBlock;
     const std::size_t from = i * kJournalPayload;
-    const std::size_t len = std::min(kJournalPayload, stream.size() - std::min(stream.size(), from));
+    const std::size_t len =
+        std::min(kJournalPayload, stream.size() - std::min(stream.size(), from));
     Put(b + kJOffMagic, kJournalMagic);
     Put(b + kJOffSeq, first_seq + i);
     Put(b + kJOffEpoch, epoch);
@@ -239,7 +244,8 @@ Replay ReplayJournal(std::span<const std::byte> half, std::uint64_t epoch) {
     auto records = DecodeRecords(stream);
     if (!records.ok()) {
       r.corrupt = true;
-      r.detail = fmt::format("commit at block {}: {}", commit_start, std::string(records.status().message()));
+      r.detail = fmt::format("commit at block {}: {}", commit_start,
+                             std::string(records.status().message()));
       return r;
     }
     for (JournalRecord& rec : *records) r.records.push_back(std::move(rec));
@@ -262,9 +268,12 @@ Replay ReplayJournal(std::span<const std::byte> half, std::uint64_t epoch) {
       return r;
     }
   }
-  r.torn_tail = slot > commit_start || (slot < slots && Get<std::uint32_t>(half.data() + slot * kMetaBlock) == kJournalMagic &&
-                                        Get<std::uint64_t>(half.data() + slot * kMetaBlock + kJOffEpoch) == epoch);
-  if (r.torn_tail) r.detail = fmt::format("an incomplete commit at block {} was discarded", commit_start);
+  r.torn_tail =
+      slot > commit_start ||
+      (slot < slots && Get<std::uint32_t>(half.data() + slot * kMetaBlock) == kJournalMagic &&
+       Get<std::uint64_t>(half.data() + slot * kMetaBlock + kJOffEpoch) == epoch);
+  if (r.torn_tail)
+    r.detail = fmt::format("an incomplete commit at block {} was discarded", commit_start);
   return r;
 }
 

@@ -19,7 +19,7 @@ namespace memascend::storage {
 inline constexpr std::uint32_t kMetaBlock = 4096;
 inline constexpr std::uint32_t kFormatVersion = 1;
 inline constexpr std::uint64_t kSuperMagic = 0x314C4F5643534D41ull;  // "AMSCVOL1" read LE
-inline constexpr std::uint32_t kJournalMagic = 0x4E524A4Du;         // "MJRN"
+inline constexpr std::uint32_t kJournalMagic = 0x4E524A4Du;          // "MJRN"
 inline constexpr std::size_t kJournalHeader = 32;
 inline constexpr std::size_t kJournalPayload = kMetaBlock - kJournalHeader;
 inline constexpr std::size_t kMaxNameBytes = 255;
@@ -29,15 +29,15 @@ inline constexpr std::size_t kMaxExtents = 4096;
 struct Superblock {
   std::uint64_t generation = 0;
   std::array<std::uint8_t, 16> uuid{};
-  std::uint32_t block_size = 4096;    // the device's I/O block (>= logical block size)
-  std::uint32_t unit_bytes = 0;       // allocation unit of the data region
-  std::uint64_t capacity = 0;         // bytes of the target in use
-  std::uint64_t journal_offset = 0;   // two halves of journal_half_bytes each
+  std::uint32_t block_size = 4096;   // the device's I/O block (>= logical block size)
+  std::uint32_t unit_bytes = 0;      // allocation unit of the data region
+  std::uint64_t capacity = 0;        // bytes of the target in use
+  std::uint64_t journal_offset = 0;  // two halves of journal_half_bytes each
   std::uint64_t journal_half_bytes = 0;
   std::uint64_t data_offset = 0;
   std::uint64_t data_units = 0;
-  std::uint32_t active_half = 0;      // which half holds the live journal
-  std::uint64_t epoch = 0;            // the live half's blocks carry this epoch
+  std::uint32_t active_half = 0;  // which half holds the live journal
+  std::uint64_t epoch = 0;        // the live half's blocks carry this epoch
 };
 
 // One kMetaBlock block: fields, zero padding, CRC-32C of the rest in the last 4 bytes.

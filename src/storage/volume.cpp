@@ -1,22 +1,20 @@
-#include <memascend/volume.h>
-
-#include <sys/file.h>
-#include <sys/random.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <thread>
+#include <unistd.h>
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
 
 #include <memascend/block_target.h>
 #include <memascend/status.h>
+#include <memascend/volume.h>
 
 #include "storage/extent_allocator.h"
 #include "storage/format.h"
@@ -26,7 +24,9 @@
 
 namespace memascend {
 
-std::string_view ToString(Durability d) noexcept { return d == Durability::kDurable ? "durable" : "scratch"; }
+std::string_view ToString(Durability d) noexcept {
+  return d == Durability::kDurable ? "durable" : "scratch";
+}
 
 namespace {
 
@@ -45,7 +45,8 @@ struct FreeDeleter {
 using Aligned = std::unique_ptr<std::byte, FreeDeleter>;
 
 Aligned AllocAligned(std::size_t bytes, std::size_t align) {
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, util::RoundUp(std::max<std::size_t>(bytes, 1), align)));
+  auto* p = static_cast<std::byte*>(
+      std::aligned_alloc(align, util::RoundUp(std::max<std::size_t>(bytes, 1), align)));
   return Aligned(p);
 }
 
@@ -75,22 +76,23 @@ struct Object {
 
 absl::Status CheckName(std::string_view name) {
   if (name.empty() || name.size() > storage::kMaxNameBytes) {
-    return absl::InvalidArgumentError(
-        fmt::format("object name must be 1..{} bytes, got {}", storage::kMaxNameBytes, name.size()));
+    return absl::InvalidArgumentError(fmt::format("object name must be 1..{} bytes, got {}",
+                                                  storage::kMaxNameBytes, name.size()));
   }
   return absl::OkStatus();
 }
 
 // Moves bytes between a caller buffer and the target: zero-copy for the aligned part,
 // through an aligned staging window for the rest. Requests of one window run together.
-absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op, std::uint64_t offset,
-                      std::byte* user, std::size_t length) {
+absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op,
+                      std::uint64_t offset, std::byte* user, std::size_t length) {
   std::size_t direct = 0;
   if (reinterpret_cast<std::uintptr_t>(user) % block == 0) direct = length / block * block;
   {
     IoBatch batch;
     for (std::size_t done = 0; done < direct; done += kRequestBytes) {
-      batch.Add(engine->Submit({op, file, offset + done, user + done, std::min(kRequestBytes, direct - done)}));
+      batch.Add(engine->Submit(
+          {op, file, offset + done, user + done, std::min(kRequestBytes, direct - done)}));
     }
     batch.WaitAll();
     MEMASCEND_RETURN_IF_ERROR(batch.FirstError());
@@ -107,7 +109,8 @@ absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op,
     }
     IoBatch batch;
     for (std::size_t at = 0; at < padded; at += kRequestBytes) {
-      batch.Add(engine->Submit({op, file, offset + done + at, window.get() + at, std::min(kRequestBytes, padded - at)}));
+      batch.Add(engine->Submit(
+          {op, file, offset + done + at, window.get() + at, std::min(kRequestBytes, padded - at)}));
     }
     batch.WaitAll();
     MEMASCEND_RETURN_IF_ERROR(batch.FirstError());
@@ -162,7 +165,8 @@ struct Volume::Impl {
 
   absl::StatusOr<std::vector<std::byte>> ReadBlocks(std::uint64_t offset, std::size_t bytes) {
     Aligned buf = AllocAligned(bytes, block());
-    MEMASCEND_RETURN_IF_ERROR(Transfer(engine, file, block(), IoOp::kRead, offset, buf.get(), bytes));
+    MEMASCEND_RETURN_IF_ERROR(
+        Transfer(engine, file, block(), IoOp::kRead, offset, buf.get(), bytes));
     return std::vector<std::byte>(buf.get(), buf.get() + bytes);
   }
 
@@ -171,8 +175,9 @@ struct Volume::Impl {
     absl::Status s = target.Sync();
     if (!s.ok()) {
       absl::MutexLock lock(&mu);
-      poisoned = absl::DataLossError(fmt::format(
-          "the volume failed to flush ({}); it accepts no more writes: reopen it", std::string(s.message())));
+      poisoned = absl::DataLossError(
+          fmt::format("the volume failed to flush ({}); it accepts no more writes: reopen it",
+                      std::string(s.message())));
       return poisoned;
     }
     return absl::OkStatus();
@@ -190,7 +195,8 @@ struct Volume::Impl {
         objects.erase(it);
       }
       if (r.type == RecordType::kPut) {
-        objects.emplace(r.name, Object{r.size, r.metadata, r.checksum, r.extents, Durability::kDurable});
+        objects.emplace(r.name,
+                        Object{r.size, r.metadata, r.checksum, r.extents, Durability::kDurable});
       }
     }
   }
@@ -211,15 +217,18 @@ struct Volume::Impl {
     const std::uint64_t half_blocks = next.journal_half_bytes / kMetaBlock;
     const std::size_t blocks = storage::CommitBlocks(all);
     if (blocks > half_blocks || blocks > 0xffff) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "journal full: {} objects need {} journal blocks, a half holds {}; reformat with a larger "
-          "journal", all.size(), blocks, half_blocks));
+      return absl::ResourceExhaustedError(
+          fmt::format("journal full: {} objects need {} journal blocks, a half holds {}; reformat "
+                      "with a larger "
+                      "journal",
+                      all.size(), blocks, half_blocks));
     }
     next.generation += 1;
     next.active_half = 1 - next.active_half;
     next.epoch += 1;
     const std::vector<std::byte> bytes = storage::EncodeCommit(all, 0, next.epoch);
-    MEMASCEND_RETURN_IF_ERROR(WriteBlocks(next.journal_offset + next.active_half * next.journal_half_bytes, bytes));
+    MEMASCEND_RETURN_IF_ERROR(
+        WriteBlocks(next.journal_offset + next.active_half * next.journal_half_bytes, bytes));
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());
     const auto super = storage::EncodeSuperblock(next);
     MEMASCEND_RETURN_IF_ERROR(WriteBlocks((next.generation % 2) * kMetaBlock, super));
@@ -304,18 +313,21 @@ absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& 
   std::uint64_t journal = options.journal_bytes;
   if (journal == 0) journal = std::clamp<std::uint64_t>(capacity / 512, 2u << 20, 256u << 20);
   const std::uint64_t half = util::RoundDown(journal / 2, kMetaBlock);
-  if (half < 4 * kMetaBlock) return absl::InvalidArgumentError("journal_bytes must be at least 32 KiB");
+  if (half < 4 * kMetaBlock)
+    return absl::InvalidArgumentError("journal_bytes must be at least 32 KiB");
   Superblock sb;
   sb.block_size = target.io_block();
   sb.unit_bytes = options.unit_bytes;
   sb.capacity = capacity;
   sb.journal_offset = 2 * kMetaBlock;
   sb.journal_half_bytes = half;
-  sb.data_offset = util::RoundUp(sb.journal_offset + 2 * half, std::max<std::uint64_t>(sb.unit_bytes, 1u << 20));
+  sb.data_offset =
+      util::RoundUp(sb.journal_offset + 2 * half, std::max<std::uint64_t>(sb.unit_bytes, 1u << 20));
   if (capacity <= sb.data_offset || (capacity - sb.data_offset) / sb.unit_bytes == 0) {
-    return absl::InvalidArgumentError(fmt::format(
-        "{} holds {}: too small for a {} journal and one {} unit", path, util::FormatBytes(capacity),
-        util::FormatBytes(2 * half), util::FormatBytes(sb.unit_bytes)));
+    return absl::InvalidArgumentError(
+        fmt::format("{} holds {}: too small for a {} journal and one {} unit", path,
+                    util::FormatBytes(capacity), util::FormatBytes(2 * half),
+                    util::FormatBytes(sb.unit_bytes)));
   }
   sb.data_units = (capacity - sb.data_offset) / sb.unit_bytes;
   for (std::uint64_t i = 0; i < 2; ++i) {
@@ -334,8 +346,12 @@ absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& 
   Aligned zeros = AllocAligned(kWindowBytes, target.io_block());
   std::memset(zeros.get(), 0, kWindowBytes);
   for (std::uint64_t done = 0; done < total;) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kWindowBytes, total - done));
-    MEMASCEND_RETURN_IF_ERROR(engine->Submit({IoOp::kWrite, file, sb.journal_offset + done, zeros.get(), n}).Wait().status());
+    const std::size_t n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(kWindowBytes, total - done));
+    MEMASCEND_RETURN_IF_ERROR(
+        engine->Submit({IoOp::kWrite, file, sb.journal_offset + done, zeros.get(), n})
+            .Wait()
+            .status());
     done += n;
     if (options.progress) options.progress(done, total);
   }
@@ -344,17 +360,21 @@ absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& 
     const auto block = storage::EncodeSuperblock(sb);
     std::memcpy(zeros.get(), block.data(), kMetaBlock);
     MEMASCEND_RETURN_IF_ERROR(
-        engine->Submit({IoOp::kWrite, file, generation * kMetaBlock, zeros.get(), kMetaBlock}).Wait().status());
+        engine->Submit({IoOp::kWrite, file, generation * kMetaBlock, zeros.get(), kMetaBlock})
+            .Wait()
+            .status());
   }
   MEMASCEND_RETURN_IF_ERROR(engine->UnregisterFile(file));
   return target.Sync();
 }
 
-absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path, const VolumeOpenOptions& options) {
+absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
+                                                     const VolumeOpenOptions& options) {
   MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, {}));
   const auto give_up = std::chrono::steady_clock::now() + options.lock_wait;
   while (::flock(target.fd(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK && errno != EINTR) return absl::ErrnoToStatus(errno, fmt::format("flock({})", path));
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      return absl::ErrnoToStatus(errno, fmt::format("flock({})", path));
     if (std::chrono::steady_clock::now() >= give_up) {
       return absl::FailedPreconditionError(fmt::format("{} is open in another process", path));
     }
@@ -372,37 +392,45 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path, co
     m.engine = m.own_engine.get();
   }
   MEMASCEND_ASSIGN_OR_RETURN(m.file, m.engine->RegisterFile(m.target.fd()));
-  if (m.target.size() < 2 * kMetaBlock) return absl::FailedPreconditionError(fmt::format("{} is not a MemAscend volume", path));
+  if (m.target.size() < 2 * kMetaBlock)
+    return absl::FailedPreconditionError(fmt::format("{} is not a MemAscend volume", path));
   MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> head, m.ReadBlocks(0, 2 * kMetaBlock));
-  absl::StatusOr<Superblock> copies[2] = {storage::DecodeSuperblock({head.data(), kMetaBlock}),
-                                          storage::DecodeSuperblock({head.data() + kMetaBlock, kMetaBlock})};
+  absl::StatusOr<Superblock> copies[2] = {
+      storage::DecodeSuperblock({head.data(), kMetaBlock}),
+      storage::DecodeSuperblock({head.data() + kMetaBlock, kMetaBlock})};
   if (!copies[0].ok() && !copies[1].ok()) {
     if (!DetectSignature(head).has_value() || *DetectSignature(head) != "memascend") {
-      return absl::FailedPreconditionError(fmt::format("{} is not a MemAscend volume (format it first)", path));
+      return absl::FailedPreconditionError(
+          fmt::format("{} is not a MemAscend volume (format it first)", path));
     }
     return absl::DataLossError(fmt::format("{}: both superblocks are damaged ({}; {})", path,
                                            std::string(copies[0].status().message()),
                                            std::string(copies[1].status().message())));
   }
-  int pick = !copies[0].ok() ? 1 : !copies[1].ok() ? 0 : (copies[1]->generation > copies[0]->generation ? 1 : 0);
+  int pick = !copies[0].ok()   ? 1
+             : !copies[1].ok() ? 0
+                               : (copies[1]->generation > copies[0]->generation ? 1 : 0);
   if (!copies[1 - pick].ok()) {
-    m.open_errors.push_back(fmt::format("superblock {} is damaged ({}); using superblock {} (generation {})",
-                                        1 - pick, std::string(copies[1 - pick].status().message()), pick,
-                                        copies[pick]->generation));
+    m.open_errors.push_back(fmt::format(
+        "superblock {} is damaged ({}); using superblock {} (generation {})", 1 - pick,
+        std::string(copies[1 - pick].status().message()), pick, copies[pick]->generation));
   }
   Superblock sb = *copies[pick];
   if (sb.capacity > m.target.size()) {
-    return absl::DataLossError(fmt::format("{}: the volume spans {} but the target holds {}", path, sb.capacity,
-                                           m.target.size()));
+    return absl::DataLossError(fmt::format("{}: the volume spans {} but the target holds {}", path,
+                                           sb.capacity, m.target.size()));
   }
-  MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> half,
-                             m.ReadBlocks(sb.journal_offset + sb.active_half * sb.journal_half_bytes,
-                                          sb.journal_half_bytes));
+  MEMASCEND_ASSIGN_OR_RETURN(
+      std::vector<std::byte> half,
+      m.ReadBlocks(sb.journal_offset + sb.active_half * sb.journal_half_bytes,
+                   sb.journal_half_bytes));
   storage::Replay replay = storage::ReplayJournal(half, sb.epoch);
   if (replay.corrupt) {
     if (!options.allow_data_loss) {
-      return absl::DataLossError(fmt::format("{}: journal damaged: {} (open with allow_data_loss to keep "
-                                             "the {} commits before it)", path, replay.detail, replay.commits));
+      return absl::DataLossError(
+          fmt::format("{}: journal damaged: {} (open with allow_data_loss to keep "
+                      "the {} commits before it)",
+                      path, replay.detail, replay.commits));
     }
     m.open_errors.push_back("journal damaged: " + replay.detail);
   } else if (replay.torn_tail) {
@@ -413,27 +441,28 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path, co
   for (JournalRecord& r : replay.records) {  // the last record of a name wins
     m.objects.erase(r.name);
     if (r.type == RecordType::kPut) {
-      m.objects.emplace(r.name, Object{r.size, std::move(r.metadata), r.checksum, std::move(r.extents),
-                                       Durability::kDurable});
+      m.objects.emplace(r.name, Object{r.size, std::move(r.metadata), r.checksum,
+                                       std::move(r.extents), Durability::kDurable});
     }
   }
   m.alloc = std::make_unique<storage::ExtentAllocator>(sb.data_units);
   for (const auto& [name, o] : m.objects) {  // free space: whatever no object holds
     if (absl::Status s = m.alloc->Reserve(o.extents); !s.ok()) {
-      return absl::DataLossError(fmt::format("{}: object '{}': {}", path, name, std::string(s.message())));
+      return absl::DataLossError(
+          fmt::format("{}: object '{}': {}", path, name, std::string(s.message())));
     }
   }
   m.next_block = replay.blocks_used;
   return std::unique_ptr<Volume>(new Volume(std::move(impl)));
 }
 
-absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data, Durability durability,
-                         std::string_view metadata) {
+absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
+                         Durability durability, std::string_view metadata) {
   Impl& m = *impl_;
   MEMASCEND_RETURN_IF_ERROR(CheckName(name));
   if (metadata.size() > storage::kMaxMetadataBytes) {
-    return absl::InvalidArgumentError(fmt::format("metadata of {} bytes exceeds {}", metadata.size(),
-                                                  storage::kMaxMetadataBytes));
+    return absl::InvalidArgumentError(fmt::format("metadata of {} bytes exceeds {}",
+                                                  metadata.size(), storage::kMaxMetadataBytes));
   }
   std::vector<Extent> extents;
   std::uint64_t unit;
@@ -443,10 +472,11 @@ absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
     unit = m.sb.unit_bytes;
     auto got = m.alloc->Allocate((data.size() + unit - 1) / unit);
     if (!got.ok()) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "put '{}' ({}): {}; free {}, largest free extent {}", name, util::FormatBytes(data.size()),
-          std::string(got.status().message()), util::FormatBytes(m.alloc->free_units() * unit),
-          util::FormatBytes(m.alloc->largest_free() * unit)));
+      return absl::ResourceExhaustedError(
+          fmt::format("put '{}' ({}): {}; free {}, largest free extent {}", name,
+                      util::FormatBytes(data.size()), std::string(got.status().message()),
+                      util::FormatBytes(m.alloc->free_units() * unit),
+                      util::FormatBytes(m.alloc->largest_free() * unit)));
     }
     extents = *std::move(got);
   }
@@ -456,7 +486,8 @@ absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
   };
   std::uint64_t done = 0;
   for (const Extent& e : extents) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(e.units * unit, data.size() - done));
+    const std::size_t n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(e.units * unit, data.size() - done));
     std::uint64_t offset;
     {
       absl::ReaderMutexLock lock(&m.mu);
@@ -472,7 +503,8 @@ absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
   }
   const std::uint32_t checksum = util::Crc32c(data.data(), data.size());
   if (durability == Durability::kDurable) {
-    absl::Status s = m.Commit({{RecordType::kPut, std::string(name), std::string(metadata), data.size(), checksum, extents}});
+    absl::Status s = m.Commit({{RecordType::kPut, std::string(name), std::string(metadata),
+                                data.size(), checksum, extents}});
     if (!s.ok()) release();
     return s;
   }
@@ -483,7 +515,8 @@ absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
     replaces_durable = it != m.objects.end() && it->second.durability == Durability::kDurable;
   }
   if (replaces_durable) {  // its record must not resurrect it after a reopen
-    if (absl::Status s = m.Commit({{RecordType::kDelete, std::string(name), {}, 0, 0, {}}}); !s.ok()) {
+    if (absl::Status s = m.Commit({{RecordType::kDelete, std::string(name), {}, 0, 0, {}}});
+        !s.ok()) {
       release();
       return s;
     }
@@ -493,7 +526,8 @@ absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
     (void)m.alloc->Free(it->second.extents);
     m.objects.erase(it);
   }
-  m.objects.emplace(std::string(name), Object{data.size(), std::string(metadata), checksum, extents, Durability::kScratch});
+  m.objects.emplace(std::string(name), Object{data.size(), std::string(metadata), checksum, extents,
+                                              Durability::kScratch});
   return absl::OkStatus();
 }
 
@@ -510,20 +544,22 @@ absl::StatusOr<std::size_t> Volume::Get(std::string_view name, std::span<std::by
     data_offset = m.sb.data_offset;
   }
   if (out.size() < o.size) {
-    return absl::InvalidArgumentError(fmt::format("object '{}' holds {} bytes; the buffer has {}", name, o.size, out.size()));
+    return absl::InvalidArgumentError(
+        fmt::format("object '{}' holds {} bytes; the buffer has {}", name, o.size, out.size()));
   }
   std::uint64_t done = 0;
   for (const Extent& e : o.extents) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(e.units * unit, o.size - done));
-    MEMASCEND_RETURN_IF_ERROR(Transfer(m.engine, m.file, m.block(), IoOp::kRead, data_offset + e.start * unit,
-                                       out.data() + done, n));
+    const std::size_t n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(e.units * unit, o.size - done));
+    MEMASCEND_RETURN_IF_ERROR(Transfer(m.engine, m.file, m.block(), IoOp::kRead,
+                                       data_offset + e.start * unit, out.data() + done, n));
     done += n;
   }
   if (m.verify) {
     const std::uint32_t crc = util::Crc32c(out.data(), o.size);
     if (crc != o.checksum) {
-      return absl::DataLossError(fmt::format("object '{}': checksum mismatch (stored {:08x}, read {:08x})", name,
-                                             o.checksum, crc));
+      return absl::DataLossError(fmt::format(
+          "object '{}': checksum mismatch (stored {:08x}, read {:08x})", name, o.checksum, crc));
     }
   }
   return static_cast<std::size_t>(o.size);
@@ -532,7 +568,8 @@ absl::StatusOr<std::size_t> Volume::Get(std::string_view name, std::span<std::by
 namespace {
 ObjectInfo Info(const std::string& name, const Object& o, const Superblock& sb) {
   ObjectInfo info{name, o.size, o.metadata, o.durability, o.checksum, {}};
-  for (const Extent& e : o.extents) info.extents.push_back({sb.data_offset + e.start * sb.unit_bytes, e.units * sb.unit_bytes});
+  for (const Extent& e : o.extents)
+    info.extents.push_back({sb.data_offset + e.start * sb.unit_bytes, e.units * sb.unit_bytes});
   return info;
 }
 }  // namespace
@@ -612,14 +649,17 @@ absl::StatusOr<FsckReport> Volume::Fsck(bool verify_data) {
       }
       std::uint64_t units = 0;
       for (const Extent& e : o.extents) units += e.units;
-      if (units * sb.unit_bytes < o.size) r.errors.push_back(fmt::format("object '{}': extents hold less than its size", name));
+      if (units * sb.unit_bytes < o.size)
+        r.errors.push_back(fmt::format("object '{}': extents hold less than its size", name));
       used_units += units;
     }
     if (fresh.free_units() != m.alloc->free_units()) {
-      r.errors.push_back(fmt::format("free space: {} units accounted free, {} free by the objects' extents",
-                                     m.alloc->free_units(), fresh.free_units()));
+      r.errors.push_back(
+          fmt::format("free space: {} units accounted free, {} free by the objects' extents",
+                      m.alloc->free_units(), fresh.free_units()));
     }
-    if (absl::Status s = m.alloc->CheckInvariants(); !s.ok()) r.errors.push_back(std::string(s.message()));
+    if (absl::Status s = m.alloc->CheckInvariants(); !s.ok())
+      r.errors.push_back(std::string(s.message()));
     r.objects = objects.size();
     r.used_bytes = used_units * sb.unit_bytes;
     r.free_bytes = m.alloc->free_units() * sb.unit_bytes;
@@ -627,16 +667,20 @@ absl::StatusOr<FsckReport> Volume::Fsck(bool verify_data) {
   for (int i = 0; i < 2; ++i) {
     auto copy = storage::DecodeSuperblock({head.data() + i * kMetaBlock, kMetaBlock});
     if (!copy.ok()) {
-      const std::string e = fmt::format("superblock {}: {}", i, std::string(copy.status().message()));
+      const std::string e =
+          fmt::format("superblock {}: {}", i, std::string(copy.status().message()));
       if (std::find(r.errors.begin(), r.errors.end(), e) == r.errors.end()) r.errors.push_back(e);
     }
   }
-  MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> half,
-                             m.ReadBlocks(sb.journal_offset + sb.active_half * sb.journal_half_bytes, sb.journal_half_bytes));
+  MEMASCEND_ASSIGN_OR_RETURN(
+      std::vector<std::byte> half,
+      m.ReadBlocks(sb.journal_offset + sb.active_half * sb.journal_half_bytes,
+                   sb.journal_half_bytes));
   const storage::Replay replay = storage::ReplayJournal(half, sb.epoch);
   if (replay.corrupt) r.errors.push_back("journal: " + replay.detail);
   if (replay.blocks_used != next_block) {
-    r.errors.push_back(fmt::format("journal: {} blocks replay, {} written since open", replay.blocks_used, next_block));
+    r.errors.push_back(fmt::format("journal: {} blocks replay, {} written since open",
+                                   replay.blocks_used, next_block));
   }
   if (verify_data) {
     std::vector<std::byte> buf;

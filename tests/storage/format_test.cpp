@@ -16,7 +16,8 @@ using ::testing::HasSubstr;
 Superblock Sample() {
   Superblock sb;
   sb.generation = 7;
-  for (int i = 0; i < 16; ++i) sb.uuid[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 17);
+  for (int i = 0; i < 16; ++i)
+    sb.uuid[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 17);
   sb.block_size = 4096;
   sb.unit_bytes = 65536;
   sb.capacity = 1ull << 30;
@@ -54,13 +55,15 @@ TEST(Superblock, RoundTripsAndDetectsEveryFlippedBit) {
   }
   auto damaged = block;
   damaged[4000] ^= std::byte{0x10};  // the zero padding is covered too
-  EXPECT_THAT(DecodeSuperblock(damaged), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
+  EXPECT_THAT(DecodeSuperblock(damaged),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
 }
 
 TEST(Superblock, RejectsImpossibleGeometryEvenWithAValidChecksum) {
   Superblock sb = Sample();
   sb.data_offset = 4096;  // overlaps the journal
-  EXPECT_THAT(DecodeSuperblock(EncodeSuperblock(sb)), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("geometry")));
+  EXPECT_THAT(DecodeSuperblock(EncodeSuperblock(sb)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("geometry")));
   sb = Sample();
   sb.data_units = 1ull << 40;  // past the capacity
   EXPECT_THAT(DecodeSuperblock(EncodeSuperblock(sb)), StatusIs(absl::StatusCode::kDataLoss));
@@ -71,8 +74,11 @@ TEST(Superblock, RejectsImpossibleGeometryEvenWithAValidChecksum) {
 std::vector<JournalRecord> SomeRecords(int n, std::size_t meta = 10) {
   std::vector<JournalRecord> out;
   for (int i = 0; i < n; ++i) {
-    out.push_back({RecordType::kPut, "tensor." + std::to_string(i), std::string(meta, 'm'),
-                   static_cast<std::uint64_t>(1000 + i), 0xabcd0000u + static_cast<std::uint32_t>(i),
+    out.push_back({RecordType::kPut,
+                   "tensor." + std::to_string(i),
+                   std::string(meta, 'm'),
+                   static_cast<std::uint64_t>(1000 + i),
+                   0xabcd0000u + static_cast<std::uint32_t>(i),
                    {{static_cast<std::uint64_t>(i * 10), 3}, {500, 1}}});
   }
   out.push_back({RecordType::kDelete, "tensor.0", "", 0, 0, {}});
@@ -89,7 +95,8 @@ TEST(Records, RoundTrip) {
 }
 
 // A journal half holding the given commits back to back.
-std::vector<std::byte> Half(std::size_t blocks, const std::vector<std::vector<JournalRecord>>& commits,
+std::vector<std::byte> Half(std::size_t blocks,
+                            const std::vector<std::vector<JournalRecord>>& commits,
                             std::uint64_t epoch, std::vector<std::size_t>* starts = nullptr) {
   std::vector<std::byte> half(blocks * kMetaBlock);
   std::uint64_t seq = 0;
@@ -103,7 +110,8 @@ std::vector<std::byte> Half(std::size_t blocks, const std::vector<std::vector<Jo
 }
 
 TEST(Journal, ReplaysCompleteCommitsInOrder) {
-  const std::vector<std::vector<JournalRecord>> commits = {SomeRecords(1), SomeRecords(300, 40), SomeRecords(2)};
+  const std::vector<std::vector<JournalRecord>> commits = {SomeRecords(1), SomeRecords(300, 40),
+                                                           SomeRecords(2)};
   EXPECT_GT(CommitBlocks(commits[1]), 2u);  // a commit over several blocks
   const auto half = Half(64, commits, 99);
   const Replay r = ReplayJournal(half, 99);
@@ -111,7 +119,8 @@ TEST(Journal, ReplaysCompleteCommitsInOrder) {
   EXPECT_FALSE(r.torn_tail);
   EXPECT_EQ(r.commits, 3u);
   EXPECT_EQ(r.records.size(), commits[0].size() + commits[1].size() + commits[2].size());
-  EXPECT_EQ(r.blocks_used, CommitBlocks(commits[0]) + CommitBlocks(commits[1]) + CommitBlocks(commits[2]));
+  EXPECT_EQ(r.blocks_used,
+            CommitBlocks(commits[0]) + CommitBlocks(commits[1]) + CommitBlocks(commits[2]));
   // Another epoch's blocks (an earlier life of this half) are not replayed.
   EXPECT_EQ(ReplayJournal(half, 98).commits, 0u);
 }
@@ -130,7 +139,8 @@ TEST(Journal, ATornLastCommitIsDiscardedQuietly) {
 }
 
 TEST(Journal, DamageBeforeALaterCommitIsCorruption) {
-  const std::vector<std::vector<JournalRecord>> commits = {SomeRecords(1), SomeRecords(1), SomeRecords(1)};
+  const std::vector<std::vector<JournalRecord>> commits = {SomeRecords(1), SomeRecords(1),
+                                                           SomeRecords(1)};
   std::vector<std::size_t> starts;
   auto half = Half(16, commits, 5, &starts);
   half[starts[1] * kMetaBlock + 200] ^= std::byte{1};

@@ -1,18 +1,17 @@
 // A child process writes, overwrites and deletes durable objects in a loop and is
 // killed with SIGKILL at a random moment; the parent reopens the volume each time and
 // checks that every committed object reads back whole, fsck is clean and no space leaked.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
+#include <fcntl.h>
 #include <map>
 #include <random>
+#include <signal.h>
 #include <sstream>
 #include <string>
+#include <sys/wait.h>
 #include <thread>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -31,7 +30,8 @@ constexpr int kNames = 12;
 
 std::string NameOf(int k) { return "layer." + std::to_string(k) + ".weight"; }
 std::size_t SizeOf(int k, std::uint64_t version) {
-  return 1000 + static_cast<std::size_t>((static_cast<std::uint64_t>(k) * 7919 + version * 104729) % 300000);
+  return 1000 + static_cast<std::size_t>((static_cast<std::uint64_t>(k) * 7919 + version * 104729) %
+                                         300000);
 }
 
 // The child: never returns. Reports "I k v" before and "C k v" after each operation
@@ -96,7 +96,8 @@ TEST(VolumeCrash, SigkillAtRandomMomentsLosesNothingCommitted) {
     ASSERT_TRUE(WIFSIGNALED(status)) << "the child exited by itself with " << WEXITSTATUS(status);
     std::string log;
     char buf[4096];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) log.append(buf, static_cast<std::size_t>(n));
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;)
+      log.append(buf, static_cast<std::size_t>(n));
     ::close(fds[0]);
 
     // Replay the child's reports: committed operations, and the one in flight, if any.
@@ -130,7 +131,8 @@ TEST(VolumeCrash, SigkillAtRandomMomentsLosesNothingCommitted) {
       if (committed.contains(name)) want = committed[name];
       if (found != want) {
         // Only the operation in flight may have committed without being reported.
-        ASSERT_EQ(name, inflight_k) << "round " << round << ": object " << name << " lost or changed";
+        ASSERT_EQ(name, inflight_k)
+            << "round " << round << ": object " << name << " lost or changed";
         const std::optional<std::uint64_t> after =
             inflight_v == 0 ? std::nullopt : std::optional<std::uint64_t>(inflight_v);
         ASSERT_EQ(found, after) << "round " << round;
@@ -145,7 +147,8 @@ TEST(VolumeCrash, SigkillAtRandomMomentsLosesNothingCommitted) {
         const std::size_t size = SizeOf(name, *found);
         std::vector<std::byte> out(size);
         ASSERT_OK(volume->Get(NameOf(name), out)) << "round " << round;  // checksum verified
-        ASSERT_TRUE(out == Pattern(NameOf(name), *found, size)) << "round " << round << " object " << name;
+        ASSERT_TRUE(out == Pattern(NameOf(name), *found, size))
+            << "round " << round << " object " << name;
         expected_used += (size + 65535) / 65536 * 65536;
       }
     }

@@ -1,11 +1,10 @@
 // The volume on a real block device: a loop device over a file, with 512-byte and
 // 4 KiB logical blocks. Skips, saying why, unless running as root with losetup working.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <string>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -48,7 +47,9 @@ class LoopDevice : public ::testing::TestWithParam<int> {
     ASSERT_EQ(::ftruncate(fd, 64 * kMiB), 0);
     ::close(fd);
     int rc = 0;
-    device_ = Shell("losetup -f --show --sector-size " + std::to_string(GetParam()) + " " + backing_.path(), &rc);
+    device_ = Shell(
+        "losetup -f --show --sector-size " + std::to_string(GetParam()) + " " + backing_.path(),
+        &rc);
     if (rc != 0 || device_.rfind("/dev/loop", 0) != 0) {
       device_.clear();
       GTEST_SKIP() << "losetup does not work here: " << device_;
@@ -105,7 +106,8 @@ TEST_P(LoopDevice, RefusesAFileSystemUnlessForced) {
   int rc = 0;
   Shell("mkfs.ext4 -q -F " + device_, &rc);
   if (rc != 0) GTEST_SKIP() << "mkfs.ext4 unavailable";
-  EXPECT_THAT(Volume::Format(device_, {}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ext4")));
+  EXPECT_THAT(Volume::Format(device_, {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ext4")));
   VolumeFormatOptions f;
   f.force = true;
   EXPECT_OK(Volume::Format(device_, f));
@@ -116,7 +118,8 @@ TEST_P(LoopDevice, RefusesADeviceInUse) {
   ASSERT_GE(holder, 0);
   VolumeFormatOptions f;
   f.force = true;  // force overrides signatures, never a device in use
-  EXPECT_THAT(Volume::Format(device_, f), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
+  EXPECT_THAT(Volume::Format(device_, f),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
   ::close(holder);
 }
 

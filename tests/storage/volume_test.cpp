@@ -1,15 +1,13 @@
-#include <memascend/volume.h>
-
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstring>
+#include <fcntl.h>
 #include <thread>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <memascend/block_target.h>
+#include <memascend/volume.h>
 
 #include "storage/volume_test_util.h"
 #include "testing/status_matchers.h"
@@ -46,7 +44,8 @@ void ExpectContent(Volume& v, const std::string& name, std::uint64_t version, st
 
 TEST(Volume, RoundTripsManySizesAndReopens) {
   ScratchPath p("vol");
-  const std::vector<std::size_t> sizes = {0, 1, 4095, 4096, 4097, 65535, 65536, 65537, kMiB + 3, 5 * kMiB};
+  const std::vector<std::size_t> sizes = {0,     1,     4095,  4096,     4097,
+                                          65535, 65536, 65537, kMiB + 3, 5 * kMiB};
   {
     auto v = FormatAndOpen(p.path());
     for (std::size_t s : sizes) {
@@ -55,7 +54,8 @@ TEST(Volume, RoundTripsManySizesAndReopens) {
       std::vector<std::byte> src(s + 1);
       auto pat = Pattern(name, 1, s);
       std::copy(pat.begin(), pat.end(), src.begin() + 1);
-      ASSERT_OK(v->Put(name, std::span(src).subspan(1, s), Durability::kDurable, "bf16[" + std::to_string(s) + "]"));
+      ASSERT_OK(v->Put(name, std::span(src).subspan(1, s), Durability::kDurable,
+                       "bf16[" + std::to_string(s) + "]"));
       ExpectContent(*v, name, 1, s);
     }
     ASSERT_OK_AND_ASSIGN(ObjectInfo info, v->Stat("t65537"));
@@ -119,7 +119,8 @@ TEST(Volume, AFullVolumeFailsCleanly) {
   int stored = 0;
   absl::Status s;
   for (; stored < 100; ++stored) {
-    s = v->Put("obj" + std::to_string(stored), Pattern("obj" + std::to_string(stored), 1, kMiB), Durability::kDurable);
+    s = v->Put("obj" + std::to_string(stored), Pattern("obj" + std::to_string(stored), 1, kMiB),
+               Durability::kDurable);
     if (!s.ok()) break;
   }
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("free")));
@@ -156,7 +157,8 @@ TEST(Volume, CompactsTheJournalWhenAHalfFills) {
   for (int round = 1; round <= 6; ++round) {
     for (int i = 0; i < 40; ++i) {
       const std::string name = "n" + std::to_string(i);
-      ASSERT_OK(v->Put(name, Pattern(name, static_cast<std::uint64_t>(round), 5000), Durability::kDurable));
+      ASSERT_OK(v->Put(name, Pattern(name, static_cast<std::uint64_t>(round), 5000),
+                       Durability::kDurable));
     }
   }
   EXPECT_GT(v->stats().compactions, 0u);
@@ -168,7 +170,8 @@ TEST(Volume, CompactsTheJournalWhenAHalfFills) {
   // More objects than a half can describe: the journal is full, nothing else breaks.
   absl::Status s;
   int i = 0;
-  for (; i < 5000 && s.ok(); ++i) s = v->Put("many" + std::to_string(i), Pattern("m", 1, 10), Durability::kDurable);
+  for (; i < 5000 && s.ok(); ++i)
+    s = v->Put("many" + std::to_string(i), Pattern("m", 1, 10), Durability::kDurable);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("journal full")));
   ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
   EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
@@ -206,11 +209,13 @@ TEST(Volume, RefusesForeignDataUnlessForced) {
     ::close(fd);
   }
   VolumeFormatOptions f;
-  EXPECT_THAT(Volume::Format(p.path(), f), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ext4")));
+  EXPECT_THAT(Volume::Format(p.path(), f),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ext4")));
   f.force = true;
   ASSERT_OK(Volume::Format(p.path(), f));
   f.force = false;  // now it holds a MemAscend volume: reformatting needs force too
-  EXPECT_THAT(Volume::Format(p.path(), f), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("memascend")));
+  EXPECT_THAT(Volume::Format(p.path(), f),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("memascend")));
 }
 
 TEST(BlockTarget, DetectsSignatures) {
@@ -237,7 +242,8 @@ TEST(Volume, OpenRefusesWhatItCannotOpen) {
     ASSERT_EQ(::ftruncate(fd, 8 * kMiB), 0);
     ::close(fd);
   }
-  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a MemAscend")));
+  EXPECT_THAT(Volume::Open(p.path(), {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a MemAscend")));
   auto v = FormatAndOpen(p.path(), 8 * kMiB);
   VolumeOpenOptions impatient;
   impatient.lock_wait = std::chrono::milliseconds(50);
@@ -246,7 +252,8 @@ TEST(Volume, OpenRefusesWhatItCannotOpen) {
   VolumeFormatOptions tiny;
   ScratchPath t("tiny");
   tiny.size = 64 * 1024;
-  EXPECT_THAT(Volume::Format(t.path(), tiny), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too small")));
+  EXPECT_THAT(Volume::Format(t.path(), tiny),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too small")));
   tiny.size = 8 * kMiB;
   tiny.unit_bytes = 1000;
   EXPECT_THAT(Volume::Format(t.path(), tiny), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -259,7 +266,8 @@ TEST(Volume, OpenRefusesWhatItCannotOpen) {
   if (shm_refuses) {
     VolumeFormatOptions shm;
     shm.size = 8 * kMiB;
-    EXPECT_THAT(Volume::Format(shm_path, shm), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("O_DIRECT")));
+    EXPECT_THAT(Volume::Format(shm_path, shm),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("O_DIRECT")));
     ::unlink(shm_path.c_str());
   }
 }
@@ -277,17 +285,20 @@ TEST(VolumeCorruption, ADamagedSuperblockIsReportedAndTheOtherUsed) {
   EXPECT_THAT(r.errors[0], HasSubstr("superblock 1"));
   v.reset();
   FlipByte(p.path(), 30);  // and superblock 0
-  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("both superblocks")));
+  EXPECT_THAT(Volume::Open(p.path(), {}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("both superblocks")));
 }
 
 TEST(VolumeCorruption, ADamagedJournalRecordIsDetected) {
   ScratchPath p("vol");
   {
     auto v = FormatAndOpen(p.path());
-    for (int i = 0; i < 3; ++i) ASSERT_OK(v->Put("j" + std::to_string(i), Pattern("j", 1, 100), Durability::kDurable));
+    for (int i = 0; i < 3; ++i)
+      ASSERT_OK(v->Put("j" + std::to_string(i), Pattern("j", 1, 100), Durability::kDurable));
   }
   FlipByte(p.path(), 8192 + 64);  // inside the first commit's record
-  EXPECT_THAT(Volume::Open(p.path(), {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("journal damaged")));
+  EXPECT_THAT(Volume::Open(p.path(), {}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("journal damaged")));
   VolumeOpenOptions lossy;
   lossy.allow_data_loss = true;
   ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), lossy));
@@ -308,7 +319,8 @@ TEST(VolumeCorruption, DamagedDataIsDataLossNamingTheObject) {
   FlipByte(p.path(), offset + 123456, 0x80);
   ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
   std::vector<std::byte> out(300000);
-  EXPECT_THAT(v->Get("weights", out), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'weights'")));
+  EXPECT_THAT(v->Get("weights", out),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'weights'")));
   ExpectContent(*v, "other", 1, 1000);
   ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(/*verify_data=*/true));
   EXPECT_FALSE(r.clean);
@@ -333,7 +345,8 @@ class VolumeFaults final : public FaultInjector {
       --fail_journal_writes;
       return -journal_errno.load();
     }
-    if (a.op == IoOp::kWrite && !journal && a.offset >= journal_end.load() && fail_data_writes.load() > 0) {
+    if (a.op == IoOp::kWrite && !journal && a.offset >= journal_end.load() &&
+        fail_data_writes.load() > 0) {
       --fail_data_writes;
       return -EIO;
     }
@@ -377,7 +390,8 @@ TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
     faults->short_reads = true;  // every read returns at most 4 KiB: completed by resubmission
     ExpectContent(*v, "keep", 1, 200000);
     faults->short_reads = false;
-    ASSERT_OK(v->Put("later", Pattern("later", 1, 5000), Durability::kDurable));  // the journal slot is reused
+    ASSERT_OK(v->Put("later", Pattern("later", 1, 5000),
+                     Durability::kDurable));  // the journal slot is reused
   }
   ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), open));
   ExpectContent(*v, "keep", 1, 200000);
@@ -397,7 +411,8 @@ TEST(VolumeFaults, ATornLastJournalBlockLosesOnlyThatCommit) {
     journal_used = v->stats().journal_used_bytes;
   }
   // The last commit's block half-written: its second half never reached the disk.
-  for (std::uint64_t off = 8192 + journal_used - 2048; off < 8192 + journal_used; off += 97) FlipByte(p.path(), off, 0xff);
+  for (std::uint64_t off = 8192 + journal_used - 2048; off < 8192 + journal_used; off += 97)
+    FlipByte(p.path(), off, 0xff);
   ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
   ExpectContent(*v, "a", 1, 10000);  // the previous version, whole
   ExpectContent(*v, "b", 1, 10000);

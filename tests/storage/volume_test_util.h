@@ -3,11 +3,10 @@
 #define MEMASCEND_TESTS_STORAGE_VOLUME_TEST_UTIL_H_
 
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <functional>
 #include <random>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -31,7 +30,8 @@ class ScratchPath {
 };
 
 // Bytes that depend on (name, version) only.
-inline std::vector<std::byte> Pattern(const std::string& name, std::uint64_t version, std::size_t size) {
+inline std::vector<std::byte> Pattern(const std::string& name, std::uint64_t version,
+                                      std::size_t size) {
   std::mt19937_64 rng(std::hash<std::string>{}(name) ^ (version * 0x9E3779B97F4A7C15ull));
   std::vector<std::byte> out(size);
   for (std::size_t i = 0; i < size; ++i) out[i] = static_cast<std::byte>(rng());
