@@ -1,0 +1,183 @@
+// memascend/tensor_store.h: tensors kept on a volume and brought into pinned host memory
+// on demand, under a hard byte budget.
+//
+//   MEMASCEND_ASSIGN_OR_RETURN(auto store, memascend::TensorStore::Open(volume.get(), options));
+//   MEMASCEND_ASSIGN_OR_RETURN(memascend::TensorId w, store->Register({"layers.0.w", bytes,
+//       memascend::DType::kBF16, {4096, 4096}, memascend::Use::kParameters,
+//       memascend::Durability::kDurable}));
+//   auto next = store->Prefetch(w1);                      // starts the read, does not block
+//   MEMASCEND_ASSIGN_OR_RETURN(memascend::TensorLease lease, store->Acquire(w));
+//   Compute(lease.data(), lease.size());
+//   lease.MarkDirty();                                     // written back before its memory is
+//   reused
+//
+// Note [residency]: a tensor is on the volume, loading, or resident in a pinned block.
+// A lease pins it resident. To make room, the store evicts unleased resident tensors,
+// least recently used first, writing dirty ones back to the volume first; the bytes it
+// holds never pass host_budget_bytes. When everything resident is leased, Acquire fails
+// with kResourceExhausted saying how many bytes are missing. A tensor never written
+// reads as zeros. Flush() writes every dirty tensor; durable ones are then committed to
+// the volume's journal and found again by a store reopened on the same volume.
+//
+// Thread-safety: every method may be called from any thread. Several leases of one
+// tensor may be held at once (readers coordinate their writes themselves).
+// Lifetime: the volume must outlive the store; leases and prefetch tickets must not
+// outlive the store.
+#ifndef MEMASCEND_TENSOR_STORE_H_
+#define MEMASCEND_TENSOR_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <absl/status/statusor.h>
+
+#include <memascend/kernels.h>
+#include <memascend/memory_ledger.h>
+#include <memascend/volume.h>
+
+namespace memascend {
+
+using TensorId = std::uint32_t;
+
+struct TensorSpec {
+  std::string name;
+  std::size_t bytes = 0;
+  DType dtype = DType::kF32;
+  std::vector<std::int64_t> shape;
+  Use use = Use::kParameters;
+  Durability durability = Durability::kDurable;
+};
+
+struct TensorStoreOptions {
+  std::size_t host_budget_bytes = 0;  // pinned host bytes the store may hold (required)
+  // Sizes the pool should expect besides the registered tensors' (which it learns).
+  std::vector<std::size_t> expected_sizes;
+  int prefetch_threads = 2;
+  MemoryLedger* ledger = nullptr;  // null: the store keeps its own
+};
+
+struct TensorStoreStats {
+  std::uint64_t tensors = 0;
+  std::uint64_t resident = 0;
+  std::uint64_t resident_bytes = 0;
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+  double read_seconds = 0;
+  double write_seconds = 0;
+  std::uint64_t prefetch_hits = 0;    // Acquire found the tensor resident or loading
+  std::uint64_t prefetch_misses = 0;  // Acquire had to start the read itself
+  double stall_seconds = 0;           // time callers waited in Acquire
+  std::uint64_t evictions = 0;
+  std::uint64_t write_backs = 0;
+  LedgerSnapshot ledger;
+};
+
+class TensorStore;
+
+// Keeps a tensor resident while held. Move-only.
+class TensorLease {
+ public:
+  TensorLease() noexcept = default;
+  TensorLease(TensorLease&& other) noexcept;
+  TensorLease& operator=(TensorLease&& other) noexcept;
+  TensorLease(const TensorLease&) = delete;
+  TensorLease& operator=(const TensorLease&) = delete;
+  ~TensorLease();
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  TensorId id() const noexcept { return id_; }
+  // The tensor's bytes changed: write them back before the memory is reused.
+  void MarkDirty() noexcept;
+  void Release() noexcept;
+
+ private:
+  friend class TensorStore;
+  TensorLease(TensorStore* store, TensorId id, std::byte* data, std::size_t size) noexcept
+      : store_(store), id_(id), data_(data), size_(size) {}
+  TensorStore* store_ = nullptr;
+  TensorId id_ = 0;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// The completion of a Prefetch().
+class PrefetchTicket {
+ public:
+  PrefetchTicket() = default;
+  absl::Status Wait();
+  bool Poll() const;
+
+ private:
+  friend class TensorStore;
+  struct State;
+  explicit PrefetchTicket(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+class TensorStore {
+ public:
+  // kInvalidArgument for a zero budget.
+  static absl::StatusOr<std::unique_ptr<TensorStore>> Open(Volume* volume,
+                                                           const TensorStoreOptions& options);
+  ~TensorStore();
+  TensorStore(const TensorStore&) = delete;
+  TensorStore& operator=(const TensorStore&) = delete;
+
+  // Registers a tensor. If the volume holds a durable object of that name (a tensor
+  // stored by an earlier run), its size must match and its contents are the tensor's.
+  // kAlreadyExists for a name registered twice; kInvalidArgument for 0 bytes or a bad name.
+  absl::StatusOr<TensorId> Register(const TensorSpec& spec);
+  absl::StatusOr<TensorId> Find(std::string_view name) const;
+  absl::StatusOr<TensorSpec> Spec(TensorId id) const;
+  // The names of the durable tensors stored on the volume (by earlier runs or this one).
+  std::vector<std::string> StoredTensors() const;
+
+  // Makes the tensor resident in pinned host memory and pins it (Note [residency]).
+  absl::StatusOr<TensorLease> Acquire(TensorId id);
+  // Starts making the tensor resident without pinning it or blocking.
+  PrefetchTicket Prefetch(TensorId id);
+  // Writes the tensor back if dirty.
+  absl::Status WriteBack(TensorId id);
+  // Writes back if dirty and frees its memory. kFailedPrecondition while leased.
+  absl::Status Evict(TensorId id);
+  // Writes back every dirty tensor.
+  absl::Status Flush();
+
+  TensorStoreStats stats() const;
+
+ private:
+  friend class TensorLease;
+  struct Impl;
+  explicit TensorStore(std::unique_ptr<Impl> impl);
+  void Unpin(TensorId id, bool dirty) noexcept;
+  void Dirty(TensorId id) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Layer-wise streaming: hands out the tensors of `order` one after another, keeping the
+// next `window` of them prefetched. Reverse() walks the same order backwards (forward,
+// then backward pass). Thread-safety: one thread at a time.
+class TensorStream {
+ public:
+  TensorStream(TensorStore* store, std::vector<TensorId> order, std::size_t window);
+  // The next tensor's lease; kOutOfRange when the walk is over.
+  absl::StatusOr<TensorLease> Next();
+  void Reverse();
+  void Restart();
+
+ private:
+  void Fill();
+  TensorStore* store_;
+  std::vector<TensorId> order_;
+  std::size_t window_;
+  std::size_t position_ = 0;
+  std::size_t prefetched_ = 0;  // order_[position_, prefetched_) have been prefetched
+};
+
+}  // namespace memascend
+
+#endif  // MEMASCEND_TENSOR_STORE_H_

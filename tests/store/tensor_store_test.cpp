@@ -1,0 +1,278 @@
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include <memascend/tensor_store.h>
+
+#include "storage/volume_test_util.h"
+#include "testing/status_matchers.h"
+
+namespace memascend {
+namespace {
+
+using ::memascend::testing::Pattern;
+using ::memascend::testing::ScratchPath;
+using ::memascend::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr std::size_t kKiB = 1024;
+constexpr std::size_t kMiB = 1024 * 1024;
+
+TensorSpec Spec(std::string name, std::size_t bytes, DType dtype = DType::kBF16,
+                std::vector<std::int64_t> shape = {}, Use use = Use::kParameters,
+                Durability durability = Durability::kDurable) {
+  TensorSpec s;
+  s.name = std::move(name);
+  s.bytes = bytes;
+  s.dtype = dtype;
+  s.shape = std::move(shape);
+  s.use = use;
+  s.durability = durability;
+  return s;
+}
+
+TensorStoreOptions Budget(std::size_t bytes) {
+  TensorStoreOptions o;
+  o.host_budget_bytes = bytes;
+  return o;
+}
+
+std::unique_ptr<Volume> MakeVolume(const std::string& path) {
+  VolumeFormatOptions f;
+  f.size = 256 * kMiB;
+  EXPECT_OK(Volume::Format(path, f));
+  return *Volume::Open(path, {});
+}
+
+void Fill(TensorLease& lease, const std::string& name, std::uint64_t version) {
+  const auto p = Pattern(name, version, lease.size());
+  std::memcpy(lease.data(), p.data(), p.size());
+  lease.MarkDirty();
+}
+
+bool Holds(const TensorLease& lease, const std::string& name, std::uint64_t version) {
+  const auto p = Pattern(name, version, lease.size());
+  return std::memcmp(lease.data(), p.data(), p.size()) == 0;
+}
+
+TEST(TensorStore, EvictsLeastRecentlyUsedAndWritesDirtyTensorsBack) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 3 * 300 * kKiB;  // room for three of the five
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK_AND_ASSIGN(
+        TensorId id, store->Register(Spec("w" + std::to_string(i), 300 * kKiB, DType::kBF16,
+                                          {150 * 1024}, Use::kParameters, Durability::kDurable)));
+    ids.push_back(id);
+  }
+  for (int round = 1; round <= 3; ++round) {
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(ids[static_cast<std::size_t>(i)]));
+      if (round > 1) {
+        ASSERT_TRUE(Holds(lease, "w" + std::to_string(i), static_cast<std::uint64_t>(round - 1)))
+            << i;
+      }
+      Fill(lease, "w" + std::to_string(i), static_cast<std::uint64_t>(round));
+    }
+  }
+  const TensorStoreStats s = store->stats();
+  EXPECT_GT(s.evictions, 0u);
+  EXPECT_GT(s.write_backs, 0u);
+  EXPECT_LE(s.resident, 3u);
+  EXPECT_LE(s.ledger.tier(Tier::kPinnedHost).reserved_peak,
+            static_cast<std::int64_t>(o.host_budget_bytes));
+}
+
+TEST(TensorStore, NeverWrittenTensorsReadAsZeros) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("fresh", 10000, DType::kF32, {2500})));
+  ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+  for (std::size_t i = 0; i < lease.size(); ++i) ASSERT_EQ(lease.data()[i], std::byte{0});
+}
+
+TEST(TensorStore, BudgetsAreEnforcedWithTheShortfall) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(512 * kKiB)));
+  EXPECT_THAT(store->Register(Spec("huge", kMiB)),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("budget")));
+  ASSERT_OK_AND_ASSIGN(TensorId a, store->Register(Spec("a", 300 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", 300 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorLease la, store->Acquire(a));
+  // Everything resident is leased: the second tensor cannot come in.
+  EXPECT_THAT(store->Acquire(b),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("short")));
+  EXPECT_THAT(store->Evict(a),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("leased")));
+  la.Release();
+  EXPECT_OK(store->Acquire(b).status());  // now `a` is evicted to make room
+  EXPECT_THAT(store->Register(Spec("a", 10)), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(store->Register(Spec("zero", 0)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(store->Acquire(99), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TensorStore, FlushedDurableTensorsSurviveAReopenAndScratchOnesDoNot) {
+  ScratchPath path("store");
+  {
+    auto volume = MakeVolume(path.path());
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(4 * kMiB)));
+    ASSERT_OK_AND_ASSIGN(TensorId d,
+                         store->Register(Spec("master.0", 100000, DType::kF32, {25000},
+                                              Use::kOptimizerState, Durability::kDurable)));
+    ASSERT_OK_AND_ASSIGN(TensorId s, store->Register(Spec("swap.0", 50000, DType::kBF16, {25000},
+                                                          Use::kGradients, Durability::kScratch)));
+    {
+      ASSERT_OK_AND_ASSIGN(TensorLease ld, store->Acquire(d));
+      Fill(ld, "master.0", 7);
+      ASSERT_OK_AND_ASSIGN(TensorLease ls, store->Acquire(s));
+      Fill(ls, "swap.0", 7);
+    }
+    ASSERT_OK(store->Flush());
+  }
+  ASSERT_OK_AND_ASSIGN(auto volume, Volume::Open(path.path(), {}));
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(4 * kMiB)));
+  EXPECT_EQ(store->StoredTensors(), std::vector<std::string>{"master.0"});
+  ASSERT_OK_AND_ASSIGN(ObjectInfo info, volume->Stat("master.0"));
+  EXPECT_EQ(info.metadata, "dtype=f32;shape=25000;use=optimizer_state");
+  ASSERT_OK_AND_ASSIGN(TensorId d, store->Register(Spec("master.0", 100000, DType::kF32, {25000},
+                                                        Use::kOptimizerState)));
+  ASSERT_OK_AND_ASSIGN(TensorLease ld, store->Acquire(d));
+  EXPECT_TRUE(Holds(ld, "master.0", 7));
+  EXPECT_THAT(store->Register(Spec("master.0", 1, DType::kF32)),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  // The scratch tensor is gone: a new one of that name starts as zeros.
+  ASSERT_OK_AND_ASSIGN(TensorId s, store->Register(Spec("swap.0", 50000, DType::kBF16, {25000},
+                                                        Use::kGradients, Durability::kScratch)));
+  ASSERT_OK_AND_ASSIGN(TensorLease ls, store->Acquire(s));
+  EXPECT_EQ(ls.data()[100], std::byte{0});
+  // A stored durable tensor registered with another size is refused.
+  ld.Release();
+  ls.Release();
+  store.reset();
+  ASSERT_OK_AND_ASSIGN(store, TensorStore::Open(volume.get(), Budget(4 * kMiB)));
+  EXPECT_THAT(store->Register(Spec("master.0", 99999, DType::kF32)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds 100000")));
+  EXPECT_THAT(TensorStore::Open(volume.get(), Budget(0)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TensorStore, PrefetchAndStreamingCountHitsAndMisses) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 8 * 256 * kKiB;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  std::vector<TensorId> layers;
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_OK_AND_ASSIGN(TensorId id,
+                         store->Register(Spec("layer." + std::to_string(i), 256 * kKiB)));
+    layers.push_back(id);
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(id));
+    Fill(l, "layer." + std::to_string(i), 1);
+  }
+  ASSERT_OK(store->Flush());
+  for (TensorId id : layers) ASSERT_OK(store->Evict(id));
+  ASSERT_OK(store->Prefetch(layers[0]).Wait());
+  EXPECT_TRUE(store->Prefetch(layers[0]).Poll());  // resident already
+  const std::uint64_t misses_before = store->stats().prefetch_misses;
+  TensorStream stream(store.get(), layers, 3);
+  for (int pass = 0; pass < 2; ++pass) {  // forward, then backward
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      ASSERT_OK_AND_ASSIGN(TensorLease l, stream.Next());
+      const std::size_t layer = pass == 0 ? i : layers.size() - 1 - i;
+      ASSERT_TRUE(Holds(l, "layer." + std::to_string(layer), 1)) << pass << " " << i;
+    }
+    EXPECT_THAT(stream.Next(), StatusIs(absl::StatusCode::kOutOfRange));
+    stream.Reverse();
+  }
+  const TensorStoreStats s = store->stats();
+  EXPECT_GT(s.prefetch_hits, s.prefetch_misses - misses_before);
+  EXPECT_GT(s.bytes_read, 0u);
+  EXPECT_LE(s.ledger.tier(Tier::kPinnedHost).reserved_peak,
+            static_cast<std::int64_t>(o.host_budget_bytes));
+}
+
+// Several threads acquire, modify, prefetch, evict and flush random tensors under a
+// tight budget; each tensor's content is always the pattern of its latest version.
+TEST(TensorStore, RandomOperationsFromSeveralThreads) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 6 * 128 * kKiB;
+  MemoryLedger ledger;
+  o.ledger = &ledger;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  constexpr int kTensors = 12;
+  std::vector<TensorId> ids;
+  for (int i = 0; i < kTensors; ++i) {
+    ids.push_back(*store->Register(
+        Spec("t" + std::to_string(i), 100 * kKiB + static_cast<std::size_t>(i) * 4096)));
+  }
+  // One owner thread per tensor modifies it, so versions are known; all threads read all.
+  std::vector<std::atomic<std::uint64_t>> version(kTensors);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int step = 0; step < 300; ++step) {
+        const int k = static_cast<int>(rng() % kTensors);
+        const TensorId id = ids[static_cast<std::size_t>(k)];
+        const int op = static_cast<int>(rng() % 10);
+        if (op < 6) {
+          auto lease = store->Acquire(id);
+          if (!lease.ok()) {
+            // Under this budget only a shortage is an acceptable failure.
+            if (lease.status().code() != absl::StatusCode::kResourceExhausted) ++failures;
+            continue;
+          }
+          if (k % 4 == t) {
+            // Only the owner writes: whatever evictions and write-backs other threads
+            // caused, the tensor must still hold the owner's last version.
+            const std::uint64_t last = version[static_cast<std::size_t>(k)].load();
+            const bool intact = last == 0 ? lease->data()[0] == std::byte{0} &&
+                                                lease->data()[lease->size() - 1] == std::byte{0}
+                                          : Holds(*lease, "t" + std::to_string(k), last);
+            if (!intact) ++failures;
+            Fill(*lease, "t" + std::to_string(k), last + 1);
+            version[static_cast<std::size_t>(k)].store(last + 1);
+          }
+        } else if (op < 8) {
+          (void)store->Prefetch(id).Wait();
+        } else if (op == 8) {
+          const absl::Status s = store->Evict(id);
+          if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) ++failures;
+        } else {
+          if (!store->WriteBack(id).ok()) ++failures;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(ledger.Snapshot().tier(Tier::kPinnedHost).reserved_peak,
+            static_cast<std::int64_t>(o.host_budget_bytes));
+  // Every tensor holds its latest version, in memory and, after a flush, on the volume.
+  ASSERT_OK(store->Flush());
+  for (int k = 0; k < kTensors; ++k) {
+    ASSERT_OK(store->Evict(ids[static_cast<std::size_t>(k)]));
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(ids[static_cast<std::size_t>(k)]));
+    const std::uint64_t v = version[static_cast<std::size_t>(k)].load();
+    if (v == 0) {
+      EXPECT_EQ(l.data()[0], std::byte{0});
+    } else {
+      EXPECT_TRUE(Holds(l, "t" + std::to_string(k), v)) << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memascend
