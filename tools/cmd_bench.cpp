@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "io_bench.h"
 #include "kernel_bench.h"
+#include "store_bench.h"
 #include "util/json_writer.h"
 #include "util/units.h"
 
@@ -252,6 +253,88 @@ int RunKernels(std::span<char* const> argv) {
   return kExitOk;
 }
 
+constexpr std::string_view kStoreSummary =
+    "stream a (scaled) workload through the tensor store vs the raw engine on the same volume";
+constexpr OptionSpec kStoreOptions[] = {
+    {"workload", true, "workload file (required)"},
+    {"host-budget", true, "pinned host bytes for the store (default 256M)"},
+    {"scale", true, "divide every tensor's element count by this (default 16)"},
+    {"window", true, "tensors prefetched ahead (default 4)"},
+    {"volume", true, "volume file to create (default ./memascend_store_bench.vol)"},
+    {"reps", true, "forward passes; the best is reported (default 2)"},
+    {"no-verify", false, "skip the volume's data checksum on reads"},
+    {"json", false, "print one JSON object"},
+    {"help", false, "show this help"},
+};
+
+int RunStore(std::span<char* const> argv) {
+  auto args = Args::Parse(argv, kStoreOptions);
+  if (!args.ok()) return Fail("store", args.status(), true);
+  if (args->Has("help") || !args->Has("workload")) {
+    fmt::print(args->Has("help") ? stdout : stderr, "{}",
+               Usage("bench store", kStoreSummary, kStoreOptions));
+    return args->Has("help") ? kExitOk : kExitUsage;
+  }
+  StoreBenchConfig c;
+  c.workload = args->Get("workload");
+  c.volume = args->Get("volume", c.volume);
+  auto budget = args->GetBytes("host-budget", c.host_budget);
+  auto scale = args->GetInt("scale", static_cast<std::int64_t>(c.scale));
+  auto window = args->GetInt("window", static_cast<std::int64_t>(c.window));
+  auto reps = args->GetInt("reps", c.reps);
+  for (const absl::Status& s : {budget.status(), scale.status(), window.status(), reps.status()}) {
+    if (!s.ok()) return Fail("store", s, true);
+  }
+  if (*scale < 1 || *window < 0 || *reps < 1) {
+    return Fail("store", absl::InvalidArgumentError("--scale and --reps must be positive"), true);
+  }
+  c.host_budget = *budget;
+  c.scale = static_cast<std::uint64_t>(*scale);
+  c.window = static_cast<std::size_t>(*window);
+  c.reps = static_cast<int>(*reps);
+  c.verify_checksums = !args->Has("no-verify");
+  auto r = RunStoreBench(c);
+  if (!r.ok())
+    return Fail("store", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);
+  const double ratio =
+      r->raw_read_gib_per_s > 0 ? r->store_read_gib_per_s / r->raw_read_gib_per_s : 0;
+  if (args->Has("json")) {
+    util::JsonWriter w;
+    w.BeginObject();
+    w.Field("workload", r->workload);
+    w.Field("tensors", r->tensors);
+    w.Field("bytes", r->bytes);
+    w.Field("host_budget_bytes", c.host_budget);
+    w.Field("scale", c.scale);
+    w.Field("window", c.window);
+    w.Field("io_backend", r->io_backend);
+    w.Field("store_read_gib_per_s", r->store_read_gib_per_s);
+    w.Field("raw_read_gib_per_s", r->raw_read_gib_per_s);
+    w.Field("read_ratio", ratio);
+    w.Field("write_gib_per_s", r->write_gib_per_s);
+    w.Field("stall_seconds", r->stall_seconds);
+    w.Field("prefetch_hits", r->prefetch_hits);
+    w.Field("prefetch_misses", r->prefetch_misses);
+    w.Field("peak_pinned_bytes", r->peak_pinned_bytes);
+    w.Field("peak_rss_bytes", r->peak_rss_bytes);
+    w.EndObject();
+    fmt::print("{}\n", w.str());
+    return kExitOk;
+  }
+  fmt::print("{}: {} tensors, {} per pass (scale 1/{}), host budget {}, {} I/O\n", r->workload,
+             r->tensors, util::FormatBytes(r->bytes), c.scale, util::FormatBytes(c.host_budget),
+             r->io_backend);
+  fmt::print(
+      "  streaming read   {:.3f} GiB/s  (raw engine {:.3f} GiB/s: {:.2f} x), stalls {:.3f} s\n",
+      r->store_read_gib_per_s, r->raw_read_gib_per_s, ratio, r->stall_seconds);
+  fmt::print("  write-back       {:.3f} GiB/s\n", r->write_gib_per_s);
+  fmt::print("  prefetch         {} hits, {} misses\n", r->prefetch_hits, r->prefetch_misses);
+  fmt::print("  peak pinned      {} (budget {}), peak RSS {}\n",
+             util::FormatBytes(r->peak_pinned_bytes), util::FormatBytes(c.host_budget),
+             util::FormatBytes(r->peak_rss_bytes));
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunBench(std::span<char* const> argv) {
@@ -259,6 +342,7 @@ int RunBench(std::span<char* const> argv) {
   if (sub == "io") return RunIo(argv.subspan(1));
   if (sub == "tune") return RunTune(argv.subspan(1));
   if (sub == "kernels") return RunKernels(argv.subspan(1));
+  if (sub == "store") return RunStore(argv.subspan(1));
   fmt::print(sub == "--help" ? stdout : stderr,
              "usage: memascend bench io|tune|kernels [options]\n  io       {}\n  tune     {}\n  "
              "kernels  {}\n",

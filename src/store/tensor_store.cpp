@@ -256,7 +256,9 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(Volume* volume,
   }
   HostArenaOptions ao;
   ao.budget_bytes = options.host_budget_bytes;
-  ao.chunk_bytes = 0;
+  // Regions of a quarter of the budget (at most 64 MiB): evicted blocks coalesce inside
+  // them and serve other sizes without unmapping and re-locking memory.
+  ao.chunk_bytes = std::min<std::size_t>(64u << 20, options.host_budget_bytes / 4) / 4096 * 4096;
   ao.ledger = impl->ledger;
   MEMASCEND_ASSIGN_OR_RETURN(impl->arena, HostArena::Create(ao));
   Impl* m = impl.get();

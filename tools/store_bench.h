@@ -1,0 +1,42 @@
+// tools/store_bench.h: `memascend bench store`: a workload streamed through the tensor
+// store, against the volume's own engine reading the same bytes.
+#ifndef MEMASCEND_TOOLS_STORE_BENCH_H_
+#define MEMASCEND_TOOLS_STORE_BENCH_H_
+
+#include <cstdint>
+#include <string>
+
+#include <absl/status/statusor.h>
+
+namespace memascend::cli {
+
+struct StoreBenchConfig {
+  std::string workload;
+  std::string volume = "memascend_store_bench.vol";
+  std::uint64_t host_budget = 256u << 20;
+  std::uint64_t scale = 16;  // element counts divided by this
+  std::size_t window = 4;    // tensors prefetched ahead
+  int reps = 2;
+  bool verify_checksums = true;
+};
+
+struct StoreBenchResult {
+  std::string workload;
+  std::uint64_t tensors = 0;
+  std::uint64_t bytes = 0;  // one pass over every tensor
+  double store_read_gib_per_s = 0;
+  double raw_read_gib_per_s = 0;
+  double write_gib_per_s = 0;  // the backward pass's write-backs
+  double stall_seconds = 0;    // in the best forward pass
+  std::uint64_t prefetch_hits = 0;
+  std::uint64_t prefetch_misses = 0;
+  std::uint64_t peak_pinned_bytes = 0;
+  std::uint64_t peak_rss_bytes = 0;
+  std::string io_backend;
+};
+
+absl::StatusOr<StoreBenchResult> RunStoreBench(const StoreBenchConfig& config);
+
+}  // namespace memascend::cli
+
+#endif  // MEMASCEND_TOOLS_STORE_BENCH_H_
