@@ -10,6 +10,8 @@ namespace memascend::util {
 
 // Extends `crc` (0 to start) over `data`. Crc32c("123456789") == 0xE3069283.
 std::uint32_t Crc32c(std::uint32_t crc, const void* data, std::size_t length) noexcept;
+// The table-driven CRC-32C, one byte at a time: the reference for tests.
+std::uint32_t Crc32cPortable(std::uint32_t crc, const void* data, std::size_t length) noexcept;
 inline std::uint32_t Crc32c(const void* data, std::size_t length) noexcept {
   return Crc32c(0, data, length);
 }

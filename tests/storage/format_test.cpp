@@ -1,6 +1,7 @@
 #include "storage/format.h"
 
 #include <cstring>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -37,6 +38,22 @@ TEST(Crc32c, KnownVectors) {
   // Incremental equals one-shot.
   EXPECT_EQ(util::Crc32c(util::Crc32c(big.data(), 33333), big.data() + 33333, big.size() - 33333),
             util::Crc32c(big.data(), big.size()));
+}
+
+TEST(Crc32c, TheThreeStreamPathMatchesTheTable) {
+  std::mt19937 rng(11);
+  std::vector<unsigned char> data(200000);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  for (std::size_t n : {0u, 1u, 7u, 8u, 24575u, 24576u, 24577u, 49152u, 100001u, 200000u}) {
+    for (std::size_t offset : {0u, 3u}) {
+      if (offset + n > data.size()) continue;
+      EXPECT_EQ(util::Crc32c(data.data() + offset, n),
+                util::Crc32cPortable(0, data.data() + offset, n))
+          << n << " at " << offset;
+    }
+  }
+  EXPECT_EQ(util::Crc32c(util::Crc32c(data.data(), 50000), data.data() + 50000, 150000),
+            util::Crc32cPortable(0, data.data(), 200000));
 }
 
 TEST(Superblock, RoundTripsAndDetectsEveryFlippedBit) {
