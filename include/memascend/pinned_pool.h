@@ -79,6 +79,11 @@ struct PinnedPoolOptions {
   // Note [reclaim on miss]. Ignored by kPow2, which caches until Trim() as PyTorch does.
   bool reclaim_idle_on_miss = true;
   double idle_slack = 0.01;
+  // Carve new blocks out of arena regions that are entirely free rather than unmapping
+  // them and mapping exact ones. Fewer system calls and page faults, at the price of
+  // holding more than the peak in use: for long-lived pools under a fixed budget (the
+  // tensor store's). Off, the pool holds what Note [reclaim on miss] promises.
+  bool reuse_free_regions = false;
   // Track every live block: Free() of a foreign pointer or a double free is a clear
   // kInvalidArgument, and idle blocks are poisoned for AddressSanitizer.
   bool debug_checks = false;

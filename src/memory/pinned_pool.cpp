@@ -190,7 +190,7 @@ struct PinnedPool::Impl {
     arena_calls.fetch_add(1, std::memory_order_relaxed);
     const bool adaptive = options.policy == PoolPolicy::kAdaptive;
     if (adaptive) {
-      auto hole = arena->AllocateFromFree(block, Use::kCached, /*split_free_regions=*/false);
+      auto hole = arena->AllocateFromFree(block, Use::kCached, options.reuse_free_regions);
       if (hole.ok()) return hole;
       if (options.reclaim_idle_on_miss) {
         const std::size_t peak = in_use_peak.load(std::memory_order_relaxed);
@@ -203,13 +203,14 @@ struct PinnedPool::Impl {
       }
     }
     // pow2 grows plainly, as PyTorch does; adaptive never splits an empty region.
-    auto grown = arena->Allocate(block, Use::kCached, /*split_free_regions=*/!adaptive);
+    const bool split = !adaptive || options.reuse_free_regions;
+    auto grown = arena->Allocate(block, Use::kCached, split);
     if (grown.ok() || grown.status().code() != absl::StatusCode::kResourceExhausted || !adaptive) {
       return grown;
     }
     // Out of budget: idle blocks of any class are worth more as free space.
     if (GiveBackIdle() == 0) return grown;
-    return arena->Allocate(block, Use::kCached, /*split_free_regions=*/false);
+    return arena->Allocate(block, Use::kCached, split);
   }
 };
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <sys/file.h>
 #include <sys/random.h>
@@ -84,8 +85,11 @@ absl::Status CheckName(std::string_view name) {
 
 // Moves bytes between a caller buffer and the target: zero-copy for the aligned part,
 // through an aligned staging window for the rest. Requests of one window run together.
+// `on_chunk(bytes)`, if given, sees the transferred bytes in order as they complete, so a
+// reader can checksum one chunk while the next ones are still in flight.
 absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op,
-                      std::uint64_t offset, std::byte* user, std::size_t length) {
+                      std::uint64_t offset, std::byte* user, std::size_t length,
+                      const std::function<void(std::span<const std::byte>)>& on_chunk = nullptr) {
   std::size_t direct = 0;
   if (reinterpret_cast<std::uintptr_t>(user) % block == 0) direct = length / block * block;
   {
@@ -94,8 +98,13 @@ absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op,
       batch.Add(engine->Submit(
           {op, file, offset + done, user + done, std::min(kRequestBytes, direct - done)}));
     }
-    batch.WaitAll();
-    MEMASCEND_RETURN_IF_ERROR(batch.FirstError());
+    std::size_t done = 0;
+    for (IoTicket& t : batch.tickets()) {
+      auto n = t.Wait();
+      if (!n.ok()) return n.status();  // the batch waits for the rest as it goes
+      if (on_chunk) on_chunk({user + done, *n});
+      done += *n;
+    }
   }
   if (direct == length) return absl::OkStatus();
   const std::size_t rest = length - direct;
@@ -115,6 +124,7 @@ absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op,
     batch.WaitAll();
     MEMASCEND_RETURN_IF_ERROR(batch.FirstError());
     if (op == IoOp::kRead) std::memcpy(user + done, window.get(), n);
+    if (on_chunk) on_chunk({user + done, n});
     done += n;
   }
   return absl::OkStatus();
@@ -548,15 +558,21 @@ absl::StatusOr<std::size_t> Volume::Get(std::string_view name, std::span<std::by
         fmt::format("object '{}' holds {} bytes; the buffer has {}", name, o.size, out.size()));
   }
   std::uint64_t done = 0;
+  std::uint32_t crc = 0;  // accumulated chunk by chunk, while later chunks are in flight
+  std::function<void(std::span<const std::byte>)> check;
+  if (m.verify) {
+    check = [&crc](std::span<const std::byte> chunk) {
+      crc = util::Crc32c(crc, chunk.data(), chunk.size());
+    };
+  }
   for (const Extent& e : o.extents) {
     const std::size_t n =
         static_cast<std::size_t>(std::min<std::uint64_t>(e.units * unit, o.size - done));
     MEMASCEND_RETURN_IF_ERROR(Transfer(m.engine, m.file, m.block(), IoOp::kRead,
-                                       data_offset + e.start * unit, out.data() + done, n));
+                                       data_offset + e.start * unit, out.data() + done, n, check));
     done += n;
   }
   if (m.verify) {
-    const std::uint32_t crc = util::Crc32c(out.data(), o.size);
     if (crc != o.checksum) {
       return absl::DataLossError(fmt::format(
           "object '{}': checksum mismatch (stored {:08x}, read {:08x})", name, o.checksum, crc));
