@@ -2,6 +2,7 @@
 #ifndef MEMASCEND_TESTS_STORAGE_VOLUME_TEST_UTIL_H_
 #define MEMASCEND_TESTS_STORAGE_VOLUME_TEST_UTIL_H_
 
+#include <cerrno>
 #include <fcntl.h>
 #include <functional>
 #include <random>
@@ -48,6 +49,26 @@ inline void FlipByte(const std::string& path, std::uint64_t offset, std::uint8_t
   ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
   ::fsync(fd);
   ::close(fd);
+}
+
+// Kills child `pid` with SIGKILL after `delay`, reaps it and returns everything it wrote
+// to the pipe `read_fd` (which is closed). *killed says whether the signal ended it (a
+// child that exited by itself failed: its exit code goes to *exit_code).
+inline std::string KillAndCollect(pid_t pid, int read_fd, std::chrono::milliseconds delay,
+                                  bool* killed, int* exit_code) {
+  std::this_thread::sleep_for(delay);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  *killed = WIFSIGNALED(status);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::string log;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(read_fd, buf, sizeof(buf))) > 0;)
+    log.append(buf, static_cast<std::size_t>(n));
+  ::close(read_fd);
+  return log;
 }
 
 }  // namespace memascend::testing

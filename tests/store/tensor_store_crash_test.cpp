@@ -2,16 +2,15 @@
 // evictions write back on their own) and flushes now and then; it is killed with
 // SIGKILL at random moments. After each kill every tensor must hold a version no older
 // than the last flush the child reported, byte for byte.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
+#include <signal.h>
 #include <sstream>
+#include <sys/wait.h>
 #include <thread>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -48,7 +47,8 @@ TensorStoreOptions Options() {
 }
 
 // Versions continue from what the volume holds (a tensor's version is found by matching).
-[[noreturn]] void Child(const std::string& path, int fd, std::map<int, std::uint64_t> version, unsigned seed) {
+[[noreturn]] void Child(const std::string& path, int fd, std::map<int, std::uint64_t> version,
+                        unsigned seed) {
   auto volume = Volume::Open(path, {});
   if (!volume.ok()) _exit(10);
   auto store = TensorStore::Open(volume->get(), Options());
@@ -72,7 +72,8 @@ TensorStoreOptions Options() {
     if (step % 5 == 4) {
       if (!(*store)->Flush().ok()) _exit(14);
       std::string f;
-      for (const auto& [i, yes] : touched) f += "F " + std::to_string(i) + " " + std::to_string(version[i]) + "\n";
+      for (const auto& [i, yes] : touched)
+        f += "F " + std::to_string(i) + " " + std::to_string(version[i]) + "\n";
       if (::write(fd, f.data(), f.size()) < 0) _exit(12);
     }
   }
@@ -102,7 +103,8 @@ TEST(TensorStoreCrash, FlushedTensorsSurviveSigkill) {
     ASSERT_TRUE(WIFSIGNALED(status)) << "the child exited with " << WEXITSTATUS(status);
     std::string log;
     char buf[4096];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) log.append(buf, static_cast<std::size_t>(n));
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;)
+      log.append(buf, static_cast<std::size_t>(n));
     ::close(fds[0]);
     std::istringstream lines(log);
     for (std::string kind; lines >> kind;) {
@@ -125,11 +127,13 @@ TEST(TensorStoreCrash, FlushedTensorsSurviveSigkill) {
       ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
       // Some version between the last flushed one and the last one written.
       bool matched = flushed[k] == 0 && lease.data()[0] == std::byte{0};
-      for (std::uint64_t v = std::max<std::uint64_t>(flushed[k], 1); !matched && v <= written[k]; ++v) {
+      for (std::uint64_t v = std::max<std::uint64_t>(flushed[k], 1); !matched && v <= written[k];
+           ++v) {
         const auto pat = Pattern(NameOf(k), v, kBytes);
         matched = std::memcmp(lease.data(), pat.data(), kBytes) == 0;
       }
-      ASSERT_TRUE(matched) << "round " << round << ": tensor " << k << " lost its flushed version " << flushed[k];
+      ASSERT_TRUE(matched) << "round " << round << ": tensor " << k << " lost its flushed version "
+                           << flushed[k];
     }
     ASSERT_OK_AND_ASSIGN(FsckReport r, volume->Fsck(true));
     ASSERT_TRUE(r.clean) << "round " << round << ": " << (r.errors.empty() ? "" : r.errors[0]);
