@@ -96,16 +96,11 @@ TEST(TensorStoreCrash, FlushedTensorsSurviveSigkill) {
       Child(p.path(), fds[1], written, static_cast<unsigned>(round + 1));
     }
     ::close(fds[1]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(30 + rng() % 120));
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "the child exited with " << WEXITSTATUS(status);
-    std::string log;
-    char buf[4096];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;)
-      log.append(buf, static_cast<std::size_t>(n));
-    ::close(fds[0]);
+    bool killed = false;
+    int exit_code = 0;
+    const std::string log = ::memascend::testing::KillAndCollect(
+        pid, fds[0], std::chrono::milliseconds(30 + rng(), &killed, &exit_code);
+    ASSERT_TRUE(killed) << "the child exited with " << exit_code;
     std::istringstream lines(log);
     for (std::string kind; lines >> kind;) {
       if (kind == "W") {
