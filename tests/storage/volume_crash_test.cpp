@@ -92,7 +92,7 @@ TEST(VolumeCrash, SigkillAtRandomMomentsLosesNothingCommitted) {
     bool killed = false;
     int exit_code = 0;
     const std::string log = ::memascend::testing::KillAndCollect(
-        pid, fds[0], std::chrono::milliseconds(20 + rng(), &killed, &exit_code);
+        pid, fds[0], std::chrono::milliseconds(20 + rng() % 130), &killed, &exit_code);
     ASSERT_TRUE(killed) << "the child exited by itself with " << exit_code;
 
     // Replay the child's reports: committed operations, and the one in flight, if any.

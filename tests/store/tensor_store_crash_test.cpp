@@ -99,7 +99,7 @@ TEST(TensorStoreCrash, FlushedTensorsSurviveSigkill) {
     bool killed = false;
     int exit_code = 0;
     const std::string log = ::memascend::testing::KillAndCollect(
-        pid, fds[0], std::chrono::milliseconds(30 + rng(), &killed, &exit_code);
+        pid, fds[0], std::chrono::milliseconds(30 + rng() % 120), &killed, &exit_code);
     ASSERT_TRUE(killed) << "the child exited with " << exit_code;
     std::istringstream lines(log);
     for (std::string kind; lines >> kind;) {
