@@ -153,7 +153,7 @@ class TensorStore {
   friend class TensorLease;
   struct Impl;
   explicit TensorStore(std::unique_ptr<Impl> impl);
-  void Unpin(TensorId id, bool dirty) noexcept;
+  void Unpin(TensorId id) noexcept;
   void Dirty(TensorId id) noexcept;
   std::unique_ptr<Impl> impl_;
 };

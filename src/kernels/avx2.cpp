@@ -116,59 +116,11 @@ void AdamT(const AdamArgs& a, std::size_t begin, std::size_t end) {
   if (i < end) ScalarAdam(a, i, end);
 }
 
-template <DType G>
-void AdamG(const AdamArgs& a, std::size_t begin, std::size_t end) {
-  if (a.out == nullptr) return AdamT<G, DType::kF32, false>(a, begin, end);
-  switch (a.out_type) {
-    case DType::kF32:
-      return AdamT<G, DType::kF32, true>(a, begin, end);
-    case DType::kF16:
-      return AdamT<G, DType::kF16, true>(a, begin, end);
-    case DType::kBF16:
-      return AdamT<G, DType::kBF16, true>(a, begin, end);
-  }
-}
-
-void Adam(const AdamArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.grad_type) {
-    case DType::kF32:
-      return AdamG<DType::kF32>(a, begin, end);
-    case DType::kF16:
-      return AdamG<DType::kF16>(a, begin, end);
-    case DType::kBF16:
-      return AdamG<DType::kBF16>(a, begin, end);
-  }
-}
-
 template <DType F, DType T>
 void ConvertT(const void* from, void* to, std::size_t begin, std::size_t end) {
   std::size_t i = begin;
   for (; i + 8 <= end; i += 8) Store8<T>(to, i, Load8<F>(from, i));
   if (i < end) ScalarConvert(from, F, to, T, i, end);
-}
-
-template <DType F>
-void ConvertF(const void* from, void* to, DType to_type, std::size_t begin, std::size_t end) {
-  switch (to_type) {
-    case DType::kF32:
-      return ConvertT<F, DType::kF32>(from, to, begin, end);
-    case DType::kF16:
-      return ConvertT<F, DType::kF16>(from, to, begin, end);
-    case DType::kBF16:
-      return ConvertT<F, DType::kBF16>(from, to, begin, end);
-  }
-}
-
-void Convert(const void* from, DType from_type, void* to, DType to_type, std::size_t begin,
-             std::size_t end) {
-  switch (from_type) {
-    case DType::kF32:
-      return ConvertF<DType::kF32>(from, to, to_type, begin, end);
-    case DType::kF16:
-      return ConvertF<DType::kF16>(from, to, to_type, begin, end);
-    case DType::kBF16:
-      return ConvertF<DType::kBF16>(from, to, to_type, begin, end);
-  }
 }
 
 template <DType T>
@@ -189,17 +141,7 @@ double SumSquaresT(const void* p, std::size_t begin, std::size_t end) {
   return sum;
 }
 
-double SumSquares(const void* p, DType type, std::size_t begin, std::size_t end) {
-  switch (type) {
-    case DType::kF32:
-      return SumSquaresT<DType::kF32>(p, begin, end);
-    case DType::kF16:
-      return SumSquaresT<DType::kF16>(p, begin, end);
-    case DType::kBF16:
-      return SumSquaresT<DType::kBF16>(p, begin, end);
-  }
-  return 0;
-}
+#include "kernels/isa_dispatch.inc"
 
 std::uint64_t ReadFold(const std::byte* p, std::size_t bytes) {
   __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;

@@ -217,14 +217,18 @@ struct HostArena::Impl {
     return Checked(Carve(raw->begin(), rounded, bytes, use));
   }
 
-  ArenaAllocation Checked(ArenaAllocation a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (options.debug_checks) {
-      const absl::Status s = CheckInvariantsLocked();
-      if (!s.ok()) {
-        std::fprintf(stderr, "memascend: host arena corrupt: %s\n", s.ToString().c_str());
-        std::abort();
-      }
+  // With debug_checks, walks every map after an operation and stops at corruption.
+  void DebugCheckLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    if (!options.debug_checks) return;
+    const absl::Status s = CheckInvariantsLocked();
+    if (!s.ok()) {
+      std::fprintf(stderr, "memascend: host arena corrupt: %s\n", s.ToString().c_str());
+      std::abort();
     }
+  }
+
+  ArenaAllocation Checked(ArenaAllocation a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    DebugCheckLocked();
     return a;
   }
 
@@ -348,7 +352,7 @@ absl::Status HostArena::Free(void* data) {
   m.Report({{l.use, CountsAsLive(l.use) ? -static_cast<std::int64_t>(l.requested) : 0,
              -static_cast<std::int64_t>(l.size)},
             {Use::kFree, 0, static_cast<std::int64_t>(l.size)}});
-  if (m.options.debug_checks) m.Checked({});
+  m.DebugCheckLocked();
   return absl::OkStatus();
 }
 

@@ -418,11 +418,10 @@ TensorStoreStats TensorStore::stats() const {
   return s;
 }
 
-void TensorStore::Unpin(TensorId id, bool dirty) noexcept {
+void TensorStore::Unpin(TensorId id) noexcept {
   absl::MutexLock lock(&impl_->mu);
   Impl::Tensor& t = *impl_->tensors[id];
   --t.pins;
-  t.dirty |= dirty;
   t.last_use = ++impl_->tick;
   impl_->cv.SignalAll();
 }
@@ -459,7 +458,7 @@ void TensorLease::MarkDirty() noexcept {
 
 void TensorLease::Release() noexcept {
   if (store_ == nullptr) return;
-  std::exchange(store_, nullptr)->Unpin(id_, false);
+  std::exchange(store_, nullptr)->Unpin(id_);
   data_ = nullptr;
   size_ = 0;
 }
