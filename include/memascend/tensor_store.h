@@ -19,6 +19,20 @@
 // reads as zeros. Flush() writes every dirty tensor; durable ones are then committed to
 // the volume's journal and found again by a store reopened on the same volume.
 //
+// Note [gpu tier]: with options.gpu_budget_bytes > 0 and a CUDA device, Acquire(id,
+// Tier::kGpu, stream) gives a lease on a device copy. The store takes one device slab of
+// the GPU budget at the first GPU acquire (cudaMalloc synchronises the device, so it is
+// never called per tensor) and carves it best-fit. The copy from the pinned host block
+// is queued on the caller's stream: work the caller queues on that stream after Acquire
+// sees the bytes; another stream is made to wait for the copy's event. The host block
+// goes back to the pool only after that event completes. A GPU lease marked dirty makes
+// the device copy the newest: WriteBack, Flush, Evict and a host Acquire first copy it
+// back (synchronising the stream of the lease that dirtied it). A host lease marked
+// dirty makes the device copy stale: the next GPU Acquire copies again. Device blocks
+// are evicted least recently used first; evicting one waits for the work queued on the
+// stream of its last lease before the block is reused. Without a device, or with a zero
+// GPU budget, the GPU tier reports kFailedPrecondition and everything else works.
+//
 // Thread-safety: every method may be called from any thread. Several leases of one
 // tensor may be held at once (readers coordinate their writes themselves).
 // Lifetime: the volume must outlive the store; leases and prefetch tickets must not
@@ -34,6 +48,7 @@
 
 #include <absl/status/statusor.h>
 
+#include <memascend/cuda.h>
 #include <memascend/kernels.h>
 #include <memascend/memory_ledger.h>
 #include <memascend/volume.h>
@@ -56,6 +71,9 @@ struct TensorStoreOptions {
   // Sizes the pool should expect besides the registered tensors' (which it learns).
   std::vector<std::size_t> expected_sizes;
   int prefetch_threads = 2;
+  // Device bytes of the GPU tier (Note [gpu tier]); 0: no GPU tier.
+  std::size_t gpu_budget_bytes = 0;
+  int gpu_device = 0;
   MemoryLedger* ledger = nullptr;  // null: the store keeps its own
 };
 
@@ -72,6 +90,11 @@ struct TensorStoreStats {
   double stall_seconds = 0;           // time callers waited in Acquire
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
+  std::uint64_t gpu_resident = 0;
+  std::uint64_t gpu_resident_bytes = 0;
+  std::uint64_t bytes_to_gpu = 0;    // host-to-device copies
+  std::uint64_t bytes_from_gpu = 0;  // device-to-host copies of dirty device tensors
+  std::uint64_t gpu_evictions = 0;
   LedgerSnapshot ledger;
 };
 
@@ -87,21 +110,26 @@ class TensorLease {
   TensorLease& operator=(const TensorLease&) = delete;
   ~TensorLease();
 
+  // Pinned host bytes, or device bytes for a lease of Tier::kGpu.
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   TensorId id() const noexcept { return id_; }
+  Tier tier() const noexcept { return tier_; }
   // The tensor's bytes changed: write them back before the memory is reused.
   void MarkDirty() noexcept;
   void Release() noexcept;
 
  private:
   friend class TensorStore;
-  TensorLease(TensorStore* store, TensorId id, std::byte* data, std::size_t size) noexcept
-      : store_(store), id_(id), data_(data), size_(size) {}
+  TensorLease(TensorStore* store, TensorId id, std::byte* data, std::size_t size, Tier tier,
+              CudaStreamView stream) noexcept
+      : store_(store), id_(id), data_(data), size_(size), tier_(tier), stream_(stream) {}
   TensorStore* store_ = nullptr;
   TensorId id_ = 0;
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  Tier tier_ = Tier::kPinnedHost;
+  CudaStreamView stream_;
 };
 
 // The completion of a Prefetch().
@@ -138,12 +166,22 @@ class TensorStore {
 
   // Makes the tensor resident in pinned host memory and pins it (Note [residency]).
   absl::StatusOr<TensorLease> Acquire(TensorId id);
+  // The same in `tier`: Tier::kPinnedHost, or Tier::kGpu with the copy queued on
+  // `stream` (Note [gpu tier]). kInvalidArgument for another tier; kFailedPrecondition
+  // for the GPU without a device or GPU budget; kResourceExhausted when every device
+  // block is leased.
+  absl::StatusOr<TensorLease> Acquire(TensorId id, Tier tier, CudaStreamView stream = {});
   // Starts making the tensor resident without pinning it or blocking.
   PrefetchTicket Prefetch(TensorId id);
-  // Writes the tensor back if dirty.
+  PrefetchTicket Prefetch(TensorId id, Tier tier, CudaStreamView stream = {});
+  // Writes the tensor back if dirty (copying a dirty device copy back first).
   absl::Status WriteBack(TensorId id);
-  // Writes back if dirty and frees its memory. kFailedPrecondition while leased.
+  // Writes back if dirty and frees its memory in every tier. kFailedPrecondition while
+  // leased.
   absl::Status Evict(TensorId id);
+  // Frees its memory in `tier` only; evicting Tier::kGpu copies a dirty device copy to
+  // the host first.
+  absl::Status Evict(TensorId id, Tier tier);
   // Writes back every dirty tensor.
   absl::Status Flush();
 
@@ -153,8 +191,8 @@ class TensorStore {
   friend class TensorLease;
   struct Impl;
   explicit TensorStore(std::unique_ptr<Impl> impl);
-  void Unpin(TensorId id) noexcept;
-  void Dirty(TensorId id) noexcept;
+  void Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept;
+  void Dirty(TensorId id, Tier tier) noexcept;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -6,6 +6,8 @@
 
 #include <memascend/cuda.h>
 
+#include "prim/cuda_memory.h"
+
 #if MEMASCEND_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -59,54 +61,27 @@ CudaInfo ProbeCuda(bool disabled_by_option) {
 
 namespace memascend {
 
-#if MEMASCEND_HAVE_CUDA
 namespace {
 
-// Owns one CUDA event; ready once the work before it on its stream has finished.
+// Ready once the work recorded before its event has finished.
 class CudaEventFence final : public ReuseFence {
  public:
-  explicit CudaEventFence(cudaEvent_t event) : event_(event) {}
-  ~CudaEventFence() override { cudaEventDestroy(event_); }
-  CudaEventFence(const CudaEventFence&) = delete;
-  CudaEventFence& operator=(const CudaEventFence&) = delete;
-
-  bool Ready() override {
-    // A failed query (a broken stream) must not hold the block forever: the error
-    // surfaces on the stream's own synchronisation.
-    const cudaError_t err = cudaEventQuery(event_);
-    if (err == cudaErrorNotReady) return false;
-    if (err != cudaSuccess) cudaGetLastError();
-    return true;
-  }
+  explicit CudaEventFence(prim::CudaEvent event) : event_(std::move(event)) {}
+  bool Ready() override { return event_.Ready(); }
 
  private:
-  cudaEvent_t event_;
+  prim::CudaEvent event_;
 };
 
 }  // namespace
-#endif
 
 absl::StatusOr<std::unique_ptr<ReuseFence>> RecordCudaFence(CudaStreamView stream) {
-#if MEMASCEND_HAVE_CUDA
-  cudaEvent_t event = nullptr;
-  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError(
-        fmt::format("cudaEventCreate: {}", cudaGetErrorString(err)));
-  }
-  auto fence = std::make_unique<CudaEventFence>(event);
-  err = cudaEventRecord(event, static_cast<cudaStream_t>(stream.handle));
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return absl::InternalError(fmt::format("cudaEventRecord: {}", cudaGetErrorString(err)));
-  }
-  return std::unique_ptr<ReuseFence>(std::move(fence));
-#else
-  (void)stream;
-  return absl::FailedPreconditionError(
-      "RecordCudaFence: MemAscend was built without CUDA (MEMASCEND_WITH_CUDA)");
-#endif
+  if (prim::CudaDeviceCount() == 0)
+    return absl::FailedPreconditionError("RecordCudaFence: no CUDA device (or built without CUDA)");
+  auto event = prim::CudaEvent::Create();
+  if (!event.ok()) return event.status();
+  if (absl::Status s = event->Record(stream); !s.ok()) return s;
+  return std::unique_ptr<ReuseFence>(std::make_unique<CudaEventFence>(*std::move(event)));
 }
 
 }  // namespace memascend

@@ -12,6 +12,8 @@
 #include <memascend/status.h>
 #include <memascend/tensor_store.h>
 
+#include "prim/cuda_memory.h"
+#include "store/device_pool.h"
 #include "util/units.h"
 
 namespace memascend {
@@ -67,6 +69,24 @@ struct TensorStore::Impl {
     bool dirty = false;
     bool stored = false;  // the volume holds its bytes
     std::uint64_t last_use = 0;
+    // The GPU tier (Note [gpu tier]).
+    std::byte* gpu = nullptr;  // device block, or null
+    bool gpu_valid = false;    // the device block holds the current bytes
+    bool gpu_dirty = false;    // ... and they are newer than the host's and the volume's
+    bool gpu_busy = false;     // a thread is copying to or from the device, mu released
+    int gpu_pins = 0;
+    std::uint64_t gpu_last_use = 0;
+    CudaStreamView gpu_stream;                   // of the last copy in or dirty lease
+    std::shared_ptr<prim::CudaEvent> gpu_ready;  // the last copy into the device block
+    std::shared_ptr<prim::CudaEvent> gpu_idle;   // work of the last lease on the block
+  };
+
+  // A prefetch job: the tensor, the tier and (for the GPU) the stream.
+  struct Job {
+    TensorId id;
+    Tier tier;
+    CudaStreamView stream;
+    std::shared_ptr<PrefetchTicket::State> ticket;
   };
 
   Volume* volume = nullptr;
@@ -84,7 +104,8 @@ struct TensorStore::Impl {
   std::uint64_t tick ABSL_GUARDED_BY(mu) = 0;
   TensorStoreStats counters ABSL_GUARDED_BY(mu);
 
-  std::deque<std::pair<TensorId, std::shared_ptr<PrefetchTicket::State>>> jobs ABSL_GUARDED_BY(mu);
+  std::unique_ptr<store::DevicePool> device_pool ABSL_GUARDED_BY(mu);  // at the first GPU use
+  std::deque<Job> jobs ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::vector<std::thread> workers;
 
@@ -200,9 +221,194 @@ struct TensorStore::Impl {
     return absl::OkStatus();
   }
 
+  // Makes `t` resident and pinned in host memory (Acquire's loop, without counters).
+  absl::Status HostResidentLocked(Tensor& t, bool* loaded_here) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (;;) {
+      if (t.state == State::kResident) break;
+      if (t.state == State::kCold) {
+        if (loaded_here != nullptr) *loaded_here = true;
+        MEMASCEND_RETURN_IF_ERROR(LoadLocked(t));
+        continue;
+      }
+      cv.Wait(&mu);  // loading (a prefetch) or being written back
+    }
+    ++t.pins;
+    return absl::OkStatus();
+  }
+
+  absl::Status GpuUsableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (device_pool != nullptr) return absl::OkStatus();
+    if (options.gpu_budget_bytes == 0) {
+      return absl::FailedPreconditionError(
+          "tensor store: the GPU tier is off (TensorStoreOptions::gpu_budget_bytes is 0)");
+    }
+    if (prim::CudaDeviceCount() <= options.gpu_device) {
+      return absl::FailedPreconditionError(
+          fmt::format("tensor store: no CUDA device {} for the GPU tier ({} found)",
+                      options.gpu_device, prim::CudaDeviceCount()));
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(
+        prim::DeviceAllocation slab,
+        prim::DeviceAllocation::Allocate(
+            options.gpu_device,
+            options.gpu_budget_bytes / store::kDeviceBlockBytes * store::kDeviceBlockBytes));
+    device_pool = std::make_unique<store::DevicePool>(std::move(slab), ledger);
+    return absl::OkStatus();
+  }
+
+  // Copies a dirty device copy back into a host block (loaded or fresh), which becomes
+  // dirty. The caller has set t.gpu_busy; mu is released during the copy.
+  absl::Status GpuToHostLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!t.gpu_dirty) return absl::OkStatus();
+    while (t.state == State::kLoading || t.state == State::kWriting) cv.Wait(&mu);
+    if (t.state == State::kCold) {
+      // Every byte is overwritten: a block, not a read.
+      MEMASCEND_ASSIGN_OR_RETURN(PinnedBlock block, AllocateLocked(t));
+      while (t.state == State::kLoading || t.state == State::kWriting) cv.Wait(&mu);
+      if (t.state == State::kCold) {
+        t.block = std::move(block);
+        t.state = State::kResident;
+      }
+    }
+    ++t.pins;
+    mu.Unlock();
+    absl::Status s = prim::CopyAsync(t.block.data(), t.gpu, t.spec.bytes,
+                                     prim::CopyDirection::kDeviceToHost, t.gpu_stream);
+    if (s.ok()) s = prim::SynchronizeStream(t.gpu_stream);
+    mu.Lock();
+    --t.pins;
+    t.last_use = ++tick;
+    if (!s.ok()) return s;
+    t.gpu_dirty = false;
+    t.dirty = true;
+    counters.bytes_from_gpu += t.spec.bytes;
+    return absl::OkStatus();
+  }
+
+  // Waits until no thread copies `t` to or from the device, then claims that role.
+  void ClaimGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (t.gpu_busy) cv.Wait(&mu);
+    t.gpu_busy = true;
+  }
+  void UnclaimGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    t.gpu_busy = false;
+    cv.SignalAll();
+  }
+
+  // Frees the device block of an unleased `t` (claimed by the caller), copying it back
+  // first if dirty and waiting for the work queued on it.
+  absl::Status DropGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (t.gpu == nullptr) return absl::OkStatus();
+    MEMASCEND_RETURN_IF_ERROR(GpuToHostLocked(t));
+    if (t.gpu_pins > 0 || t.gpu == nullptr) return absl::OkStatus();  // leased meanwhile
+    std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
+    if (idle != nullptr && !idle->Ready()) {
+      mu.Unlock();
+      while (!idle->Ready()) std::this_thread::yield();
+      mu.Lock();
+      if (t.gpu_pins > 0) return absl::OkStatus();
+    }
+    MEMASCEND_RETURN_IF_ERROR(device_pool->Free(t.gpu));
+    t.gpu = nullptr;
+    t.gpu_valid = false;
+    t.gpu_ready.reset();
+    ++counters.gpu_evictions;
+    return absl::OkStatus();
+  }
+
+  // A device block for `t`, evicting unleased device copies, least recently used first.
+  absl::Status AllocateGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (;;) {
+      auto block = device_pool->Allocate(t.spec.bytes, t.spec.use);
+      if (block.ok()) {
+        t.gpu = *block;
+        t.gpu_valid = false;
+        return absl::OkStatus();
+      }
+      if (block.status().code() != absl::StatusCode::kResourceExhausted) return block.status();
+      Tensor* victim = nullptr;
+      for (const auto& v : tensors) {
+        if (v.get() != &t && v->gpu != nullptr && v->gpu_pins == 0 && !v->gpu_busy &&
+            (victim == nullptr || v->gpu_last_use < victim->gpu_last_use)) {
+          victim = v.get();
+        }
+      }
+      if (victim == nullptr) {
+        return absl::ResourceExhaustedError(fmt::format(
+            "tensor '{}' needs {} on the GPU but the GPU budget of {} is held by leased "
+            "tensors ({} short)",
+            t.spec.name, util::FormatBytes(t.spec.bytes),
+            util::FormatBytes(options.gpu_budget_bytes),
+            util::FormatBytes(
+                t.spec.bytes -
+                std::min(t.spec.bytes, device_pool->capacity() - device_pool->allocated()))));
+      }
+      victim->gpu_busy = true;
+      absl::Status s = DropGpuLocked(*victim);
+      UnclaimGpuLocked(*victim);
+      MEMASCEND_RETURN_IF_ERROR(s);
+    }
+  }
+
+  // Makes the device copy of `t` current, queued on `stream`; pins it if `pin`.
+  absl::Status GpuResidentLocked(Tensor& t, CudaStreamView stream, bool pin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    MEMASCEND_RETURN_IF_ERROR(GpuUsableLocked());
+    ClaimGpuLocked(t);
+    absl::Status s = GpuResidentClaimedLocked(t, stream);
+    if (s.ok()) {
+      t.gpu_last_use = ++tick;
+      if (pin) ++t.gpu_pins;
+    }
+    UnclaimGpuLocked(t);
+    return s;
+  }
+
+  absl::Status GpuResidentClaimedLocked(Tensor& t, CudaStreamView stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (t.gpu != nullptr && t.gpu_valid) {
+      // Resident: the caller's stream waits for the copy in (a no-op on its own stream).
+      if (t.gpu_ready != nullptr) return t.gpu_ready->MakeStreamWait(stream);
+      return absl::OkStatus();
+    }
+    if (t.gpu == nullptr) MEMASCEND_RETURN_IF_ERROR(AllocateGpuLocked(t));
+    MEMASCEND_RETURN_IF_ERROR(HostResidentLocked(t, nullptr));
+    mu.Unlock();
+    absl::Status s;
+    auto event = prim::CudaEvent::Create();
+    s = event.status();
+    // The block may still be read by the last lease's work (a stale copy), and the
+    // host block by an earlier copy out: both precede this copy on `stream`.
+    if (s.ok() && t.gpu_idle != nullptr) s = t.gpu_idle->MakeStreamWait(stream);
+    if (s.ok() && t.gpu_ready != nullptr) s = t.gpu_ready->MakeStreamWait(stream);
+    if (s.ok()) {
+      s = prim::CopyAsync(t.gpu, t.block.data(), t.spec.bytes, prim::CopyDirection::kHostToDevice,
+                          stream);
+    }
+    if (s.ok()) s = event->Record(stream);
+    mu.Lock();
+    --t.pins;
+    cv.SignalAll();
+    if (!s.ok()) return s;
+    auto ready = std::make_shared<prim::CudaEvent>(*std::move(event));
+    t.gpu_ready = ready;
+    t.gpu_stream = stream;
+    t.gpu_valid = true;
+    t.gpu_dirty = false;
+    counters.bytes_to_gpu += t.spec.bytes;
+    // Note [reuse fences]: the host block goes back to the pool only after the copy.
+    struct Fence final : ReuseFence {
+      explicit Fence(std::shared_ptr<prim::CudaEvent> e) : event(std::move(e)) {}
+      bool Ready() override { return event->Ready(); }
+      std::shared_ptr<prim::CudaEvent> event;
+    };
+    t.block.SetReuseFence(std::make_unique<Fence>(std::move(ready)));
+    return absl::OkStatus();
+  }
+
   void Work() {
     for (;;) {
-      std::pair<TensorId, std::shared_ptr<PrefetchTicket::State>> job;
+      Job job;
       absl::Status s;
       {
         absl::MutexLock lock(&mu);
@@ -213,14 +419,18 @@ struct TensorStore::Impl {
         if (jobs.empty()) return;
         job = std::move(jobs.front());
         jobs.pop_front();
-        Tensor& t = *tensors[job.first];
-        for (;;) {
-          while (t.state == State::kLoading || t.state == State::kWriting) cv.Wait(&mu);
-          if (t.state != State::kCold || !s.ok()) break;
-          s = LoadLocked(t);
+        Tensor& t = *tensors[job.id];
+        if (job.tier == Tier::kGpu) {
+          s = GpuResidentLocked(t, job.stream, /*pin=*/false);
+        } else {
+          for (;;) {
+            while (t.state == State::kLoading || t.state == State::kWriting) cv.Wait(&mu);
+            if (t.state != State::kCold || !s.ok()) break;
+            s = LoadLocked(t);
+          }
         }
       }
-      job.second->Finish(std::move(s));
+      job.ticket->Finish(std::move(s));
     }
   }
 };
@@ -231,14 +441,15 @@ TensorStore::~TensorStore() {
   {
     absl::MutexLock lock(&impl_->mu);
     impl_->stop = true;
-    for (auto& [id, ticket] : impl_->jobs)
-      ticket->Finish(absl::CancelledError("the store is closing"));
+    for (Impl::Job& job : impl_->jobs)
+      job.ticket->Finish(absl::CancelledError("the store is closing"));
     impl_->jobs.clear();
   }
   for (std::thread& w : impl_->workers) w.join();
   absl::MutexLock lock(&impl_->mu);
-  impl_->tensors.clear();  // blocks back to the pool before it goes
+  impl_->tensors.clear();  // blocks back to the pools before they go
   impl_->pool.reset();
+  impl_->device_pool.reset();
 }
 
 absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(Volume* volume,
@@ -329,48 +540,100 @@ std::vector<std::string> TensorStore::StoredTensors() const {
 }
 
 absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id) {
+  return Acquire(id, Tier::kPinnedHost);
+}
+
+absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStreamView stream) {
   Impl& m = *impl_;
   const auto start = Clock::now();
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
-  bool loaded_here = false;
-  for (;;) {
-    if (t.state == Impl::State::kResident) break;
-    if (t.state == Impl::State::kCold) {
-      loaded_here = true;
-      MEMASCEND_RETURN_IF_ERROR(m.LoadLocked(t));
-      continue;
-    }
-    m.cv.Wait(&m.mu);  // loading (a prefetch) or being written back
+  if (tier == Tier::kGpu) {
+    const bool hit = t.gpu != nullptr && t.gpu_valid;
+    MEMASCEND_RETURN_IF_ERROR(m.GpuResidentLocked(t, stream, /*pin=*/true));
+    (hit ? m.counters.prefetch_hits : m.counters.prefetch_misses)++;
+    m.counters.stall_seconds += Since(start);
+    return TensorLease(this, id, t.gpu, t.spec.bytes, Tier::kGpu, stream);
   }
-  ++t.pins;
+  if (tier != Tier::kPinnedHost) {
+    return absl::InvalidArgumentError(
+        fmt::format("tensor store: Acquire in tier {} (host or GPU only)", ToString(tier)));
+  }
+  bool loaded_here = false;
+  MEMASCEND_RETURN_IF_ERROR(m.HostResidentLocked(t, &loaded_here));
+  if (t.gpu != nullptr) {
+    // A dirty device copy is the newest (Note [gpu tier]).
+    m.ClaimGpuLocked(t);
+    absl::Status s = m.GpuToHostLocked(t);
+    m.UnclaimGpuLocked(t);
+    if (!s.ok()) {
+      --t.pins;
+      m.cv.SignalAll();
+      return s;
+    }
+  }
   t.last_use = ++m.tick;
   (loaded_here ? m.counters.prefetch_misses : m.counters.prefetch_hits)++;
   m.counters.stall_seconds += Since(start);
-  return TensorLease(this, id, t.block.data(), t.spec.bytes);
+  return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, stream);
 }
 
-PrefetchTicket TensorStore::Prefetch(TensorId id) {
+PrefetchTicket TensorStore::Prefetch(TensorId id) { return Prefetch(id, Tier::kPinnedHost); }
+
+PrefetchTicket TensorStore::Prefetch(TensorId id, Tier tier, CudaStreamView stream) {
   auto state = std::make_shared<PrefetchTicket::State>();
   absl::MutexLock lock(&impl_->mu);
   if (absl::Status s = impl_->CheckId(id); !s.ok()) {
     state->Finish(s);
+  } else if (tier != Tier::kPinnedHost && tier != Tier::kGpu) {
+    state->Finish(absl::InvalidArgumentError(
+        fmt::format("tensor store: Prefetch to tier {} (host or GPU only)", ToString(tier))));
+  } else if (tier == Tier::kGpu) {
+    if (absl::Status usable = impl_->GpuUsableLocked(); !usable.ok()) {
+      state->Finish(usable);
+    } else {
+      impl_->jobs.push_back({id, tier, stream, state});
+    }
   } else if (impl_->tensors[id]->state != Impl::State::kCold) {
     state->Finish(absl::OkStatus());
   } else {
-    impl_->jobs.emplace_back(id, state);
+    impl_->jobs.push_back({id, tier, stream, state});
   }
   return PrefetchTicket(state);
 }
 
 absl::Status TensorStore::WriteBack(TensorId id) {
-  absl::MutexLock lock(&impl_->mu);
-  MEMASCEND_RETURN_IF_ERROR(impl_->CheckId(id));
-  Impl::Tensor& t = *impl_->tensors[id];
-  while (t.state == Impl::State::kLoading || t.state == Impl::State::kWriting)
-    impl_->cv.Wait(&impl_->mu);
-  return impl_->WriteBackLocked(t);
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
+  Impl::Tensor& t = *m.tensors[id];
+  if (t.gpu != nullptr) {
+    m.ClaimGpuLocked(t);
+    absl::Status s = m.GpuToHostLocked(t);
+    m.UnclaimGpuLocked(t);
+    MEMASCEND_RETURN_IF_ERROR(s);
+  }
+  while (t.state == Impl::State::kLoading || t.state == Impl::State::kWriting) m.cv.Wait(&m.mu);
+  return m.WriteBackLocked(t);
+}
+
+absl::Status TensorStore::Evict(TensorId id, Tier tier) {
+  if (tier == Tier::kPinnedHost) return Evict(id);
+  if (tier != Tier::kGpu) {
+    return absl::InvalidArgumentError(
+        fmt::format("tensor store: Evict from tier {} (host or GPU only)", ToString(tier)));
+  }
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
+  Impl::Tensor& t = *m.tensors[id];
+  m.ClaimGpuLocked(t);
+  absl::Status s = t.gpu_pins > 0 ? absl::FailedPreconditionError(fmt::format(
+                                        "tensor '{}' is leased on the GPU", t.spec.name))
+                                  : m.DropGpuLocked(t);
+  m.UnclaimGpuLocked(t);
+  return s;
 }
 
 absl::Status TensorStore::Evict(TensorId id) {
@@ -378,6 +641,14 @@ absl::Status TensorStore::Evict(TensorId id) {
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
+  if (t.gpu != nullptr) {
+    m.ClaimGpuLocked(t);
+    absl::Status s = t.gpu_pins > 0 ? absl::FailedPreconditionError(fmt::format(
+                                          "tensor '{}' is leased on the GPU", t.spec.name))
+                                    : m.DropGpuLocked(t);
+    m.UnclaimGpuLocked(t);
+    MEMASCEND_RETURN_IF_ERROR(s);
+  }
   for (;;) {
     while (t.state == Impl::State::kLoading || t.state == Impl::State::kWriting) m.cv.Wait(&m.mu);
     if (t.pins > 0)
@@ -413,22 +684,46 @@ TensorStoreStats TensorStore::stats() const {
       ++s.resident;
       s.resident_bytes += t->spec.bytes;
     }
+    if (t->gpu != nullptr) {
+      ++s.gpu_resident;
+      s.gpu_resident_bytes += t->spec.bytes;
+    }
   }
   s.ledger = impl_->ledger->Snapshot();
   return s;
 }
 
-void TensorStore::Unpin(TensorId id) noexcept {
+void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept {
   absl::MutexLock lock(&impl_->mu);
   Impl::Tensor& t = *impl_->tensors[id];
-  --t.pins;
-  t.last_use = ++impl_->tick;
+  if (tier == Tier::kGpu) {
+    // The block is reused only after the work the lease's holder queued on its stream.
+    auto idle = prim::CudaEvent::Create();
+    if (idle.ok() && idle->Record(stream).ok()) {
+      t.gpu_idle = std::make_shared<prim::CudaEvent>(*std::move(idle));
+    } else {
+      (void)prim::SynchronizeStream(stream);  // no event: wait for the work here instead
+      t.gpu_idle.reset();
+    }
+    --t.gpu_pins;
+    t.gpu_last_use = ++impl_->tick;
+  } else {
+    --t.pins;
+    t.last_use = ++impl_->tick;
+  }
   impl_->cv.SignalAll();
 }
 
-void TensorStore::Dirty(TensorId id) noexcept {
+void TensorStore::Dirty(TensorId id, Tier tier) noexcept {
   absl::MutexLock lock(&impl_->mu);
-  impl_->tensors[id]->dirty = true;
+  Impl::Tensor& t = *impl_->tensors[id];
+  if (tier == Tier::kGpu) {
+    t.gpu_dirty = true;
+    return;
+  }
+  t.dirty = true;
+  t.gpu_valid = false;  // the device copy is stale now: the next GPU acquire copies again
+  t.gpu_dirty = false;
 }
 
 // ---- TensorLease ---------------------------------------------------------------------
@@ -437,7 +732,9 @@ TensorLease::TensorLease(TensorLease&& o) noexcept
     : store_(std::exchange(o.store_, nullptr)),
       id_(o.id_),
       data_(std::exchange(o.data_, nullptr)),
-      size_(std::exchange(o.size_, 0)) {}
+      size_(std::exchange(o.size_, 0)),
+      tier_(o.tier_),
+      stream_(o.stream_) {}
 
 TensorLease& TensorLease::operator=(TensorLease&& o) noexcept {
   if (this != &o) {
@@ -446,6 +743,8 @@ TensorLease& TensorLease::operator=(TensorLease&& o) noexcept {
     id_ = o.id_;
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    tier_ = o.tier_;
+    stream_ = o.stream_;
   }
   return *this;
 }
@@ -453,12 +752,12 @@ TensorLease& TensorLease::operator=(TensorLease&& o) noexcept {
 TensorLease::~TensorLease() { Release(); }
 
 void TensorLease::MarkDirty() noexcept {
-  if (store_ != nullptr) store_->Dirty(id_);
+  if (store_ != nullptr) store_->Dirty(id_, tier_);
 }
 
 void TensorLease::Release() noexcept {
   if (store_ == nullptr) return;
-  std::exchange(store_, nullptr)->Unpin(id_);
+  std::exchange(store_, nullptr)->Unpin(id_, tier_, stream_);
   data_ = nullptr;
   size_ = 0;
 }

@@ -1,0 +1,180 @@
+#include "prim/cuda_memory.h"
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#if MEMASCEND_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace memascend::prim {
+
+#if MEMASCEND_HAVE_CUDA
+namespace {
+
+absl::Status CudaError(cudaError_t err, const char* call) {
+  cudaGetLastError();  // clear a non-sticky error so later calls start clean
+  const std::string message = fmt::format("{}: {}", call, cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  if (err == cudaErrorInvalidValue || err == cudaErrorInvalidDevice ||
+      err == cudaErrorInvalidDevicePointer || err == cudaErrorInvalidResourceHandle)
+    return absl::InvalidArgumentError(message);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
+    return absl::FailedPreconditionError(message);
+  return absl::InternalError(message);
+}
+
+cudaStream_t Stream(CudaStreamView view) { return static_cast<cudaStream_t>(view.handle); }
+
+}  // namespace
+
+int CudaDeviceCount() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::Status CudaSetDevice(int device) {
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess)
+    return CudaError(err, "cudaSetDevice");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceAllocation> DeviceAllocation::Allocate(int device, std::size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("device allocation of 0 bytes");
+  if (absl::Status s = CudaSetDevice(device); !s.ok()) return s;
+  void* p = nullptr;
+  if (cudaError_t err = cudaMalloc(&p, bytes); err != cudaSuccess) {
+    return CudaError(err, "cudaMalloc");
+  }
+  DeviceAllocation a;
+  a.data_ = static_cast<std::byte*>(p);
+  a.size_ = bytes;
+  a.device_ = device;
+  return a;
+}
+
+void DeviceAllocation::Reset() noexcept {
+  if (data_ == nullptr) return;
+  int current = 0;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_;
+  if (restore) cudaSetDevice(device_);
+  cudaFree(data_);
+  if (restore) cudaSetDevice(current);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+absl::StatusOr<CudaEvent> CudaEvent::Create() {
+  cudaEvent_t e = nullptr;
+  if (cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess)
+    return CudaError(err, "cudaEventCreate");
+  CudaEvent event;
+  event.event_ = e;
+  return event;
+}
+
+CudaEvent::~CudaEvent() {
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+absl::Status CudaEvent::Record(CudaStreamView stream) {
+  if (event_ == nullptr) return absl::FailedPreconditionError("CudaEvent::Record on no event");
+  if (cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(event_), Stream(stream));
+      err != cudaSuccess)
+    return CudaError(err, "cudaEventRecord");
+  return absl::OkStatus();
+}
+
+bool CudaEvent::Ready() const noexcept {
+  if (event_ == nullptr) return true;
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (err == cudaErrorNotReady) return false;
+  if (err != cudaSuccess) cudaGetLastError();
+  return true;
+}
+
+absl::Status CudaEvent::MakeStreamWait(CudaStreamView stream) const {
+  if (event_ == nullptr) return absl::OkStatus();
+  if (cudaError_t err = cudaStreamWaitEvent(Stream(stream), static_cast<cudaEvent_t>(event_), 0);
+      err != cudaSuccess)
+    return CudaError(err, "cudaStreamWaitEvent");
+  return absl::OkStatus();
+}
+
+absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
+                       CudaStreamView stream) {
+  const cudaMemcpyKind kind =
+      direction == CopyDirection::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  if (cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, Stream(stream)); err != cudaSuccess)
+    return CudaError(err, "cudaMemcpyAsync");
+  return absl::OkStatus();
+}
+
+absl::Status SynchronizeStream(CudaStreamView stream) {
+  if (cudaError_t err = cudaStreamSynchronize(Stream(stream)); err != cudaSuccess)
+    return CudaError(err, "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+
+#else  // !MEMASCEND_HAVE_CUDA
+
+namespace {
+absl::Status NoCuda(const char* what) {
+  return absl::FailedPreconditionError(
+      fmt::format("{}: MemAscend was built without CUDA (MEMASCEND_WITH_CUDA)", what));
+}
+}  // namespace
+
+int CudaDeviceCount() noexcept { return 0; }
+absl::Status CudaSetDevice(int) { return NoCuda("cudaSetDevice"); }
+absl::StatusOr<DeviceAllocation> DeviceAllocation::Allocate(int, std::size_t) {
+  return NoCuda("cudaMalloc");
+}
+void DeviceAllocation::Reset() noexcept {}
+absl::StatusOr<CudaEvent> CudaEvent::Create() { return NoCuda("cudaEventCreate"); }
+CudaEvent::~CudaEvent() = default;
+absl::Status CudaEvent::Record(CudaStreamView) { return NoCuda("cudaEventRecord"); }
+bool CudaEvent::Ready() const noexcept { return true; }
+absl::Status CudaEvent::MakeStreamWait(CudaStreamView) const {
+  return NoCuda("cudaStreamWaitEvent");
+}
+absl::Status CopyAsync(void*, const void*, std::size_t, CopyDirection, CudaStreamView) {
+  return NoCuda("cudaMemcpyAsync");
+}
+absl::Status SynchronizeStream(CudaStreamView) { return NoCuda("cudaStreamSynchronize"); }
+
+#endif
+
+DeviceAllocation::DeviceAllocation(DeviceAllocation&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      device_(other.device_) {}
+
+DeviceAllocation& DeviceAllocation::operator=(DeviceAllocation&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+DeviceAllocation::~DeviceAllocation() { Reset(); }
+
+CudaEvent::CudaEvent(CudaEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+
+CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
+  if (this != &other) {
+    CudaEvent dead(std::move(*this));
+    event_ = std::exchange(other.event_, nullptr);
+  }
+  return *this;
+}
+
+}  // namespace memascend::prim

@@ -1,0 +1,79 @@
+// prim/cuda_memory.h: device memory, events and copies: the CUDA runtime calls of the
+// store's GPU tier. Built without CUDA, every call reports kFailedPrecondition.
+//
+// Thread-safety: the handles are not synchronised; the CUDA runtime itself is
+// thread-safe, so distinct handles may be used from distinct threads.
+// Lifetime: DeviceAllocation and CudaEvent own their resources (move-only).
+#ifndef MEMASCEND_SRC_PRIM_CUDA_MEMORY_H_
+#define MEMASCEND_SRC_PRIM_CUDA_MEMORY_H_
+
+#include <cstddef>
+
+#include <absl/status/statusor.h>
+
+#include <memascend/cuda.h>
+
+namespace memascend::prim {
+
+// Number of usable CUDA devices: 0 without CUDA, a driver or a device.
+int CudaDeviceCount() noexcept;
+
+// Makes `device` current for the calling thread.
+absl::Status CudaSetDevice(int device);
+
+// One cudaMalloc allocation on a device.
+class DeviceAllocation {
+ public:
+  DeviceAllocation() noexcept = default;
+  DeviceAllocation(DeviceAllocation&& other) noexcept;
+  DeviceAllocation& operator=(DeviceAllocation&& other) noexcept;
+  DeviceAllocation(const DeviceAllocation&) = delete;
+  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
+  ~DeviceAllocation();
+
+  // kResourceExhausted when the device is out of memory; kFailedPrecondition without CUDA.
+  static absl::StatusOr<DeviceAllocation> Allocate(int device, std::size_t bytes);
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  void Reset() noexcept;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  int device_ = 0;
+};
+
+// One CUDA event (timing disabled).
+class CudaEvent {
+ public:
+  CudaEvent() noexcept = default;
+  CudaEvent(CudaEvent&& other) noexcept;
+  CudaEvent& operator=(CudaEvent&& other) noexcept;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent();
+
+  static absl::StatusOr<CudaEvent> Create();
+  absl::Status Record(CudaStreamView stream);
+  // True once the work recorded before it has completed (also after a device error:
+  // that error surfaces on the stream's synchronisation, not here).
+  bool Ready() const noexcept;
+  // Makes `stream` wait for the event without blocking the host.
+  absl::Status MakeStreamWait(CudaStreamView stream) const;
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+};
+
+enum class CopyDirection { kHostToDevice, kDeviceToHost };
+
+// cudaMemcpyAsync on `stream`; the host side must be page-locked for the copy to be
+// asynchronous.
+absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
+                       CudaStreamView stream);
+absl::Status SynchronizeStream(CudaStreamView stream);
+
+}  // namespace memascend::prim
+
+#endif  // MEMASCEND_SRC_PRIM_CUDA_MEMORY_H_

@@ -1,0 +1,254 @@
+// The store's GPU tier. The device pool's carving is tested everywhere (over an address
+// range it never touches); the store's device paths run where a CUDA device exists and
+// otherwise check that the GPU tier reports kFailedPrecondition while the host tier works.
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <memascend/system.h>
+#include <memascend/tensor_store.h>
+
+#include "storage/volume_test_util.h"
+#include "store/device_pool.h"
+#include "testing/status_matchers.h"
+
+#if MEMASCEND_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace memascend {
+namespace {
+
+using ::memascend::testing::Pattern;
+using ::memascend::testing::ScratchPath;
+using ::memascend::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr std::size_t kKiB = 1024;
+constexpr std::size_t kMiB = 1024 * 1024;
+
+bool HaveGpu() { return ProbeSystem(ProbeOptions{}).cuda.device_count > 0; }
+
+// ---- DevicePool carving -------------------------------------------------------------
+
+std::byte* FakeBase() { return reinterpret_cast<std::byte*>(std::uintptr_t{1} << 40); }
+
+TEST(DevicePool, CarvesBestFitAndCoalesces) {
+  MemoryLedger ledger(MemoryLedger::Options{.sample_every_update = false, .sample_rss = false});
+  store::DevicePool pool(FakeBase(), 1 * kMiB, &ledger);
+  ASSERT_OK_AND_ASSIGN(std::byte * a, pool.Allocate(100 * kKiB, Use::kParameters));
+  ASSERT_OK_AND_ASSIGN(std::byte * b, pool.Allocate(1000, Use::kGradients));
+  ASSERT_OK_AND_ASSIGN(std::byte * c, pool.Allocate(300 * kKiB, Use::kParameters));
+  EXPECT_EQ(a, FakeBase());
+  EXPECT_EQ(b, a + 100 * kKiB);
+  EXPECT_EQ(c, b + 1024);  // 1000 bytes round up to two 512-byte units
+  EXPECT_EQ(pool.allocated(), 100 * kKiB + 1024 + 300 * kKiB);
+  EXPECT_EQ(ledger.Snapshot().use(Tier::kGpu, Use::kGradients).live, 1024);
+  EXPECT_EQ(ledger.Snapshot().tier(Tier::kGpu).reserved, static_cast<std::int64_t>(kMiB));
+
+  // Best fit: a 1000-byte block goes to the 1 KiB hole, not the large tail.
+  ASSERT_OK(pool.Free(b));
+  ASSERT_OK_AND_ASSIGN(std::byte * d, pool.Allocate(600, Use::kOptimizerState));
+  EXPECT_EQ(d, b);
+  ASSERT_OK(pool.Free(d));
+  ASSERT_OK(pool.Free(a));
+  ASSERT_OK(pool.Free(c));
+  ASSERT_OK(pool.CheckInvariants());
+  EXPECT_EQ(pool.largest_free(), kMiB);  // everything coalesced
+  EXPECT_EQ(ledger.Snapshot().tier(Tier::kGpu).live, 0);
+}
+
+TEST(DevicePool, RefusesWhatItCannotHoldAndForeignPointers) {
+  store::DevicePool pool(FakeBase(), 64 * kKiB, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::byte * a, pool.Allocate(40 * kKiB, Use::kParameters));
+  EXPECT_THAT(pool.Allocate(40 * kKiB, Use::kParameters),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("largest free extent")));
+  EXPECT_THAT(pool.Allocate(0, Use::kParameters), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(pool.Free(a + 512), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(pool.Free(a + 7), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(pool.Free(FakeBase() + 64 * kKiB), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(pool.Free(a));
+  EXPECT_THAT(pool.Free(a), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
+  ASSERT_OK(pool.CheckInvariants());
+}
+
+TEST(DevicePool, RandomAllocationsKeepTheInvariants) {
+  store::DevicePool pool(FakeBase(), 4 * kMiB, nullptr);
+  std::mt19937_64 rng(7);
+  std::vector<std::byte*> live;
+  for (int i = 0; i < 3000; ++i) {
+    if (live.empty() || rng() % 3 != 0) {
+      auto b = pool.Allocate(1 + rng() % (200 * kKiB), Use::kParameters);
+      if (b.ok()) live.push_back(*b);
+    } else {
+      const std::size_t k = rng() % live.size();
+      ASSERT_OK(pool.Free(live[k]));
+      live[k] = live.back();
+      live.pop_back();
+    }
+    if (i % 100 == 0) {
+      ASSERT_OK(pool.CheckInvariants()) << i;
+    }
+  }
+  for (std::byte* b : live) ASSERT_OK(pool.Free(b));
+  EXPECT_EQ(pool.allocated(), 0u);
+  EXPECT_EQ(pool.largest_free(), 4 * kMiB);
+}
+
+// ---- the store's GPU tier -------------------------------------------------------------
+
+std::unique_ptr<Volume> MakeVolume(const std::string& path) {
+  VolumeFormatOptions f;
+  f.size = 64 * kMiB;
+  EXPECT_OK(Volume::Format(path, f));
+  return *Volume::Open(path, {});
+}
+
+TensorSpec Spec(std::string name, std::size_t bytes) {
+  TensorSpec s;
+  s.name = std::move(name);
+  s.bytes = bytes;
+  s.dtype = DType::kF32;
+  s.shape = {static_cast<std::int64_t>(bytes / 4)};
+  return s;
+}
+
+TEST(GpuTier, WithoutADeviceOrBudgetItReportsAndTheHostTierWorks) {
+  ScratchPath path("gpu");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 4 * kMiB;
+  o.gpu_budget_bytes = HaveGpu() ? 0 : 4 * kMiB;  // with a GPU, the zero budget is the test
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("w", 64 * kKiB)));
+  EXPECT_THAT(store->Acquire(id, Tier::kGpu), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store->Prefetch(id, Tier::kGpu).Wait(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store->Acquire(id, Tier::kNvme), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(store->Evict(id, Tier::kPageableHost), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_OK(store->Evict(id, Tier::kGpu));  // nothing on the GPU: nothing to do
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id, Tier::kPinnedHost));
+    EXPECT_EQ(lease.tier(), Tier::kPinnedHost);
+    const auto p = Pattern("w", 1, lease.size());
+    std::memcpy(lease.data(), p.data(), p.size());
+    lease.MarkDirty();
+  }
+  ASSERT_OK(store->Flush());
+  ASSERT_OK(store->Evict(id));
+  ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+  const auto p = Pattern("w", 1, lease.size());
+  EXPECT_EQ(std::memcmp(lease.data(), p.data(), p.size()), 0);
+  EXPECT_EQ(store->stats().gpu_resident, 0u);
+}
+
+#if MEMASCEND_HAVE_CUDA
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { EXPECT_EQ(cudaStreamCreate(&s), cudaSuccess); }
+  ~Stream() { cudaStreamDestroy(s); }
+  CudaStreamView view() const { return CudaStreamView(s); }
+};
+
+std::vector<std::byte> FromDevice(const TensorLease& lease, const Stream& stream) {
+  std::vector<std::byte> out(lease.size());
+  EXPECT_EQ(cudaMemcpyAsync(out.data(), lease.data(), out.size(), cudaMemcpyDeviceToHost, stream.s),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream.s), cudaSuccess);
+  return out;
+}
+
+void ToDevice(const TensorLease& lease, const std::vector<std::byte>& bytes, const Stream& stream) {
+  EXPECT_EQ(
+      cudaMemcpyAsync(lease.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream.s),
+      cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream.s), cudaSuccess);
+}
+
+TEST(GpuTier, RoundTripsThroughTheDeviceAndEvictsUnderItsBudget) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ScratchPath path("gpu");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 2 * kMiB;  // two of the four at once
+  o.gpu_budget_bytes = 3 * kMiB;   // three of the four
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  Stream a, b;
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("g" + std::to_string(i), kMiB)));
+    ids.push_back(id);
+    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
+    const auto p = Pattern("g" + std::to_string(i), 1, host.size());
+    std::memcpy(host.data(), p.data(), p.size());
+    host.MarkDirty();
+  }
+  for (int round = 1; round <= 3; ++round) {
+    for (int i = 0; i < 4; ++i) {
+      const std::string name = "g" + std::to_string(i);
+      const Stream& s = (i % 2 == 0) ? a : b;
+      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(ids[i], Tier::kGpu, s.view()));
+      EXPECT_EQ(dev.tier(), Tier::kGpu);
+      const auto want = Pattern(name, static_cast<std::uint64_t>(round), dev.size());
+      ASSERT_EQ(FromDevice(dev, s), want) << name << " round " << round;
+      ToDevice(dev, Pattern(name, static_cast<std::uint64_t>(round + 1), dev.size()), s);
+      dev.MarkDirty();
+    }
+  }
+  // A host lease sees the device's newest bytes; after Flush, so does a reopened store.
+  ASSERT_OK(store->Flush());
+  const TensorStoreStats st = store->stats();
+  EXPECT_GT(st.gpu_evictions, 0u);
+  EXPECT_GT(st.bytes_from_gpu, 0u);
+  EXPECT_LE(st.ledger.tier(Tier::kGpu).live_peak, static_cast<std::int64_t>(o.gpu_budget_bytes));
+  EXPECT_LE(st.ledger.tier(Tier::kPinnedHost).reserved_peak,
+            static_cast<std::int64_t>(o.host_budget_bytes));
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(ids[i]));
+    const auto p = Pattern("g" + std::to_string(i), 4, host.size());
+    EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0) << i;
+  }
+}
+
+TEST(GpuTier, PrefetchQueuesTheCopyAndAHostWriteMakesTheDeviceCopyStale) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ScratchPath path("gpu");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 2 * kMiB;
+  o.gpu_budget_bytes = 2 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("p", 256 * kKiB)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
+    const auto p = Pattern("p", 1, host.size());
+    std::memcpy(host.data(), p.data(), p.size());
+    host.MarkDirty();
+  }
+  Stream s;
+  ASSERT_OK(store->Prefetch(id, Tier::kGpu, s.view()).Wait());
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, s.view()));
+    EXPECT_EQ(FromDevice(dev, s), Pattern("p", 1, dev.size()));
+  }
+  EXPECT_EQ(store->stats().prefetch_hits, 1u);
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
+    const auto p = Pattern("p", 2, host.size());
+    std::memcpy(host.data(), p.data(), p.size());
+    host.MarkDirty();
+  }
+  ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, s.view()));
+  EXPECT_EQ(FromDevice(dev, s), Pattern("p", 2, dev.size()));
+  // Everything on the device is leased: a second tensor that does not fit is refused.
+  ASSERT_OK_AND_ASSIGN(TensorId big, store->Register(Spec("big", 2 * kMiB - 128 * kKiB)));
+  EXPECT_THAT(store->Acquire(big, Tier::kGpu, s.view()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("short")));
+  EXPECT_THAT(store->Evict(id, Tier::kGpu), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+#endif  // MEMASCEND_HAVE_CUDA
+
+}  // namespace
+}  // namespace memascend
