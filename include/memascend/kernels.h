@@ -162,6 +162,18 @@ class DynamicLossScaler {
   int hysteresis_left() const noexcept { return hysteresis_left_; }
   std::int64_t skipped_steps() const noexcept { return skipped_; }
 
+  // The whole state, to checkpoint a run and resume it with the same scales.
+  struct State {
+    float scale = 0;
+    std::int64_t good_steps = 0;
+    int hysteresis_left = 0;
+    std::int64_t skipped = 0;
+  };
+  State state() const noexcept { return {scale_, good_steps_, hysteresis_left_, skipped_}; }
+  // kInvalidArgument, and nothing changes, for a scale outside [min_scale, max_scale]
+  // or negative counters.
+  absl::Status Restore(const State& state);
+
  private:
   Options options_;
   float scale_;

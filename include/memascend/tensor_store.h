@@ -87,6 +87,7 @@ struct TensorStoreStats {
   double write_seconds = 0;
   std::uint64_t prefetch_hits = 0;    // Acquire found the tensor resident or loading
   std::uint64_t prefetch_misses = 0;  // Acquire had to start the read itself
+  std::uint64_t overwrites = 0;       // AcquireForOverwrite calls that skipped a read
   double stall_seconds = 0;           // time callers waited in Acquire
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
@@ -171,6 +172,10 @@ class TensorStore {
   // for the GPU without a device or GPU budget; kResourceExhausted when every device
   // block is leased.
   absl::StatusOr<TensorLease> Acquire(TensorId id, Tier tier, CudaStreamView stream = {});
+  // A host lease for a caller that overwrites every byte: a cold tensor gets a block
+  // without a read (its bytes are unspecified until written). The lease starts dirty,
+  // and a device copy becomes stale.
+  absl::StatusOr<TensorLease> AcquireForOverwrite(TensorId id);
   // Starts making the tensor resident without pinning it or blocking.
   PrefetchTicket Prefetch(TensorId id);
   PrefetchTicket Prefetch(TensorId id, Tier tier, CudaStreamView stream = {});

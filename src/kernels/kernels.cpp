@@ -297,4 +297,20 @@ bool DynamicLossScaler::Update(bool overflow) noexcept {
   return true;
 }
 
+absl::Status DynamicLossScaler::Restore(const State& state) {
+  if (!(state.scale >= options_.min_scale && state.scale <= options_.max_scale) ||
+      state.good_steps < 0 || state.hysteresis_left < 1 || state.skipped < 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("loss scaler state out of range: scale {} (allowed {}..{}), good steps {}, "
+                    "hysteresis {}, skipped {}",
+                    state.scale, options_.min_scale, options_.max_scale, state.good_steps,
+                    state.hysteresis_left, state.skipped));
+  }
+  scale_ = state.scale;
+  good_steps_ = state.good_steps;
+  hysteresis_left_ = state.hysteresis_left;
+  skipped_ = state.skipped;
+  return absl::OkStatus();
+}
+
 }  // namespace memascend

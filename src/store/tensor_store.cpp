@@ -579,6 +579,33 @@ absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStr
   return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, stream);
 }
 
+absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
+  Impl::Tensor& t = *m.tensors[id];
+  while (t.gpu_busy) m.cv.Wait(&m.mu);
+  for (;;) {
+    if (t.state == Impl::State::kResident) break;
+    if (t.state == Impl::State::kCold) {
+      MEMASCEND_ASSIGN_OR_RETURN(PinnedBlock block, m.AllocateLocked(t));
+      if (t.state == Impl::State::kCold) {  // nobody loaded it while room was made
+        t.block = std::move(block);
+        t.state = Impl::State::kResident;
+        ++m.counters.overwrites;
+      }
+      continue;
+    }
+    m.cv.Wait(&m.mu);  // loading or being written back
+  }
+  ++t.pins;
+  t.dirty = true;
+  t.gpu_valid = false;
+  t.gpu_dirty = false;
+  t.last_use = ++m.tick;
+  return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, {});
+}
+
 PrefetchTicket TensorStore::Prefetch(TensorId id) { return Prefetch(id, Tier::kPinnedHost); }
 
 PrefetchTicket TensorStore::Prefetch(TensorId id, Tier tier, CudaStreamView stream) {

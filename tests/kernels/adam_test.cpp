@@ -186,5 +186,26 @@ TEST(DynamicLossScaler, ConsecutiveHysteresisRestoresAfterAGoodStep) {
   EXPECT_EQ(s.scale(), 128);
 }
 
+TEST(DynamicLossScaler, RestoredStateContinuesExactlyAsTheOriginal) {
+  DynamicLossScaler::Options o;
+  o.initial_scale = 1024;
+  o.growth_interval = 3;
+  DynamicLossScaler a(o);
+  const bool pattern[] = {true, false, false, true, true, false, false, false, false, true};
+  for (int i = 0; i < 5; ++i) a.Update(pattern[i]);
+  DynamicLossScaler b(o);
+  ASSERT_OK(b.Restore(a.state()));
+  for (int i = 5; i < 10; ++i) {
+    EXPECT_EQ(a.Update(pattern[i]), b.Update(pattern[i])) << i;
+    EXPECT_EQ(a.scale(), b.scale()) << i;
+    EXPECT_EQ(a.hysteresis_left(), b.hysteresis_left()) << i;
+    EXPECT_EQ(a.skipped_steps(), b.skipped_steps()) << i;
+  }
+  DynamicLossScaler::State bad = a.state();
+  bad.scale = 0.5f;  // below min_scale
+  EXPECT_THAT(b.Restore(bad), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(b.scale(), a.scale());
+}
+
 }  // namespace
 }  // namespace memascend

@@ -98,6 +98,30 @@ TEST(TensorStore, NeverWrittenTensorsReadAsZeros) {
   for (std::size_t i = 0; i < lease.size(); ++i) ASSERT_EQ(lease.data()[i], std::byte{0});
 }
 
+TEST(TensorStore, AcquireForOverwriteSkipsTheReadAndIsWrittenBack) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("o", 256 * kKiB)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+    Fill(lease, "o", 1);
+  }
+  ASSERT_OK(store->Evict(id));
+  const std::uint64_t read_before = store->stats().bytes_read;
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->AcquireForOverwrite(id));
+    const auto p = Pattern("o", 2, lease.size());
+    std::memcpy(lease.data(), p.data(), p.size());  // no MarkDirty: the lease is dirty
+  }
+  EXPECT_EQ(store->stats().bytes_read, read_before);
+  EXPECT_EQ(store->stats().overwrites, 1u);
+  ASSERT_OK(store->Evict(id));  // writes it back
+  ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+  EXPECT_TRUE(Holds(lease, "o", 2));
+  EXPECT_THAT(store->AcquireForOverwrite(999), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(TensorStore, BudgetsAreEnforcedWithTheShortfall) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());
