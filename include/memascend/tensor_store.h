@@ -91,6 +91,7 @@ struct TensorStoreStats {
   double stall_seconds = 0;           // time callers waited in Acquire
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
+  std::uint64_t discards = 0;
   std::uint64_t gpu_resident = 0;
   std::uint64_t gpu_resident_bytes = 0;
   std::uint64_t bytes_to_gpu = 0;    // host-to-device copies
@@ -187,6 +188,10 @@ class TensorStore {
   // Frees its memory in `tier` only; evicting Tier::kGpu copies a dirty device copy to
   // the host first.
   absl::Status Evict(TensorId id, Tier tier);
+  // Drops the tensor's bytes in every tier without writing them back: the volume keeps
+  // what it last stored (zeros if nothing). For values that are dead, such as gradients
+  // after the optimizer step. kFailedPrecondition while leased.
+  absl::Status Discard(TensorId id);
   // Writes back every dirty tensor.
   absl::Status Flush();
 

@@ -184,16 +184,37 @@ bool HasOverflow(std::span<const TensorView> tensors, const KernelOptions& optio
   return found.load();
 }
 
+// Deterministic: chunk partials are added in chunk order (a run-to-run identical norm,
+// so offloaded and in-memory runs clip identically), in waves of a fixed stack buffer.
 double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options) {
   const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
-  std::mutex mu;
+  std::size_t chunks = 0;
+  for (const TensorView& t : tensors) chunks += (t.elements + kChunkElements - 1) / kChunkElements;
+  constexpr std::size_t kWave = 1024;
+  double partial[kWave];
   double total = 0;
-  ChunkedList(options.threads, tensors,
-              [&](const TensorView& t, std::size_t begin, std::size_t end) {
-                const double part = isa.sum_squares(t.data, t.dtype, begin, end);
-                std::lock_guard<std::mutex> lock(mu);
-                total += part;
-              });
+  for (std::size_t base = 0; base < chunks; base += kWave) {
+    const std::size_t n = std::min(kWave, chunks - base);
+    const auto run = [&](std::size_t i) {
+      std::size_t c = base + i;
+      for (const TensorView& t : tensors) {
+        const std::size_t mine = (t.elements + kChunkElements - 1) / kChunkElements;
+        if (c < mine) {
+          const std::size_t begin = c * kChunkElements;
+          partial[i] =
+              isa.sum_squares(t.data, t.dtype, begin, std::min(t.elements, begin + kChunkElements));
+          return;
+        }
+        c -= mine;
+      }
+    };
+    if (options.threads == nullptr || n <= 1) {
+      for (std::size_t i = 0; i < n; ++i) run(i);
+    } else {
+      options.threads->ParallelFor(n, run);
+    }
+    for (std::size_t i = 0; i < n; ++i) total += partial[i];
+  }
   return total;
 }
 

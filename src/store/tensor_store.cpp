@@ -691,6 +691,33 @@ absl::Status TensorStore::Evict(TensorId id) {
   return absl::OkStatus();
 }
 
+absl::Status TensorStore::Discard(TensorId id) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
+  Impl::Tensor& t = *m.tensors[id];
+  while (t.gpu_busy || t.state == Impl::State::kLoading || t.state == Impl::State::kWriting)
+    m.cv.Wait(&m.mu);
+  if (t.pins > 0 || t.gpu_pins > 0)
+    return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
+  if (t.gpu != nullptr) {
+    std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
+    while (idle != nullptr && !idle->Ready()) std::this_thread::yield();
+    MEMASCEND_RETURN_IF_ERROR(m.device_pool->Free(t.gpu));
+    t.gpu = nullptr;
+    t.gpu_valid = t.gpu_dirty = false;
+    t.gpu_ready.reset();
+  }
+  if (t.state == Impl::State::kResident) {
+    t.block.Reset();
+    t.state = Impl::State::kCold;
+  }
+  t.dirty = false;
+  ++m.counters.discards;
+  m.cv.SignalAll();
+  return absl::OkStatus();
+}
+
 absl::Status TensorStore::Flush() {
   std::size_t count;
   {

@@ -138,6 +138,20 @@ TEST(SumOfSquares, AndClipCoefficient) {
   EXPECT_EQ(ClipCoefficient(std::nan(""), 1.0), 1.0f);
 }
 
+TEST(SumOfSquares, IsBitIdenticalWhateverTheThreads) {
+  // Values of very different magnitudes, so a different order of additions would show.
+  std::mt19937 rng(3);
+  std::vector<float> a(5'000'000);
+  for (float& x : a)
+    x = std::ldexp(static_cast<float>(rng() % 1000) / 7.0f, static_cast<int>(rng() % 40) - 20);
+  const TensorView list[] = {{a.data(), a.size(), DType::kF32}, {a.data(), 12345, DType::kF32}};
+  const double alone = SumOfSquares(list, {nullptr});
+  for (int threads : {2, 3, 5}) {
+    KernelThreads pool(threads);
+    for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(SumOfSquares(list, {&pool}), alone) << threads;
+  }
+}
+
 TEST(DynamicLossScaler, BacksOffAfterHysteresisAndGrowsAfterTheInterval) {
   DynamicLossScaler::Options o;
   o.initial_scale = 1024;

@@ -122,6 +122,29 @@ TEST(TensorStore, AcquireForOverwriteSkipsTheReadAndIsWrittenBack) {
   EXPECT_THAT(store->AcquireForOverwrite(999), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(TensorStore, DiscardDropsDirtyBytesWithoutWritingThem) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("d", 64 * kKiB)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+    Fill(lease, "d", 1);
+  }
+  ASSERT_OK(store->Flush());
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+    Fill(lease, "d", 2);
+    EXPECT_THAT(store->Discard(id), StatusIs(absl::StatusCode::kFailedPrecondition));
+  }
+  const std::uint64_t written = store->stats().bytes_written;
+  ASSERT_OK(store->Discard(id));
+  EXPECT_EQ(store->stats().bytes_written, written);
+  EXPECT_EQ(store->stats().resident, 0u);
+  ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+  EXPECT_TRUE(Holds(lease, "d", 1));  // the last stored version
+}
+
 TEST(TensorStore, BudgetsAreEnforcedWithTheShortfall) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());
