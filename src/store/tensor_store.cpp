@@ -164,6 +164,17 @@ struct TensorStore::Impl {
         }
       }
       if (victim == nullptr) {
+        // Loads and write-backs in flight end as unleased resident tensors, which can be
+        // evicted: wait for them rather than fail a demand for memory a prefetch holds.
+        bool transient = false;
+        for (const auto& t : tensors) {
+          transient |=
+              t.get() != &wanting && (t->state == State::kLoading || t->state == State::kWriting);
+        }
+        if (transient) {
+          cv.Wait(&mu);
+          continue;
+        }
         std::uint64_t held = 0;
         for (const auto& t : tensors) held += t->state == State::kCold ? 0 : t->block.capacity();
         return absl::ResourceExhaustedError(fmt::format(
@@ -468,9 +479,14 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(Volume* volume,
   }
   HostArenaOptions ao;
   ao.budget_bytes = options.host_budget_bytes;
-  // Regions of a quarter of the budget (at most 64 MiB): evicted blocks coalesce inside
-  // them and serve other sizes without unmapping and re-locking memory.
-  ao.chunk_bytes = std::min<std::size_t>(64u << 20, options.host_budget_bytes / 4) / 4096 * 4096;
+  // Note [store regions]: the budget is used for the whole run, so the arena maps it in
+  // few large regions: evicted blocks coalesce inside them and serve other sizes without
+  // unmapping and re-locking memory, and a tight budget does not fragment across many
+  // small regions (a block needs one free extent inside one region). Up to 256 MiB the
+  // budget is one region; beyond, regions of 256 MiB or an eighth of the budget.
+  const std::size_t budget = options.host_budget_bytes / 4096 * 4096;
+  ao.chunk_bytes =
+      budget <= (256u << 20) ? budget : std::max<std::size_t>(256u << 20, budget / 8) / 4096 * 4096;
   ao.ledger = impl->ledger;
   MEMASCEND_ASSIGN_OR_RETURN(impl->arena, HostArena::Create(ao));
   Impl* m = impl.get();

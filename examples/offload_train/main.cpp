@@ -1,0 +1,281 @@
+// memascend-train: trains a small GPT with its parameters, gradients and optimizer
+// states offloaded to a MemAscend volume (or, --mode reference, in ordinary memory).
+// `memascend-train --help` lists the options.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <memascend/memory_ledger.h>
+
+#include "data.h"
+#include "trainer.h"
+
+namespace {
+
+using offload_train::Mode;
+
+constexpr const char* kUsage = R"(usage: memascend-train [options]
+  --steps N          total steps (default 200; a resumed run continues to N)
+  --layers N --channels N --heads N --seq N --batch N   model and batch (4/128/4/64/8)
+  --vocab N          256: bytes (default); more: words of the corpus with byte fallback
+  --dtype fp16|bf16  working parameters and gradients (default fp16)
+  --mode offload|reference   state on a volume (default) or in ordinary memory
+  --volume PATH      volume file or block device (default: )" MEMASCEND_TRAIN_DEFAULT_VOLUME R"()
+  --volume-size B    size of a file volume (default: what the run needs, doubled)
+  --force            format a device or file that holds other data
+  --resume           continue from the volume's last committed step
+  --host-budget B    pinned host bytes (default: 40% of the training state)
+  --window N         layers prefetched ahead (default 1)
+  --lr X --warmup N --clip X --weight-decay X --seed N --threads N
+  --loss-scale X     initial dynamic loss scale (default 65536 for fp16, 1 for bf16)
+  --data FILE        training text (default: /usr/share/common-licenses/*)
+  --sample N         tokens generated at the end (default 120)
+  --timeline FILE    CSV memory timeline (the ledger, sampled per layer)
+  --json             one JSON summary object on stdout instead of the report
+  --quiet            no progress lines
+Byte sizes take K, M, G suffixes (powers of 1024).
+)";
+
+bool ParseBytes(const std::string& s, std::uint64_t* out) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || v < 0) return false;
+  double mult = 1;
+  if (*end == 'K' || *end == 'k')
+    mult = 1024.0, ++end;
+  else if (*end == 'M' || *end == 'm')
+    mult = 1024.0 * 1024, ++end;
+  else if (*end == 'G' || *end == 'g')
+    mult = 1024.0 * 1024 * 1024, ++end;
+  if (*end == 'i') ++end;
+  if (*end == 'B') ++end;
+  if (*end != '\0') return false;
+  *out = static_cast<std::uint64_t>(v * mult);
+  return true;
+}
+
+std::string Gib(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", bytes / (1 << 30));
+  if (bytes >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", bytes / (1 << 20));
+  return fmt::format("{:.1f} KiB", bytes / 1024);
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      out += fmt::format("\\u{:04x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "memascend-train: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  offload_train::TrainOptions o;
+  o.volume_path = MEMASCEND_TRAIN_DEFAULT_VOLUME;
+  o.sample_tokens = 120;
+  std::string data_path, timeline_path;
+  bool json = false, quiet = false, scale_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string v;
+    auto number = [&](auto* out) {
+      if (!value(&v)) return false;
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || d < 0) return false;
+      *out = static_cast<std::remove_pointer_t<decltype(out)>>(d);
+      return true;
+    };
+    bool ok = true;
+    std::uint64_t bytes = 0;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--steps")
+      ok = number(&o.steps);
+    else if (a == "--layers")
+      ok = number(&o.model.layers);
+    else if (a == "--channels")
+      ok = number(&o.model.channels);
+    else if (a == "--heads")
+      ok = number(&o.model.heads);
+    else if (a == "--seq")
+      ok = number(&o.model.seq);
+    else if (a == "--batch")
+      ok = number(&o.model.batch);
+    else if (a == "--vocab")
+      ok = number(&o.model.vocab);
+    else if (a == "--lr")
+      ok = number(&o.lr);
+    else if (a == "--warmup")
+      ok = number(&o.warmup);
+    else if (a == "--clip")
+      ok = number(&o.clip);
+    else if (a == "--weight-decay")
+      ok = number(&o.weight_decay);
+    else if (a == "--seed")
+      ok = number(&o.seed);
+    else if (a == "--loss-scale")
+      ok = number(&o.initial_loss_scale), scale_given = true;
+    else if (a == "--threads")
+      ok = number(&o.threads);
+    else if (a == "--window")
+      ok = number(&o.window);
+    else if (a == "--sample")
+      ok = number(&o.sample_tokens);
+    else if (a == "--volume")
+      ok = value(&o.volume_path);
+    else if (a == "--data")
+      ok = value(&data_path);
+    else if (a == "--timeline")
+      ok = value(&timeline_path);
+    else if (a == "--force")
+      o.force = true;
+    else if (a == "--resume")
+      o.resume = true;
+    else if (a == "--json")
+      json = true;
+    else if (a == "--quiet")
+      quiet = true;
+    else if (a == "--host-budget") {
+      ok = value(&v) && ParseBytes(v, &bytes);
+      o.host_budget = bytes;
+      if (ok && bytes == 0) return Fail("--host-budget must be above 0");
+    } else if (a == "--volume-size") {
+      ok = value(&v) && ParseBytes(v, &bytes);
+      o.volume_bytes = bytes;
+    } else if (a == "--dtype") {
+      ok = value(&v) && (v == "fp16" || v == "bf16");
+      o.dtype = v == "bf16" ? memascend::DType::kBF16 : memascend::DType::kF16;
+    } else if (a == "--mode") {
+      ok = value(&v) && (v == "offload" || v == "reference");
+      o.mode = v == "reference" ? Mode::kReference : Mode::kOffload;
+    } else {
+      return Fail(fmt::format("unknown option '{}' (see --help)", a));
+    }
+    if (!ok) return Fail(fmt::format("{}: missing or bad value (see --help)", a));
+  }
+  if (o.dtype == memascend::DType::kBF16 && !scale_given) o.initial_loss_scale = 1.0f;
+
+  auto corpus = data_path.empty() ? offload_train::ReadLicenceCorpus()
+                                  : offload_train::ReadTextFile(data_path);
+  if (!corpus.ok()) return Fail(std::string(corpus.status().message()));
+  auto tokenizer = offload_train::Tokenizer::Build(*corpus, o.model.vocab);
+  if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
+  const std::vector<std::int32_t> tokens = tokenizer->Encode(*corpus);
+
+  memascend::MemoryLedger ledger;
+  o.ledger = &ledger;
+  const std::uint64_t state = offload_train::ModelStateBytes(o.model, o.dtype);
+  if (!json) {
+    const std::size_t budget =
+        o.host_budget != 0 ? o.host_budget : offload_train::DefaultHostBudget(o.model, o.dtype);
+    fmt::print(
+        "memascend-train: GPT {} layers x {} channels, {} heads, vocab {}, {:.2f} M parameters; "
+        "{} tokens of text\n",
+        o.model.layers, o.model.channels, o.model.heads, o.model.vocab,
+        static_cast<double>(offload_train::TotalParams(o.model)) / 1e6, tokens.size());
+    if (o.mode == Mode::kOffload) {
+      fmt::print(
+          "  training state {} offloaded to {} through a pinned host budget of {} ({:.0f}%)\n",
+          Gib(static_cast<double>(state)), o.volume_path, Gib(static_cast<double>(budget)),
+          100.0 * static_cast<double>(budget) / static_cast<double>(state));
+    } else {
+      fmt::print("  reference mode: training state {} in ordinary memory\n",
+                 Gib(static_cast<double>(state)));
+    }
+    std::fflush(stdout);
+  }
+  if (!quiet && !json) {
+    o.on_step = [](const offload_train::StepReport& r) {
+      fmt::print(
+          "step {:4}/{} | loss {:.4f} | scale {:g}{} | {:7.0f} tok/s | io {:.3f} GiB/s | "
+          "pinned {}\n",
+          r.step, r.steps, r.loss, r.loss_scale, r.skipped ? " (skipped: overflow)" : "",
+          r.tokens_per_second, r.io_gib_per_second, Gib(static_cast<double>(r.pinned_bytes)));
+      std::fflush(stdout);
+    };
+  } else if (json) {
+    o.on_step = [](const offload_train::StepReport& r) {  // progress for a watching test
+      std::fprintf(stderr, "step %zu loss %.6f\n", r.step, r.loss);
+    };
+  }
+  auto summary = offload_train::Train(o, tokens, *tokenizer);
+  if (!summary.ok()) return Fail(std::string(summary.status().message()));
+  if (!timeline_path.empty()) {
+    if (absl::Status s = ledger.WriteCsv(timeline_path); !s.ok())
+      return Fail(std::string(s.message()));
+  }
+  const auto& s = *summary;
+  if (json) {
+    std::string losses;
+    for (std::size_t i = 0; i < s.losses.size(); ++i)
+      losses += fmt::format("{}{:.9g}", i ? "," : "", s.losses[i]);
+    std::string uses;
+    for (int t = 0; t < memascend::kTierCount; ++t) {
+      for (int u = 0; u < memascend::kUseCount; ++u) {
+        const auto& c = s.ledger.uses[static_cast<std::size_t>(t)][static_cast<std::size_t>(u)];
+        if (c.reserved_peak == 0) continue;
+        uses += fmt::format("{}{{\"tier\":\"{}\",\"use\":\"{}\",\"peak_bytes\":{}}}",
+                            uses.empty() ? "" : ",",
+                            memascend::ToString(static_cast<memascend::Tier>(t)),
+                            memascend::ToString(static_cast<memascend::Use>(u)), c.reserved_peak);
+      }
+    }
+    fmt::print(
+        "{{\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},\"losses\":[{}],"
+        "\"params\":{},\"model_state_bytes\":{},\"host_budget_bytes\":{},\"peak_pinned_bytes\":{},"
+        "\"peak_rss_bytes\":{},\"activation_bytes\":{},\"io_read_bytes\":{},\"io_write_bytes\":{},"
+        "\"skipped_steps\":{},\"seconds\":{:.3f},\"ledger\":[{}],\"sample\":{}}}\n",
+        o.mode == Mode::kOffload ? "offload" : "reference", s.last_step, s.first_step, s.final_loss,
+        losses, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes, s.peak_rss_bytes,
+        s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps, s.seconds, uses,
+        JsonString(s.sample));
+    return 0;
+  }
+  fmt::print(
+      "\ndone: steps {}..{} in {:.1f} s, final loss {:.4f} (ln vocab = {:.2f}), {} skipped\n",
+      s.first_step, s.last_step, s.seconds, s.final_loss,
+      std::log(static_cast<double>(o.model.vocab)), s.skipped_steps);
+  fmt::print("  training state {}, pinned host peak {} (budget {}), peak RSS {}\n",
+             Gib(static_cast<double>(s.model_state_bytes)),
+             Gib(static_cast<double>(s.peak_pinned_bytes)), Gib(static_cast<double>(s.host_budget)),
+             Gib(static_cast<double>(s.peak_rss_bytes)));
+  fmt::print("  volume I/O: {} read, {} written; activations {} (ordinary memory)\n",
+             Gib(static_cast<double>(s.io_read_bytes)), Gib(static_cast<double>(s.io_write_bytes)),
+             Gib(static_cast<double>(s.activation_bytes)));
+  fmt::print("  ledger peaks by tier and use:\n");
+  for (int t = 0; t < memascend::kTierCount; ++t) {
+    for (int u = 0; u < memascend::kUseCount; ++u) {
+      const auto& c = s.ledger.uses[static_cast<std::size_t>(t)][static_cast<std::size_t>(u)];
+      if (c.reserved_peak == 0) continue;
+      fmt::print("    {:<12} {:<16} {}\n", memascend::ToString(static_cast<memascend::Tier>(t)),
+                 memascend::ToString(static_cast<memascend::Use>(u)),
+                 Gib(static_cast<double>(c.reserved_peak)));
+    }
+  }
+  if (!s.sample.empty()) fmt::print("\nsample:\n{}\n", s.sample);
+  return 0;
+}

@@ -1,0 +1,304 @@
+#include "model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "ops.h"
+
+namespace offload_train {
+namespace {
+
+// Offsets of a block's slices, in GroupLayout's order.
+struct BlockParams {
+  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b,
+      total;
+  explicit BlockParams(std::size_t c) {
+    std::size_t o = 0;
+    auto take = [&o](std::size_t n) { return std::exchange(o, o + n); };
+    ln1_w = take(c);
+    ln1_b = take(c);
+    qkv_w = take(3 * c * c);
+    qkv_b = take(3 * c);
+    proj_w = take(c * c);
+    proj_b = take(c);
+    ln2_w = take(c);
+    ln2_b = take(c);
+    fc_w = take(4 * c * c);
+    fc_b = take(4 * c);
+    fcp_w = take(4 * c * c);
+    fcp_b = take(c);
+    total = o;
+  }
+};
+
+// splitmix64: the initialisation's random stream, the same on every platform.
+struct SplitMix {
+  std::uint64_t state;
+  std::uint64_t Next() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  double Normal() {  // Box-Muller
+    const double u1 = std::max(Uniform(), 1e-300), u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+};
+
+}  // namespace
+
+absl::Status Validate(const GptConfig& c) {
+  if (c.vocab < 2 || c.seq < 1 || c.channels < 1 || c.layers < 1 || c.heads < 1 || c.batch < 1)
+    return absl::InvalidArgumentError("model sizes must be positive (vocab at least 2)");
+  if (c.channels % c.heads != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("channels ({}) must be a multiple of heads ({})", c.channels, c.heads));
+  }
+  if (c.vocab > (1u << 30)) return absl::InvalidArgumentError("vocab too large");
+  return absl::OkStatus();
+}
+
+std::size_t GroupCount(const GptConfig& c) { return c.layers + 2; }
+
+GroupKind KindOf(const GptConfig& c, std::size_t group) {
+  if (group == 0) return GroupKind::kEmbed;
+  return group <= c.layers ? GroupKind::kBlock : GroupKind::kHead;
+}
+
+std::string GroupName(const GptConfig& c, std::size_t group) {
+  switch (KindOf(c, group)) {
+    case GroupKind::kEmbed:
+      return "embed";
+    case GroupKind::kBlock:
+      return fmt::format("block.{}", group - 1);
+    case GroupKind::kHead:
+      return "head";
+  }
+  return "?";
+}
+
+std::vector<Slice> GroupLayout(const GptConfig& c, std::size_t group) {
+  std::vector<Slice> out;
+  std::size_t o = 0;
+  auto add = [&](const char* name, std::size_t n) {
+    out.push_back({name, o, n});
+    o += n;
+  };
+  const std::size_t ch = c.channels;
+  switch (KindOf(c, group)) {
+    case GroupKind::kEmbed:
+      add("wte", c.vocab * ch);
+      add("wpe", c.seq * ch);
+      break;
+    case GroupKind::kBlock:
+      add("ln1.w", ch);
+      add("ln1.b", ch);
+      add("attn.qkv.w", 3 * ch * ch);
+      add("attn.qkv.b", 3 * ch);
+      add("attn.proj.w", ch * ch);
+      add("attn.proj.b", ch);
+      add("ln2.w", ch);
+      add("ln2.b", ch);
+      add("mlp.fc.w", 4 * ch * ch);
+      add("mlp.fc.b", 4 * ch);
+      add("mlp.proj.w", 4 * ch * ch);
+      add("mlp.proj.b", ch);
+      break;
+    case GroupKind::kHead:
+      add("lnf.w", ch);
+      add("lnf.b", ch);
+      add("lm_head.w", c.vocab * ch);
+      break;
+  }
+  return out;
+}
+
+std::size_t GroupParams(const GptConfig& c, std::size_t group) {
+  std::size_t n = 0;
+  for (const Slice& s : GroupLayout(c, group)) n += s.count;
+  return n;
+}
+
+std::size_t TotalParams(const GptConfig& c) {
+  std::size_t n = 0;
+  for (std::size_t g = 0; g < GroupCount(c); ++g) n += GroupParams(c, g);
+  return n;
+}
+
+void InitGroup(const GptConfig& c, std::size_t group, std::uint64_t seed, float* params) {
+  SplitMix rng{seed * 0x100000001b3ull + group + 1};
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  for (const Slice& s : GroupLayout(c, group)) {
+    const std::string& n = s.name;
+    float* p = params + s.offset;
+    const bool gain = n == "ln1.w" || n == "ln2.w" || n == "lnf.w";
+    const bool bias = n.size() > 2 && n.compare(n.size() - 2, 2, ".b") == 0;
+    const double std_dev = (n == "attn.proj.w" || n == "mlp.proj.w") ? residual_std : 0.02;
+    for (std::size_t i = 0; i < s.count; ++i) {
+      p[i] = gain ? 1.0f : bias ? 0.0f : static_cast<float>(rng.Normal() * std_dev);
+    }
+  }
+}
+
+template <typename T>
+Gpt<T>::Gpt(const GptConfig& config, memascend::KernelThreads* threads)
+    : c_(config), threads_(threads), rows_(config.batch * config.seq) {
+  const std::size_t ch = c_.channels;
+  x_.resize(rows_ * ch);
+  acts_.resize(c_.layers);
+  for (BlockActs& a : acts_) {
+    a.in.resize(rows_ * ch);
+    a.ln1.resize(rows_ * ch);
+    a.ln1_mean.resize(rows_);
+    a.ln1_rstd.resize(rows_);
+    a.qkv.resize(rows_ * 3 * ch);
+    a.att.resize(c_.batch * c_.heads * c_.seq * c_.seq);
+    a.atty.resize(rows_ * ch);
+    a.mid.resize(rows_ * ch);
+    a.ln2.resize(rows_ * ch);
+    a.ln2_mean.resize(rows_);
+    a.ln2_rstd.resize(rows_);
+    a.fc.resize(rows_ * 4 * ch);
+    a.gelu.resize(rows_ * 4 * ch);
+  }
+  lnf_.resize(rows_ * ch);
+  lnf_mean_.resize(rows_);
+  lnf_rstd_.resize(rows_);
+  logits_.resize(rows_ * c_.vocab);
+  dlogits_.resize(rows_ * c_.vocab);
+  row_loss_.resize(rows_);
+  scratch_a_.resize(rows_ * 4 * ch);
+  scratch_b_.resize(rows_ * 4 * ch);
+  scratch_c_.resize(rows_ * ch);
+}
+
+template <typename T>
+void Gpt<T>::Embed(const T* params, const std::int32_t* tokens) {
+  tokens_.assign(tokens, tokens + rows_);
+  ops::EmbeddingForward(x_.data(), tokens, params, params + c_.vocab * c_.channels, rows_, c_.seq,
+                        c_.channels);
+}
+
+template <typename T>
+void Gpt<T>::Block(std::size_t layer, const T* params) {
+  const BlockParams p(c_.channels);
+  const std::size_t ch = c_.channels;
+  BlockActs& a = acts_[layer];
+  a.in = x_;
+  ops::LayerNormForward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), a.in.data(),
+                        params + p.ln1_w, params + p.ln1_b, rows_, ch, threads_);
+  ops::MatmulForward(a.qkv.data(), a.ln1.data(), params + p.qkv_w, params + p.qkv_b, rows_, ch,
+                     3 * ch, threads_);
+  ops::AttentionForward(a.atty.data(), a.att.data(), a.qkv.data(), c_.batch, c_.seq, ch, c_.heads,
+                        threads_);
+  ops::MatmulForward(scratch_c_.data(), a.atty.data(), params + p.proj_w, params + p.proj_b, rows_,
+                     ch, ch, threads_);
+  for (std::size_t i = 0; i < rows_ * ch; ++i) a.mid[i] = a.in[i] + scratch_c_[i];
+  ops::LayerNormForward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.mid.data(),
+                        params + p.ln2_w, params + p.ln2_b, rows_, ch, threads_);
+  ops::MatmulForward(a.fc.data(), a.ln2.data(), params + p.fc_w, params + p.fc_b, rows_, ch, 4 * ch,
+                     threads_);
+  ops::GeluForward(a.gelu.data(), a.fc.data(), rows_ * 4 * ch);
+  ops::MatmulForward(scratch_c_.data(), a.gelu.data(), params + p.fcp_w, params + p.fcp_b, rows_,
+                     4 * ch, ch, threads_);
+  for (std::size_t i = 0; i < rows_ * ch; ++i) x_[i] = a.mid[i] + scratch_c_[i];
+}
+
+template <typename T>
+double Gpt<T>::HeadForwardBackward(const T* params, T* dparams, const std::int32_t* targets,
+                                   T grad_scale) {
+  const std::size_t ch = c_.channels;
+  const T* lnf_w = params;
+  const T* lnf_b = params + ch;
+  const T* lm = params + 2 * ch;
+  ops::LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x_.data(), lnf_w, lnf_b,
+                        rows_, ch, threads_);
+  ops::MatmulForward(logits_.data(), lnf_.data(), lm, static_cast<const T*>(nullptr), rows_, ch,
+                     c_.vocab, threads_);
+  const double loss = ops::CrossEntropy(
+      dparams != nullptr ? dlogits_.data() : static_cast<T*>(nullptr), logits_.data(), targets,
+      rows_, c_.vocab, grad_scale, threads_, row_loss_.data());
+  if (dparams == nullptr) return loss;
+  std::vector<T>& dlnf = scratch_c_;
+  std::fill(dlnf.begin(), dlnf.end(), T(0));
+  ops::MatmulBackward(dlnf.data(), dparams + 2 * ch, static_cast<T*>(nullptr), dlogits_.data(),
+                      lnf_.data(), lm, rows_, ch, c_.vocab, threads_);
+  std::vector<T> dx(rows_ * ch, T(0));
+  ops::LayerNormBackward(dx.data(), dparams, dparams + ch, dlnf.data(), x_.data(), lnf_w,
+                         lnf_mean_.data(), lnf_rstd_.data(), rows_, ch, threads_);
+  x_ = std::move(dx);  // from here on x_ holds the gradient of the residual stream
+  return loss;
+}
+
+template <typename T>
+void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
+  const BlockParams p(c_.channels);
+  const std::size_t ch = c_.channels;
+  BlockActs& a = acts_[layer];
+  // x_ is d(out); out = mid + mlp(ln2(mid)); mid = in + attn(ln1(in)).
+  std::vector<T> dmid = x_;
+  T* dgelu = scratch_a_.data();
+  T* dfc = scratch_b_.data();
+  std::fill(dgelu, dgelu + rows_ * 4 * ch, T(0));
+  ops::MatmulBackward(dgelu, dparams + p.fcp_w, dparams + p.fcp_b, x_.data(), a.gelu.data(),
+                      params + p.fcp_w, rows_, 4 * ch, ch, threads_);
+  std::fill(dfc, dfc + rows_ * 4 * ch, T(0));
+  ops::GeluBackward(dfc, dgelu, a.fc.data(), rows_ * 4 * ch);
+  T* dln2 = scratch_c_.data();
+  std::fill(dln2, dln2 + rows_ * ch, T(0));
+  ops::MatmulBackward(dln2, dparams + p.fc_w, dparams + p.fc_b, dfc, a.ln2.data(), params + p.fc_w,
+                      rows_, ch, 4 * ch, threads_);
+  ops::LayerNormBackward(dmid.data(), dparams + p.ln2_w, dparams + p.ln2_b, dln2, a.mid.data(),
+                         params + p.ln2_w, a.ln2_mean.data(), a.ln2_rstd.data(), rows_, ch,
+                         threads_);
+  // attention
+  x_ = dmid;  // d(in) starts as the residual's share
+  T* datty = scratch_c_.data();
+  std::fill(datty, datty + rows_ * ch, T(0));
+  ops::MatmulBackward(datty, dparams + p.proj_w, dparams + p.proj_b, dmid.data(), a.atty.data(),
+                      params + p.proj_w, rows_, ch, ch, threads_);
+  T* dqkv = scratch_a_.data();
+  std::fill(dqkv, dqkv + rows_ * 3 * ch, T(0));
+  ops::AttentionBackward(dqkv, datty, a.qkv.data(), a.att.data(), c_.batch, c_.seq, ch, c_.heads,
+                         threads_);
+  T* dln1 = scratch_b_.data();
+  std::fill(dln1, dln1 + rows_ * ch, T(0));
+  ops::MatmulBackward(dln1, dparams + p.qkv_w, dparams + p.qkv_b, dqkv, a.ln1.data(),
+                      params + p.qkv_w, rows_, ch, 3 * ch, threads_);
+  ops::LayerNormBackward(x_.data(), dparams + p.ln1_w, dparams + p.ln1_b, dln1, a.in.data(),
+                         params + p.ln1_w, a.ln1_mean.data(), a.ln1_rstd.data(), rows_, ch,
+                         threads_);
+}
+
+template <typename T>
+void Gpt<T>::EmbedBackward(T* dparams) {
+  ops::EmbeddingBackward(dparams, dparams + c_.vocab * c_.channels, x_.data(), tokens_.data(),
+                         rows_, c_.seq, c_.channels, threads_);
+}
+
+template <typename T>
+const T* Gpt<T>::Logits(std::size_t b, std::size_t t) const {
+  return logits_.data() + (b * c_.seq + t) * c_.vocab;
+}
+
+template <typename T>
+std::size_t Gpt<T>::ActivationBytes() const {
+  std::size_t n = x_.size() + lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() +
+                  dlogits_.size() + row_loss_.size() + scratch_a_.size() + scratch_b_.size() +
+                  scratch_c_.size();
+  for (const BlockActs& a : acts_) {
+    n += a.in.size() + a.ln1.size() + a.ln1_mean.size() + a.ln1_rstd.size() + a.qkv.size() +
+         a.att.size() + a.atty.size() + a.mid.size() + a.ln2.size() + a.ln2_mean.size() +
+         a.ln2_rstd.size() + a.fc.size() + a.gelu.size();
+  }
+  return n * sizeof(T) + tokens_.capacity() * sizeof(std::int32_t);
+}
+
+template class Gpt<float>;
+template class Gpt<double>;
+
+}  // namespace offload_train

@@ -1,0 +1,97 @@
+// A decoder-only transformer (GPT-2's layout: token and position embeddings, pre-norm
+// blocks of causal multi-head attention and a GELU MLP, a final layer norm, an untied
+// output head), with the parameters in groups that the trainer streams one at a time:
+// group 0 the embeddings, groups 1..L the blocks, group L+1 the head.
+//
+// A group's parameters are one flat array (GroupLayout gives the slices), so each group
+// is one tensor per kind of state in the store. The model keeps the activations of the
+// current batch for the backward pass (ordinary memory, counted by ActivationBytes).
+//
+// Thread-safety: one thread drives a model; `threads` parallelises inside each layer.
+#ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_MODEL_H_
+#define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_MODEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <absl/status/status.h>
+
+#include <memascend/kernels.h>
+
+namespace offload_train {
+
+struct GptConfig {
+  std::size_t vocab = 256;
+  std::size_t seq = 64;
+  std::size_t channels = 128;
+  std::size_t layers = 4;
+  std::size_t heads = 4;
+  std::size_t batch = 8;
+};
+
+absl::Status Validate(const GptConfig& c);
+
+enum class GroupKind { kEmbed, kBlock, kHead };
+
+struct Slice {
+  std::string name;
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+std::size_t GroupCount(const GptConfig& c);  // layers + 2
+GroupKind KindOf(const GptConfig& c, std::size_t group);
+std::string GroupName(const GptConfig& c, std::size_t group);  // "embed", "block.3", "head"
+std::vector<Slice> GroupLayout(const GptConfig& c, std::size_t group);
+std::size_t GroupParams(const GptConfig& c, std::size_t group);
+std::size_t TotalParams(const GptConfig& c);
+
+// GPT-2's initialisation: N(0, 0.02) weights (residual projections scaled by
+// 1/sqrt(2L)), unit layer-norm gains, zero biases. Deterministic in (seed, group).
+void InitGroup(const GptConfig& c, std::size_t group, std::uint64_t seed, float* params);
+
+template <typename T>
+class Gpt {
+ public:
+  Gpt(const GptConfig& config, memascend::KernelThreads* threads);
+
+  // Forward: Embed, then every Block in order, then HeadForwardBackward, which also
+  // starts the backward pass (the head is last forward and first backward, so its
+  // parameters are used once). `tokens` and `targets` are [batch * seq].
+  void Embed(const T* params, const std::int32_t* tokens);
+  void Block(std::size_t layer, const T* params);
+  // Returns the mean loss. With dparams non-null: accumulates the head's gradient, scaled
+  // by grad_scale, and leaves the gradient of the residual stream for BlockBackward.
+  double HeadForwardBackward(const T* params, T* dparams, const std::int32_t* targets,
+                             T grad_scale);
+  void BlockBackward(std::size_t layer, const T* params, T* dparams);
+  void EmbedBackward(T* dparams);
+
+  // The last logits row of sequence `b` (after HeadForwardBackward), for sampling.
+  const T* Logits(std::size_t b, std::size_t t) const;
+  std::size_t ActivationBytes() const;
+  const GptConfig& config() const { return c_; }
+
+ private:
+  struct BlockActs {
+    std::vector<T> in, ln1, ln1_mean, ln1_rstd, qkv, att, atty, mid, ln2, ln2_mean, ln2_rstd, fc,
+        gelu;
+  };
+  GptConfig c_;
+  memascend::KernelThreads* threads_;
+  std::size_t rows_;
+  std::vector<std::int32_t> tokens_;
+  std::vector<T> x_;  // the residual stream, then its gradient
+  std::vector<BlockActs> acts_;
+  std::vector<T> lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_;
+  std::vector<T> scratch_a_, scratch_b_, scratch_c_;  // gradients inside a block
+};
+
+extern template class Gpt<float>;
+extern template class Gpt<double>;
+
+}  // namespace offload_train
+
+#endif  // MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_MODEL_H_

@@ -1,0 +1,686 @@
+#include "trainer.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <sys/stat.h>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <memascend/status.h>
+#include <memascend/volume.h>
+
+namespace offload_train {
+namespace {
+
+using memascend::DType;
+using memascend::TensorId;
+using memascend::TensorLease;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The kinds of state of a parameter group.
+enum class Kind { kParam, kGrad, kMaster, kExpAvg, kExpAvgSq };
+constexpr std::array<Kind, 5> kKinds = {Kind::kParam, Kind::kGrad, Kind::kMaster, Kind::kExpAvg,
+                                        Kind::kExpAvgSq};
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kParam:
+      return "param";
+    case Kind::kGrad:
+      return "grad";
+    case Kind::kMaster:
+      return "master";
+    case Kind::kExpAvg:
+      return "exp_avg";
+    case Kind::kExpAvgSq:
+      return "exp_avg_sq";
+  }
+  return "?";
+}
+bool Versioned(Kind k) { return k != Kind::kGrad; }
+std::size_t ElementBytes(Kind k, DType dtype) {
+  return (k == Kind::kParam || k == Kind::kGrad) ? memascend::SizeOf(dtype) : 4;
+}
+memascend::Use UseOf(Kind k) {
+  switch (k) {
+    case Kind::kParam:
+      return memascend::Use::kParameters;
+    case Kind::kGrad:
+      return memascend::Use::kGradients;
+    default:
+      return memascend::Use::kOptimizerState;
+  }
+}
+
+// What a step commits (Note [train state versions]).
+struct Checkpoint {
+  std::uint64_t step = 0;  // steps completed
+  int version = 0;         // the version holding the state after `step`
+  std::int64_t adam_step = 0;
+  memascend::DynamicLossScaler::State scaler;
+  std::uint64_t fingerprint = 0;  // of the model, data and hyper-parameters
+};
+
+std::string Encode(const Checkpoint& c) {
+  return fmt::format(
+      "step={};version={};adam_step={};scale={:a};good={};hysteresis={};skipped={};"
+      "fingerprint={}",
+      c.step, c.version, c.adam_step, c.scaler.scale, c.scaler.good_steps, c.scaler.hysteresis_left,
+      c.scaler.skipped, c.fingerprint);
+}
+
+absl::StatusOr<Checkpoint> Decode(const std::string& text) {
+  Checkpoint c;
+  int fields = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const std::size_t end = std::min(text.find(';', pos), text.size());
+    const std::string kv = text.substr(pos, end - pos);
+    pos = end + 1;
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    ++fields;
+    if (k == "step")
+      c.step = std::stoull(v);
+    else if (k == "version")
+      c.version = std::stoi(v);
+    else if (k == "adam_step")
+      c.adam_step = std::stoll(v);
+    else if (k == "scale")
+      c.scaler.scale = std::strtof(v.c_str(), nullptr);
+    else if (k == "good")
+      c.scaler.good_steps = std::stoll(v);
+    else if (k == "hysteresis")
+      c.scaler.hysteresis_left = std::stoi(v);
+    else if (k == "skipped")
+      c.scaler.skipped = std::stoll(v);
+    else if (k == "fingerprint")
+      c.fingerprint = std::stoull(v);
+    else
+      --fields;
+  }
+  if (fields != 8 || (c.version != 0 && c.version != 1))
+    return absl::DataLossError(fmt::format("checkpoint record unreadable: '{}'", text));
+  return c;
+}
+
+std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size_t corpus_tokens) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  for (std::size_t v :
+       {o.model.vocab, o.model.seq, o.model.channels, o.model.layers, o.model.heads, o.model.batch})
+    mix(v);
+  mix(static_cast<std::uint64_t>(o.dtype));
+  mix(o.seed);
+  mix(o.warmup);
+  for (float f : {o.lr, o.weight_decay, o.clip, o.initial_loss_scale}) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    mix(bits);
+  }
+  mix(tok.Fingerprint());
+  mix(corpus_tokens);
+  return h;
+}
+
+// Where the state lives. A Buf holds a lease (offload) or points into ordinary memory.
+class Backend {
+ public:
+  struct Buf {
+    std::byte* data = nullptr;
+    std::size_t bytes = 0;
+    TensorLease lease;
+    float* f32() const { return reinterpret_cast<float*>(data); }
+  };
+  virtual ~Backend() = default;
+  // The current version.
+  virtual absl::StatusOr<Buf> Read(Kind k, std::size_t g) = 0;
+  // Every byte is written by the caller: the current version (next == false) or the next.
+  virtual absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, bool next) = 0;
+  // The next version, starting as a copy of the current one.
+  virtual absl::StatusOr<Buf> Update(Kind k, std::size_t g) = 0;
+  virtual void Prefetch(Kind k, std::size_t g) = 0;
+  virtual absl::Status Discard(Kind k, std::size_t g) = 0;
+  // Makes `c` the committed state; c.version may name the next version.
+  virtual absl::Status Commit(const Checkpoint& c) = 0;
+  virtual absl::StatusOr<std::optional<Checkpoint>> Load() = 0;
+  virtual std::uint64_t IoReadBytes() const = 0;
+  virtual std::uint64_t IoWriteBytes() const = 0;
+};
+
+class ReferenceBackend final : public Backend {
+ public:
+  ReferenceBackend(const GptConfig& c, DType dtype) {
+    for (Kind k : kKinds) {
+      for (std::size_t g = 0; g < GroupCount(c); ++g)
+        state_[static_cast<int>(k)].emplace_back(GroupParams(c, g) * ElementBytes(k, dtype));
+    }
+  }
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g) override { return At(k, g); }
+  absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, bool) override { return At(k, g); }
+  absl::StatusOr<Buf> Update(Kind k, std::size_t g) override { return At(k, g); }
+  void Prefetch(Kind, std::size_t) override {}
+  absl::Status Discard(Kind, std::size_t) override { return absl::OkStatus(); }
+  absl::Status Commit(const Checkpoint&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::optional<Checkpoint>> Load() override { return std::nullopt; }
+  std::uint64_t IoReadBytes() const override { return 0; }
+  std::uint64_t IoWriteBytes() const override { return 0; }
+
+ private:
+  Buf At(Kind k, std::size_t g) {
+    auto& v = state_[static_cast<int>(k)][g];
+    Buf b;
+    b.data = v.data();
+    b.bytes = v.size();
+    return b;
+  }
+  std::array<std::vector<std::vector<std::byte>>, kKinds.size()> state_;
+};
+
+constexpr const char* kCheckpointName = "train.checkpoint";
+
+class OffloadBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<OffloadBackend>> Open(const TrainOptions& o,
+                                                              memascend::MemoryLedger* ledger) {
+    auto b = std::unique_ptr<OffloadBackend>(new OffloadBackend());
+    b->config_ = o.model;
+    MEMASCEND_RETURN_IF_ERROR(b->OpenVolume(o));
+    memascend::TensorStoreOptions so;
+    so.host_budget_bytes = o.host_budget;
+    so.ledger = ledger;
+    MEMASCEND_ASSIGN_OR_RETURN(b->store_, memascend::TensorStore::Open(b->volume_.get(), so));
+    for (Kind k : kKinds) {
+      for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
+        for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
+          memascend::TensorSpec spec;
+          spec.name = Versioned(k) ? fmt::format("{}.{}.v{}", GroupName(o.model, g), KindName(k), v)
+                                   : fmt::format("{}.{}", GroupName(o.model, g), KindName(k));
+          spec.dtype = ElementBytes(k, o.dtype) == 4 ? DType::kF32 : o.dtype;
+          spec.bytes = GroupParams(o.model, g) * ElementBytes(k, o.dtype);
+          spec.shape = {static_cast<std::int64_t>(GroupParams(o.model, g))};
+          spec.use = UseOf(k);
+          spec.durability =
+              Versioned(k) ? memascend::Durability::kDurable : memascend::Durability::kScratch;
+          MEMASCEND_ASSIGN_OR_RETURN(TensorId id, b->store_->Register(spec));
+          b->ids_[static_cast<int>(k)].resize(GroupCount(o.model) * 2);
+          b->ids_[static_cast<int>(k)][g * 2 + static_cast<std::size_t>(v)] = id;
+        }
+      }
+    }
+    return b;
+  }
+
+  ~OffloadBackend() override {
+    store_.reset();  // before the volume
+  }
+
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g) override {
+    MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, store_->Acquire(Id(k, g, current_)));
+    return Wrap(std::move(lease));
+  }
+  absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, bool next) override {
+    MEMASCEND_ASSIGN_OR_RETURN(
+        TensorLease lease, store_->AcquireForOverwrite(Id(k, g, next ? 1 - current_ : current_)));
+    return Wrap(std::move(lease));
+  }
+  absl::StatusOr<Buf> Update(Kind k, std::size_t g) override {
+    MEMASCEND_ASSIGN_OR_RETURN(TensorLease next,
+                               store_->AcquireForOverwrite(Id(k, g, 1 - current_)));
+    {
+      MEMASCEND_ASSIGN_OR_RETURN(TensorLease now, store_->Acquire(Id(k, g, current_)));
+      std::memcpy(next.data(), now.data(), now.size());
+    }
+    return Wrap(std::move(next));
+  }
+  void Prefetch(Kind k, std::size_t g) override { (void)store_->Prefetch(Id(k, g, current_)); }
+  absl::Status Discard(Kind k, std::size_t g) override {
+    return store_->Discard(Id(k, g, current_));
+  }
+  absl::Status Commit(const Checkpoint& c) override {
+    MEMASCEND_RETURN_IF_ERROR(store_->Flush());
+    const std::string record = Encode(c);
+    MEMASCEND_RETURN_IF_ERROR(volume_->Put(
+        kCheckpointName, {reinterpret_cast<const std::byte*>(record.data()), record.size()},
+        memascend::Durability::kDurable, "offload_train checkpoint"));
+    current_ = c.version;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<Checkpoint>> Load() override {
+    auto info = volume_->Stat(kCheckpointName);
+    if (!info.ok()) {
+      if (info.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
+      return info.status();
+    }
+    std::string text(info->size, '\0');
+    MEMASCEND_RETURN_IF_ERROR(
+        volume_->Get(kCheckpointName, {reinterpret_cast<std::byte*>(text.data()), text.size()})
+            .status());
+    MEMASCEND_ASSIGN_OR_RETURN(Checkpoint c, Decode(text));
+    current_ = c.version;
+    return c;
+  }
+  std::uint64_t IoReadBytes() const override { return store_->stats().bytes_read; }
+  std::uint64_t IoWriteBytes() const override { return store_->stats().bytes_written; }
+  memascend::TensorStoreStats stats() const { return store_->stats(); }
+
+ private:
+  OffloadBackend() = default;
+
+  TensorId Id(Kind k, std::size_t g, int version) const {
+    return ids_[static_cast<int>(k)][g * 2 + static_cast<std::size_t>(Versioned(k) ? version : 0)];
+  }
+  static Buf Wrap(TensorLease lease) {
+    Buf b;
+    b.data = lease.data();
+    b.bytes = lease.size();
+    b.lease = std::move(lease);
+    return b;
+  }
+
+  absl::Status OpenVolume(const TrainOptions& o) {
+    if (o.volume_path.empty()) return absl::InvalidArgumentError("no volume path");
+    memascend::VolumeOpenOptions open;
+    if (o.resume) {
+      MEMASCEND_ASSIGN_OR_RETURN(volume_, memascend::Volume::Open(o.volume_path, open));
+      return absl::OkStatus();
+    }
+    struct stat st {};
+    const bool exists = ::stat(o.volume_path.c_str(), &st) == 0;
+    const bool regular = !exists || S_ISREG(st.st_mode);
+    memascend::VolumeFormatOptions f;
+    f.force = o.force;
+    if (regular) {
+      f.size = o.volume_bytes != 0 ? o.volume_bytes : DefaultVolumeBytes(o);
+      // A file holding an earlier run's volume is ours to reformat; any other content
+      // is refused unless forced (Note [foreign data]).
+      if (exists && memascend::Volume::Open(o.volume_path, open).ok()) f.force = true;
+    }
+    MEMASCEND_RETURN_IF_ERROR(memascend::Volume::Format(o.volume_path, f));
+    MEMASCEND_ASSIGN_OR_RETURN(volume_, memascend::Volume::Open(o.volume_path, open));
+    return absl::OkStatus();
+  }
+
+  static std::uint64_t DefaultVolumeBytes(const TrainOptions& o) {
+    constexpr std::uint64_t kUnit = 64 * 1024;
+    std::uint64_t need = 0;
+    for (Kind k : kKinds) {
+      for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
+        const std::uint64_t bytes = GroupParams(o.model, g) * ElementBytes(k, o.dtype);
+        need += (Versioned(k) ? 2 : 1) * ((bytes + kUnit - 1) / kUnit * kUnit);
+      }
+    }
+    return 2 * need + (64ull << 20);  // room to write new extents before old ones are freed
+  }
+
+  GptConfig config_;
+  std::unique_ptr<memascend::Volume> volume_;
+  std::unique_ptr<memascend::TensorStore> store_;
+  std::array<std::vector<TensorId>, kKinds.size()> ids_;
+  int current_ = 0;
+};
+
+std::size_t MaxGroupParams(const GptConfig& c) {
+  std::size_t n = 0;
+  for (std::size_t g = 0; g < GroupCount(c); ++g) n = std::max(n, GroupParams(c, g));
+  return n;
+}
+
+std::size_t RoundPage(std::size_t b) { return (b + 4095) / 4096 * 4096; }
+
+// Mixed-precision training over a backend.
+class Run {
+ public:
+  Run(const TrainOptions& o, Backend* backend, memascend::KernelThreads* threads,
+      memascend::MemoryLedger* ledger)
+      : o_(o),
+        c_(o.model),
+        backend_(backend),
+        threads_(threads),
+        ledger_(ledger),
+        model_(o.model, threads),
+        wf_(MaxGroupParams(o.model)),
+        df_(MaxGroupParams(o.model)) {}
+
+  absl::Status Init(std::uint64_t fingerprint) {
+    for (std::size_t g = 0; g < GroupCount(c_); ++g) {
+      const std::size_t n = GroupParams(c_, g);
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Overwrite(Kind::kMaster, g, false));
+      InitGroup(c_, g, o_.seed, master.f32());
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, false));
+      MEMASCEND_RETURN_IF_ERROR(
+          memascend::Convert({master.data, n, DType::kF32}, {param.data, n, o_.dtype}, {threads_}));
+      for (Kind k : {Kind::kExpAvg, Kind::kExpAvgSq}) {
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf s, backend_->Overwrite(k, g, false));
+        std::memset(s.data, 0, s.bytes);
+      }
+    }
+    ck_ = Checkpoint{};
+    ck_.scaler = scaler_.state();
+    ck_.fingerprint = fingerprint;
+    return backend_->Commit(ck_);
+  }
+
+  absl::Status Resume(const Checkpoint& c) {
+    MEMASCEND_RETURN_IF_ERROR(scaler_.Restore(c.scaler));
+    ck_ = c;
+    return absl::OkStatus();
+  }
+
+  const Checkpoint& checkpoint() const { return ck_; }
+  memascend::DynamicLossScaler& scaler() { return scaler_; }
+  Gpt<float>& model() { return model_; }
+
+  // One step; returns the loss.
+  absl::StatusOr<double> Step(const std::vector<std::int32_t>& inputs,
+                              const std::vector<std::int32_t>& targets, bool* skipped) {
+    const std::size_t groups = GroupCount(c_);
+    const std::size_t head = groups - 1;
+    const float scale = scaler_.scale();
+    overflow_ = false;
+    sum_squares_ = 0;
+    // Forward, streaming the working parameters.
+    double loss = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      for (std::size_t a = g + 1; a <= std::min(head, g + o_.window); ++a)
+        backend_->Prefetch(Kind::kParam, a);
+      MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
+      if (g == 0) {
+        model_.Embed(wf_.data(), inputs.data());
+      } else if (g < head) {
+        model_.Block(g - 1, wf_.data());
+      } else {
+        std::fill(df_.begin(), df_.end(), 0.0f);
+        loss = model_.HeadForwardBackward(wf_.data(), df_.data(), targets.data(), scale);
+        MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
+      }
+      Sample(g, "fwd");
+    }
+    // Backward, the blocks in reverse; the embedding needs no parameters.
+    for (std::size_t g = head - 1; g >= 1; --g) {
+      for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a)
+        backend_->Prefetch(Kind::kParam, a);
+      MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
+      std::fill(df_.begin(), df_.end(), 0.0f);
+      model_.BlockBackward(g - 1, wf_.data(), df_.data());
+      MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
+      Sample(g, "bwd");
+    }
+    std::fill(df_.begin(), df_.end(), 0.0f);
+    model_.EmbedBackward(df_.data());
+    MEMASCEND_RETURN_IF_ERROR(StoreGrad(0));
+    Sample(0, "bwd");
+
+    const bool apply = scaler_.Update(overflow_);
+    *skipped = !apply;
+    int version = ck_.version;
+    if (apply) {
+      const double norm = std::sqrt(sum_squares_) / static_cast<double>(scale);
+      memascend::AdamConfig adam;
+      const double ramp =
+          o_.warmup == 0
+              ? 1.0
+              : std::min(1.0, static_cast<double>(ck_.step + 1) / static_cast<double>(o_.warmup));
+      adam.lr = static_cast<float>(static_cast<double>(o_.lr) * ramp);
+      adam.weight_decay = o_.weight_decay;
+      adam.step = ck_.adam_step + 1;
+      adam.grad_multiplier = memascend::ClipCoefficient(norm, o_.clip) / scale;
+      for (std::size_t g = 0; g < groups; ++g) {
+        if (g + 1 < groups) {
+          for (Kind k : {Kind::kGrad, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
+            backend_->Prefetch(k, g + 1);
+        }
+        MEMASCEND_RETURN_IF_ERROR(Optimize(g, adam));
+        Sample(g, "opt");
+      }
+      ++ck_.adam_step;
+      version = 1 - ck_.version;
+    } else {
+      for (std::size_t g = 0; g < groups; ++g)
+        MEMASCEND_RETURN_IF_ERROR(backend_->Discard(Kind::kGrad, g));
+    }
+    Checkpoint next = ck_;
+    next.step = ck_.step + 1;
+    next.version = version;
+    next.scaler = scaler_.state();
+    MEMASCEND_RETURN_IF_ERROR(backend_->Commit(next));
+    ck_ = next;
+    return loss;
+  }
+
+  // Forward only (dparams null), for sampling: the model must be built for batch 1.
+  absl::StatusOr<std::int32_t> NextToken(Gpt<float>& model, const std::vector<std::int32_t>& ctx,
+                                         std::uint64_t* rng) {
+    const std::size_t groups = GroupCount(c_);
+    std::vector<std::int32_t> window(c_.seq, 0);
+    const std::size_t n = std::min(ctx.size(), c_.seq);
+    std::copy(ctx.end() - static_cast<std::ptrdiff_t>(n), ctx.end(), window.begin());
+    for (std::size_t g = 0; g < groups; ++g) {
+      MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
+      if (g == 0) {
+        model.Embed(wf_.data(), window.data());
+      } else if (g + 1 < groups) {
+        model.Block(g - 1, wf_.data());
+      } else {
+        model.HeadForwardBackward(wf_.data(), nullptr, window.data(), 1.0f);
+      }
+    }
+    const float* logits = model.Logits(0, n - 1);
+    std::vector<double> p(c_.vocab);
+    double maxv = logits[0], sum = 0;
+    for (std::size_t v = 1; v < c_.vocab; ++v) maxv = std::max(maxv, double{logits[v]});
+    for (std::size_t v = 0; v < c_.vocab; ++v)
+      sum += p[v] = std::exp((double{logits[v]} - maxv) / 0.8);
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    double u = static_cast<double>(*rng >> 11) * 0x1.0p-53 * sum;
+    for (std::size_t v = 0; v < c_.vocab; ++v) {
+      u -= p[v];
+      if (u <= 0) return static_cast<std::int32_t>(v);
+    }
+    return static_cast<std::int32_t>(c_.vocab - 1);
+  }
+
+ private:
+  absl::Status LoadParams(std::size_t g) {
+    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g));
+    return memascend::Convert({p.data, GroupParams(c_, g), o_.dtype},
+                              {wf_.data(), GroupParams(c_, g), DType::kF32}, {threads_});
+  }
+
+  // The group's fp32 gradient (scaled) into its 16-bit gradient tensor, checked for
+  // overflow and added to the norm while in hand.
+  absl::Status StoreGrad(std::size_t g) {
+    const std::size_t n = GroupParams(c_, g);
+    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Overwrite(Kind::kGrad, g, false));
+    MEMASCEND_RETURN_IF_ERROR(
+        memascend::Convert({df_.data(), n, DType::kF32}, {grad.data, n, o_.dtype}, {threads_}));
+    const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
+    if (memascend::HasOverflow(view, {threads_})) overflow_ = true;
+    if (!overflow_) sum_squares_ += memascend::SumOfSquares(view, {threads_});
+    return absl::OkStatus();
+  }
+
+  absl::Status Optimize(std::size_t g, const memascend::AdamConfig& adam) {
+    const std::size_t n = GroupParams(c_, g);
+    {
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g));
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Update(Kind::kMaster, g));
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf m, backend_->Update(Kind::kExpAvg, g));
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf v, backend_->Update(Kind::kExpAvgSq, g));
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, true));
+      MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(adam, {master.f32(), n}, {m.f32(), n},
+                                                     {v.f32(), n}, {grad.data, n, o_.dtype},
+                                                     {param.data, n, o_.dtype}, {threads_}));
+    }
+    return backend_->Discard(Kind::kGrad, g);
+  }
+
+  void Sample(std::size_t g, const char* phase) {
+    if (ledger_ != nullptr) ledger_->Sample(fmt::format("{}.{}", phase, GroupName(c_, g)));
+  }
+
+  TrainOptions o_;
+  GptConfig c_;
+  Backend* backend_;
+  memascend::KernelThreads* threads_;
+  memascend::MemoryLedger* ledger_;
+  memascend::DynamicLossScaler scaler_{[&] {
+    memascend::DynamicLossScaler::Options so;
+    so.initial_scale = o_.initial_loss_scale;
+    return so;
+  }()};
+  Gpt<float> model_;
+  std::vector<float> wf_, df_;  // one group's parameters and gradient in fp32
+  bool overflow_ = false;
+  double sum_squares_ = 0;
+  Checkpoint ck_;
+};
+
+}  // namespace
+
+std::size_t MinimumHostBudget(const GptConfig& c, DType dtype) {
+  const std::size_t n = MaxGroupParams(c);
+  const std::size_t half = memascend::SizeOf(dtype);
+  // gradient, next master / m / v, next parameters, one current fp32 state.
+  return 2 * RoundPage(n * half) + 4 * RoundPage(n * 4);
+}
+
+std::uint64_t ModelStateBytes(const GptConfig& c, DType dtype) {
+  return static_cast<std::uint64_t>(TotalParams(c)) * (2 * memascend::SizeOf(dtype) + 12);
+}
+
+std::size_t DefaultHostBudget(const GptConfig& c, DType dtype) {
+  const auto forty = static_cast<std::size_t>(static_cast<double>(ModelStateBytes(c, dtype)) * 0.4);
+  return RoundPage(std::max(forty, 2 * MinimumHostBudget(c, dtype)));
+}
+
+absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
+                                   const std::vector<std::int32_t>& tokens,
+                                   const Tokenizer& tokenizer) {
+  TrainOptions o = options;
+  MEMASCEND_RETURN_IF_ERROR(Validate(o.model));
+  if (o.dtype == DType::kF32)
+    return absl::InvalidArgumentError("working parameters are fp16 or bf16");
+  if (o.model.vocab != tokenizer.size()) {
+    return absl::InvalidArgumentError(
+        fmt::format("model vocab {} but the tokenizer has {}", o.model.vocab, tokenizer.size()));
+  }
+  if (tokens.size() < o.model.seq + 2) {
+    return absl::InvalidArgumentError(fmt::format(
+        "the corpus has {} tokens, fewer than one window of {}", tokens.size(), o.model.seq + 1));
+  }
+  if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype);
+  const std::size_t minimum = MinimumHostBudget(o.model, o.dtype);
+  if (o.mode == Mode::kOffload && o.host_budget < minimum) {
+    std::size_t largest = 0;
+    for (std::size_t g = 0; g < GroupCount(o.model); ++g)
+      if (GroupParams(o.model, g) > GroupParams(o.model, largest)) largest = g;
+    return absl::ResourceExhaustedError(fmt::format(
+        "host budget of {} bytes is below the {} bytes that the optimizer step of the largest "
+        "layer ('{}', {} parameters) holds at once; give --host-budget {} or more",
+        o.host_budget, minimum, GroupName(o.model, largest), GroupParams(o.model, largest),
+        minimum));
+  }
+  memascend::MemoryLedger own_ledger;
+  memascend::MemoryLedger* ledger = o.ledger != nullptr ? o.ledger : &own_ledger;
+  const int nthreads = o.threads > 0
+                           ? o.threads
+                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  memascend::KernelThreads threads(nthreads);
+
+  std::unique_ptr<Backend> backend;
+  OffloadBackend* offload = nullptr;
+  if (o.mode == Mode::kOffload) {
+    MEMASCEND_ASSIGN_OR_RETURN(auto b, OffloadBackend::Open(o, ledger));
+    offload = b.get();
+    backend = std::move(b);
+  } else {
+    backend = std::make_unique<ReferenceBackend>(o.model, o.dtype);
+  }
+  const std::uint64_t fingerprint = Fingerprint(o, tokenizer, tokens.size());
+  Run run(o, backend.get(), &threads, ledger);
+  if (o.resume) {
+    MEMASCEND_ASSIGN_OR_RETURN(std::optional<Checkpoint> ck, backend->Load());
+    if (!ck.has_value()) {
+      return absl::NotFoundError(
+          fmt::format("--resume: the volume '{}' holds no committed step; start without --resume",
+                      o.volume_path));
+    }
+    if (ck->fingerprint != fingerprint) {
+      return absl::FailedPreconditionError(
+          "--resume: the volume's run had another model, data, seed or hyper-parameters");
+    }
+    MEMASCEND_RETURN_IF_ERROR(run.Resume(*ck));
+  } else {
+    MEMASCEND_RETURN_IF_ERROR(run.Init(fingerprint));
+  }
+
+  TrainSummary summary;
+  summary.params = TotalParams(o.model);
+  summary.model_state_bytes = ModelStateBytes(o.model, o.dtype);
+  summary.host_budget = o.mode == Mode::kOffload ? o.host_budget : 0;
+  summary.first_step = run.checkpoint().step + 1;
+  const auto start = Clock::now();
+  std::vector<std::int32_t> inputs, targets;
+  for (std::size_t step = run.checkpoint().step + 1; step <= o.steps; ++step) {
+    const auto t0 = Clock::now();
+    const std::uint64_t io0 = backend->IoReadBytes() + backend->IoWriteBytes();
+    SampleBatch(tokens, o.seed, step, o.model.batch, o.model.seq, &inputs, &targets);
+    bool skipped = false;
+    MEMASCEND_ASSIGN_OR_RETURN(double loss, run.Step(inputs, targets, &skipped));
+    summary.losses.push_back(loss);
+    summary.last_step = step;
+    if (o.on_step) {
+      StepReport r;
+      r.step = step;
+      r.steps = o.steps;
+      r.loss = loss;
+      r.loss_scale = run.scaler().scale();
+      r.skipped = skipped;
+      r.seconds = Since(t0);
+      r.tokens_per_second = static_cast<double>(o.model.batch * o.model.seq) / r.seconds;
+      r.io_bytes = backend->IoReadBytes() + backend->IoWriteBytes() - io0;
+      r.io_gib_per_second = static_cast<double>(r.io_bytes) / r.seconds / (1u << 30);
+      r.pinned_bytes = ledger->Snapshot().tier(memascend::Tier::kPinnedHost).reserved;
+      o.on_step(r);
+    }
+  }
+  summary.seconds = Since(start);
+  summary.final_loss = summary.losses.empty() ? 0 : summary.losses.back();
+  summary.skipped_steps = run.scaler().skipped_steps();
+  summary.activation_bytes = run.model().ActivationBytes();
+
+  if (o.sample_tokens > 0) {
+    GptConfig one = o.model;
+    one.batch = 1;
+    Gpt<float> sampler(one, &threads);
+    std::vector<std::int32_t> ctx(tokens.begin(), tokens.begin() + 8);
+    for (std::int32_t t : ctx) summary.sample += tokenizer.Decode(t);
+    std::uint64_t rng = o.seed;
+    for (std::size_t i = 0; i < o.sample_tokens; ++i) {
+      MEMASCEND_ASSIGN_OR_RETURN(std::int32_t next, run.NextToken(sampler, ctx, &rng));
+      ctx.push_back(next);
+      summary.sample += tokenizer.Decode(next);
+    }
+  }
+  summary.io_read_bytes = backend->IoReadBytes();
+  summary.io_write_bytes = backend->IoWriteBytes();
+  summary.ledger = ledger->Snapshot();
+  summary.peak_pinned_bytes =
+      static_cast<std::uint64_t>(summary.ledger.tier(memascend::Tier::kPinnedHost).reserved_peak);
+  summary.peak_rss_bytes = summary.ledger.peak_rss_bytes;
+  (void)offload;
+  return summary;
+}
+
+}  // namespace offload_train

@@ -1,0 +1,108 @@
+// The training loop: mixed precision (fp16 or bf16 working parameters, fp32 master
+// weights and Adam moments, dynamic loss scaling, fused overflow check and Adam), with
+// every layer's state either in a TensorStore on a volume (Mode::kOffload) or in
+// ordinary memory (Mode::kReference). Both run the same operations in the same order, so
+// their losses agree bit for bit.
+//
+// Note [train state versions]: parameters, master weights and moments exist in two
+// versions on the volume. Step s reads version v and writes version 1 - v; only after
+// every tensor of the new version is durable (TensorStore::Flush) is the checkpoint
+// record (step, version, loss scaler, Adam step) committed, as one journaled object. A
+// run killed at any moment therefore resumes from the last committed step with a
+// consistent state, and reaches the same losses as a run never interrupted. Gradients
+// are scratch: written in the backward pass, read by the optimizer, then discarded.
+//
+// Thread-safety: one Train() call at a time per volume.
+#ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
+#define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <absl/status/statusor.h>
+
+#include <memascend/kernels.h>
+#include <memascend/memory_ledger.h>
+#include <memascend/tensor_store.h>
+
+#include "data.h"
+#include "model.h"
+
+namespace offload_train {
+
+enum class Mode { kOffload, kReference };
+
+struct TrainOptions {
+  GptConfig model;
+  memascend::DType dtype = memascend::DType::kF16;  // working parameters and gradients
+  Mode mode = Mode::kOffload;
+  std::size_t steps = 200;  // total, counting the steps of a run resumed from
+  std::uint64_t seed = 1;
+  float lr = 3e-3f;
+  std::size_t warmup = 20;  // steps of linear learning-rate warm-up
+  float weight_decay = 0.0f;
+  float clip = 1.0f;  // global gradient norm; 0: no clipping
+  float initial_loss_scale = 65536.0f;
+  int threads = 0;  // compute threads; 0: all cores
+  // Offload only.
+  std::string volume_path;         // a file (created) or a block device
+  std::uint64_t volume_bytes = 0;  // size of a file volume; 0: what the run needs, doubled
+  bool force = false;              // format a device that holds other data
+  bool resume = false;             // continue from the volume's last committed step
+  std::size_t host_budget = 0;     // pinned bytes; 0: DefaultHostBudget()
+  std::size_t window = 1;          // groups prefetched ahead
+  std::size_t sample_tokens = 0;   // generate this many tokens at the end
+  std::function<void(const struct StepReport&)> on_step;
+  memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own
+};
+
+struct StepReport {
+  std::size_t step = 0;  // 1-based
+  std::size_t steps = 0;
+  double loss = 0;
+  float loss_scale = 0;
+  bool skipped = false;  // overflow: the optimizer did not run
+  double seconds = 0;
+  double tokens_per_second = 0;
+  double io_gib_per_second = 0;
+  std::uint64_t io_bytes = 0;  // read + written by the store this step
+  std::int64_t pinned_bytes = 0;
+};
+
+struct TrainSummary {
+  std::size_t first_step = 1;  // > 1 for a resumed run
+  std::size_t last_step = 0;
+  std::vector<double> losses;  // of the steps this call ran
+  double final_loss = 0;
+  double seconds = 0;
+  std::size_t params = 0;
+  std::uint64_t model_state_bytes = 0;  // params + grads (16-bit) + master, m, v (fp32)
+  std::uint64_t host_budget = 0;
+  std::uint64_t peak_pinned_bytes = 0;
+  std::uint64_t peak_rss_bytes = 0;
+  std::uint64_t activation_bytes = 0;
+  std::uint64_t io_read_bytes = 0;
+  std::uint64_t io_write_bytes = 0;
+  std::int64_t skipped_steps = 0;
+  memascend::LedgerSnapshot ledger;
+  std::string sample;  // generated text
+};
+
+// The least pinned memory an offloaded run needs: the optimizer step of the largest
+// group holds its gradient, the next versions of master, moments and parameters, and
+// one current fp32 state being copied forward.
+std::size_t MinimumHostBudget(const GptConfig& c, memascend::DType dtype);
+// A budget well below the training state: 40% of it, but at least twice the minimum.
+std::size_t DefaultHostBudget(const GptConfig& c, memascend::DType dtype);
+std::uint64_t ModelStateBytes(const GptConfig& c, memascend::DType dtype);
+
+absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
+                                   const std::vector<std::int32_t>& tokens,
+                                   const Tokenizer& tokenizer);
+
+}  // namespace offload_train
+
+#endif  // MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_

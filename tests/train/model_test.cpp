@@ -1,0 +1,258 @@
+// Gradient checks: every layer's backward pass, and the whole model's, against central
+// finite differences, in double precision.
+#include "model.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ops.h"
+
+namespace offload_train {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec Random(std::size_t n, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> d(0.0, scale);
+  Vec v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+// d(sum(w . f(x)))/dx numerically, for the entries of x listed (all by default).
+Vec Numeric(Vec& x, const std::function<double()>& loss) {
+  const double h = 1e-6;
+  Vec g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + h;
+    const double up = loss();
+    x[i] = keep - h;
+    const double down = loss();
+    x[i] = keep;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+void ExpectClose(const Vec& analytic, const Vec& numeric, const char* what) {
+  ASSERT_EQ(analytic.size(), numeric.size());
+  // Central differences with h = 1e-6 carry about 1e-10 of rounding: an absolute floor
+  // for the tiny entries, relative agreement for the rest.
+  for (std::size_t i = 0; i < analytic.size(); ++i) {
+    EXPECT_NEAR(analytic[i], numeric[i], 1e-8 + 1e-6 * std::abs(numeric[i]))
+        << what << "[" << i << "]";
+  }
+}
+
+double Weighted(const Vec& out, const Vec& w) {
+  double s = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) s += out[i] * w[i];
+  return s;
+}
+
+TEST(Gradients, Matmul) {
+  std::mt19937_64 rng(1);
+  const std::size_t rows = 5, in = 7, out = 3;
+  Vec x = Random(rows * in, rng), w = Random(out * in, rng), b = Random(out, rng);
+  const Vec upstream = Random(rows * out, rng);
+  auto loss = [&] {
+    Vec y(rows * out);
+    ops::MatmulForward(y.data(), x.data(), w.data(), b.data(), rows, in, out, nullptr);
+    return Weighted(y, upstream);
+  };
+  Vec dx(x.size()), dw(w.size()), db(b.size());
+  ops::MatmulBackward(dx.data(), dw.data(), db.data(), upstream.data(), x.data(), w.data(), rows,
+                      in, out, nullptr);
+  ExpectClose(dx, Numeric(x, loss), "input");
+  ExpectClose(dw, Numeric(w, loss), "weight");
+  ExpectClose(db, Numeric(b, loss), "bias");
+}
+
+TEST(Gradients, LayerNorm) {
+  std::mt19937_64 rng(2);
+  const std::size_t rows = 4, ch = 9;
+  Vec x = Random(rows * ch, rng), w = Random(ch, rng), b = Random(ch, rng);
+  const Vec upstream = Random(rows * ch, rng);
+  Vec mean(rows), rstd(rows);
+  auto loss = [&] {
+    Vec y(rows * ch);
+    ops::LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows,
+                          ch, nullptr);
+    return Weighted(y, upstream);
+  };
+  loss();
+  Vec dx(x.size()), dw(w.size()), db(b.size());
+  ops::LayerNormBackward(dx.data(), dw.data(), db.data(), upstream.data(), x.data(), w.data(),
+                         mean.data(), rstd.data(), rows, ch, nullptr);
+  ExpectClose(dx, Numeric(x, loss), "input");
+  ExpectClose(dw, Numeric(w, loss), "gain");
+  ExpectClose(db, Numeric(b, loss), "bias");
+}
+
+TEST(Gradients, CausalAttention) {
+  std::mt19937_64 rng(3);
+  const std::size_t batch = 2, seq = 5, ch = 8, heads = 2;
+  Vec qkv = Random(batch * seq * 3 * ch, rng);
+  const Vec upstream = Random(batch * seq * ch, rng);
+  Vec att(batch * heads * seq * seq);
+  auto loss = [&] {
+    Vec y(batch * seq * ch);
+    ops::AttentionForward(y.data(), att.data(), qkv.data(), batch, seq, ch, heads, nullptr);
+    return Weighted(y, upstream);
+  };
+  loss();
+  Vec dqkv(qkv.size());
+  ops::AttentionBackward(dqkv.data(), upstream.data(), qkv.data(), att.data(), batch, seq, ch,
+                         heads, nullptr);
+  ExpectClose(dqkv, Numeric(qkv, loss), "qkv");
+  // Causality: the output at position t does not depend on keys or values after t.
+  Vec y1(batch * seq * ch), y2(batch * seq * ch);
+  ops::AttentionForward(y1.data(), att.data(), qkv.data(), batch, seq, ch, heads, nullptr);
+  qkv[(seq - 1) * 3 * ch + ch] += 1.0;  // a key of the last position of sequence 0
+  ops::AttentionForward(y2.data(), att.data(), qkv.data(), batch, seq, ch, heads, nullptr);
+  for (std::size_t i = 0; i < (seq - 1) * ch; ++i) EXPECT_EQ(y1[i], y2[i]) << i;
+}
+
+TEST(Gradients, GeluAndCrossEntropyAndEmbedding) {
+  std::mt19937_64 rng(4);
+  {
+    Vec x = Random(50, rng, 2.0);
+    const Vec upstream = Random(50, rng);
+    auto loss = [&] {
+      Vec y(50);
+      ops::GeluForward(y.data(), x.data(), 50);
+      return Weighted(y, upstream);
+    };
+    Vec dx(50);
+    ops::GeluBackward(dx.data(), upstream.data(), x.data(), 50);
+    ExpectClose(dx, Numeric(x, loss), "gelu");
+  }
+  {
+    const std::size_t rows = 6, vocab = 11;
+    Vec logits = Random(rows * vocab, rng, 3.0);
+    std::vector<std::int32_t> targets = {0, 3, 10, 5, 5, 1};
+    Vec scratch(rows);
+    auto loss = [&] {
+      return ops::CrossEntropy<double>(nullptr, logits.data(), targets.data(), rows, vocab, 1.0,
+                                       nullptr, scratch.data());
+    };
+    Vec d(logits.size());
+    ops::CrossEntropy(d.data(), logits.data(), targets.data(), rows, vocab, 1.0, nullptr,
+                      scratch.data());
+    ExpectClose(d, Numeric(logits, loss), "cross-entropy");
+    Vec d8(logits.size());
+    ops::CrossEntropy(d8.data(), logits.data(), targets.data(), rows, vocab, 8.0, nullptr,
+                      scratch.data());
+    for (std::size_t i = 0; i < d.size(); ++i) EXPECT_DOUBLE_EQ(d8[i], 8.0 * d[i]);
+  }
+  {
+    const std::size_t rows = 6, seq = 3, ch = 4, vocab = 5;
+    Vec wte = Random(vocab * ch, rng), wpe = Random(seq * ch, rng);
+    const std::vector<std::int32_t> tokens = {1, 4, 1, 0, 1, 2};
+    const Vec upstream = Random(rows * ch, rng);
+    auto loss = [&] {
+      Vec y(rows * ch);
+      ops::EmbeddingForward(y.data(), tokens.data(), wte.data(), wpe.data(), rows, seq, ch);
+      return Weighted(y, upstream);
+    };
+    Vec dwte(wte.size()), dwpe(wpe.size());
+    ops::EmbeddingBackward(dwte.data(), dwpe.data(), upstream.data(), tokens.data(), rows, seq, ch,
+                           nullptr);
+    ExpectClose(dwte, Numeric(wte, loss), "wte");
+    ExpectClose(dwpe, Numeric(wpe, loss), "wpe");
+  }
+}
+
+// The whole model: every group's gradient from the streamed backward pass against
+// finite differences of the loss, over a sample of each group's parameters.
+TEST(Gradients, WholeModelEveryGroup) {
+  GptConfig c;
+  c.vocab = 13;
+  c.seq = 6;
+  c.channels = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.batch = 2;
+  memascend::KernelThreads threads(2);
+  Gpt<double> model(c, &threads);
+  std::vector<Vec> params(GroupCount(c));
+  for (std::size_t g = 0; g < GroupCount(c); ++g) {
+    std::vector<float> f(GroupParams(c, g));
+    InitGroup(c, g, 7, f.data());
+    std::mt19937_64 rng(g);
+    params[g].resize(f.size());
+    // Larger than GPT-2's 0.02, so the attention and MLP are far from linear.
+    for (std::size_t i = 0; i < f.size(); ++i)
+      params[g][i] = double{f[i]} * 10 + static_cast<double>(rng() % 100) * 1e-3;
+  }
+  std::vector<std::int32_t> tokens(c.batch * c.seq), targets(c.batch * c.seq);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % c.vocab);
+    targets[i] = static_cast<std::int32_t>((i * 5 + 1) % c.vocab);
+  }
+  const std::size_t head = GroupCount(c) - 1;
+  auto forward = [&](std::vector<Vec>* grads) {
+    model.Embed(params[0].data(), tokens.data());
+    for (std::size_t l = 0; l < c.layers; ++l) model.Block(l, params[l + 1].data());
+    const double loss = model.HeadForwardBackward(
+        params[head].data(), grads != nullptr ? (*grads)[head].data() : nullptr, targets.data(),
+        1.0);
+    if (grads != nullptr) {
+      for (std::size_t l = c.layers; l-- > 0;)
+        model.BlockBackward(l, params[l + 1].data(), (*grads)[l + 1].data());
+      model.EmbedBackward((*grads)[0].data());
+    }
+    return loss;
+  };
+  std::vector<Vec> grads(GroupCount(c));
+  for (std::size_t g = 0; g < GroupCount(c); ++g) grads[g].assign(params[g].size(), 0.0);
+  forward(&grads);
+  for (std::size_t g = 0; g < GroupCount(c); ++g) {
+    // Every slice of the group, a few entries each.
+    for (const Slice& s : GroupLayout(c, g)) {
+      for (std::size_t k = 0; k < std::min<std::size_t>(s.count, 6); ++k) {
+        const std::size_t i = s.offset + (k * 7919) % s.count;
+        const double keep = params[g][i];
+        const double h = 1e-5;
+        params[g][i] = keep + h;
+        const double up = forward(nullptr);
+        params[g][i] = keep - h;
+        const double down = forward(nullptr);
+        params[g][i] = keep;
+        const double numeric = (up - down) / (2 * h);
+        EXPECT_NEAR(grads[g][i], numeric, 1e-6 + 1e-5 * std::abs(numeric))
+            << GroupName(c, g) << " " << s.name << "[" << i - s.offset << "]";
+      }
+    }
+  }
+}
+
+TEST(Model, LayoutAndInitialisation) {
+  GptConfig c;  // the defaults: 4 x 128, vocab 256, seq 64
+  EXPECT_EQ(GroupCount(c), 6u);
+  EXPECT_EQ(GroupParams(c, 0), 256u * 128 + 64u * 128);
+  EXPECT_EQ(GroupParams(c, 1), 12u * 128 * 128 + 13u * 128);
+  EXPECT_EQ(GroupParams(c, 5), 2u * 128 + 256u * 128);
+  EXPECT_EQ(GroupName(c, 3), "block.2");
+  std::vector<float> a(GroupParams(c, 1)), b(GroupParams(c, 1));
+  InitGroup(c, 1, 5, a.data());
+  InitGroup(c, 1, 5, b.data());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a[0], 1.0f);  // ln1 gain
+  double sq = 0;
+  const Slice qkv = GroupLayout(c, 1)[2];
+  for (std::size_t i = 0; i < qkv.count; ++i)
+    sq += double{a[qkv.offset + i]} * double{a[qkv.offset + i]};
+  EXPECT_NEAR(std::sqrt(sq / static_cast<double>(qkv.count)), 0.02, 0.001);
+  GptConfig bad = c;
+  bad.heads = 3;
+  EXPECT_FALSE(Validate(bad).ok());
+}
+
+}  // namespace
+}  // namespace offload_train

@@ -1,0 +1,187 @@
+// The training loop: offloaded and in-memory runs agree bit for bit; a run killed with
+// SIGKILL resumes to the same losses; budgets below one layer's need are refused.
+#include <chrono>
+#include <random>
+#include <signal.h>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "data.h"
+#include "storage/volume_test_util.h"
+#include "testing/status_matchers.h"
+#include "trainer.h"
+
+namespace offload_train {
+namespace {
+
+using ::memascend::testing::ScratchPath;
+using ::memascend::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// A text with structure to learn, made here (tests read nothing outside the tree).
+std::string Corpus() {
+  std::string text;
+  std::mt19937 rng(11);
+  const char* words[] = {"the",    "licence", "software", "copy", "free",
+                         "source", "code",    "program",  "work", "you",
+                         "may",    "must",    "terms",    "of",   "and"};
+  for (int line = 0; line < 400; ++line) {
+    for (int w = 0; w < 9; ++w) {
+      text += words[rng() % 15];
+      text += (w == 8) ? ".\n" : " ";
+    }
+  }
+  return text;
+}
+
+TrainOptions Tiny(const std::string& volume) {
+  TrainOptions o;
+  o.model.vocab = 256;
+  o.model.seq = 16;
+  o.model.channels = 32;
+  o.model.layers = 2;
+  o.model.heads = 2;
+  o.model.batch = 4;
+  o.steps = 24;
+  o.threads = 2;
+  o.warmup = 5;
+  o.volume_path = volume;
+  o.host_budget = MinimumHostBudget(o.model, o.dtype) * 3 / 2;  // tight: constant eviction
+  return o;
+}
+
+struct Data {
+  Tokenizer tok;
+  std::vector<std::int32_t> tokens;
+};
+Data MakeData(std::size_t vocab) {
+  const std::string text = Corpus();
+  auto tok = Tokenizer::Build(text, vocab);
+  EXPECT_TRUE(tok.ok());
+  Data d{*tok, {}};
+  d.tokens = d.tok.Encode(text);
+  return d;
+}
+
+TEST(Train, OffloadedAndReferenceLossesAreEqualAtEveryStep) {
+  for (memascend::DType dtype : {memascend::DType::kF16, memascend::DType::kBF16}) {
+    ScratchPath path("train");
+    TrainOptions o = Tiny(path.path());
+    o.dtype = dtype;
+    o.initial_loss_scale = dtype == memascend::DType::kF16 ? 65536.0f : 1.0f;
+    const Data d = MakeData(256);
+    ASSERT_OK_AND_ASSIGN(TrainSummary off, Train(o, d.tokens, d.tok));
+    o.mode = Mode::kReference;
+    ASSERT_OK_AND_ASSIGN(TrainSummary ref, Train(o, d.tokens, d.tok));
+    ASSERT_EQ(off.losses.size(), 24u);
+    ASSERT_EQ(ref.losses.size(), 24u);
+    for (std::size_t i = 0; i < 24; ++i)
+      EXPECT_EQ(off.losses[i], ref.losses[i]) << memascend::ToString(dtype) << " step " << i + 1;
+    // It learns, and the offloaded run stayed within its budget while doing I/O.
+    EXPECT_LT(off.final_loss, off.losses.front() - 1.0);
+    EXPECT_LE(off.peak_pinned_bytes, o.host_budget);
+    EXPECT_GT(off.io_read_bytes, 24 * off.params * 2);
+    EXPECT_GT(off.model_state_bytes, o.host_budget);
+  }
+}
+
+TEST(Train, AWordVocabularyMakesTheEmbeddingTheLargestTensor) {
+  const Data d = MakeData(1024);
+  EXPECT_EQ(d.tok.size(), 1024u);  // 15 words in this text: the rest are unused ids
+  std::string round;
+  for (std::int32_t t : d.tokens) round += d.tok.Decode(t);
+  EXPECT_EQ(round, Corpus());  // lossless with the byte fallback
+  EXPECT_LT(d.tokens.size(), Corpus().size() / 2);
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.model.vocab = 1024;
+  o.steps = 3;
+  o.host_budget = 0;  // the default
+  ASSERT_OK_AND_ASSIGN(TrainSummary s, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(s.losses.size(), 3u);
+  EXPECT_GT(GroupParams(o.model, 0), GroupParams(o.model, 1));
+  EXPECT_THAT(Tokenizer::Build("abc", 100), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(Train, ABudgetBelowOneLayerIsRefusedUpFront) {
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.host_budget = MinimumHostBudget(o.model, o.dtype) - 4096;
+  const Data d = MakeData(256);
+  EXPECT_THAT(Train(o, d.tokens, d.tok),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--host-budget")));
+  o.resume = true;
+  o.host_budget = 0;
+  EXPECT_THAT(Train(o, d.tokens, d.tok), StatusIs(absl::StatusCode::kNotFound));  // no volume
+}
+
+TEST(Train, ResumeRefusesAnotherRunsVolume) {
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.steps = 2;
+  const Data d = MakeData(256);
+  ASSERT_OK(Train(o, d.tokens, d.tok).status());
+  o.resume = true;
+  o.steps = 3;
+  ASSERT_OK_AND_ASSIGN(TrainSummary s, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(s.first_step, 3u);
+  o.seed = 99;
+  EXPECT_THAT(Train(o, d.tokens, d.tok),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another")));
+}
+
+// SIGKILL at random moments of a run (a forked child), then --resume: the resumed
+// steps' losses equal those of a run never interrupted.
+TEST(Train, ResumeAfterSigkillReachesTheSameLosses) {
+  const Data d = MakeData(256);
+  TrainOptions base = Tiny("");
+  base.mode = Mode::kReference;
+  ASSERT_OK_AND_ASSIGN(TrainSummary whole, Train(base, d.tokens, d.tok));
+  std::mt19937 rng(5);
+  int resumed_mid_run = 0;
+  for (int round = 0; round < 4; ++round) {
+    ScratchPath path("train");
+    TrainOptions o = Tiny(path.path());
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const std::size_t kill_after = 3 + rng() % 12;  // steps seen before the kill
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      o.on_step = [fd = fds[1]](const StepReport& r) {
+        const char c = static_cast<char>('0' + r.step % 10);
+        (void)!::write(fd, &c, 1);
+      };
+      auto s = Train(o, d.tokens, d.tok);
+      ::_exit(s.ok() ? 0 : 3);
+    }
+    ::close(fds[1]);
+    std::size_t seen = 0;
+    char c;
+    while (seen < kill_after && ::read(fds[0], &c, 1) == 1) ++seen;
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 4000));  // mid-step
+    bool killed = false;
+    int code = 0;
+    memascend::testing::KillAndCollect(pid, fds[0], std::chrono::milliseconds(0), &killed, &code);
+    ASSERT_TRUE(killed) << "the child finished by itself (exit " << code << ")";
+
+    o.resume = true;
+    ASSERT_OK_AND_ASSIGN(TrainSummary rest, Train(o, d.tokens, d.tok));
+    EXPECT_GE(rest.first_step, seen + 1);  // every step it reported was committed
+    EXPECT_LE(rest.first_step, seen + 3);
+    ASSERT_EQ(rest.last_step, 24u);
+    for (std::size_t s = rest.first_step; s <= 24; ++s)
+      EXPECT_EQ(rest.losses[s - rest.first_step], whole.losses[s - 1])
+          << "round " << round << " step " << s;
+    if (rest.first_step > 1) ++resumed_mid_run;
+  }
+  EXPECT_EQ(resumed_mid_run, 4);
+}
+
+}  // namespace
+}  // namespace offload_train
