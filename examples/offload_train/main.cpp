@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,10 @@ int main(int argc, char** argv) {
       return Fail(fmt::format("unknown option '{}' (see --help)", a));
     }
     if (!ok) return Fail(fmt::format("{}: missing or bad value (see --help)", a));
+  }
+  if (o.volume_path == MEMASCEND_TRAIN_DEFAULT_VOLUME &&
+      !std::filesystem::is_directory(std::filesystem::path(o.volume_path).parent_path())) {
+    o.volume_path = "memascend-train.vol";  // an installed binary away from its build tree
   }
   if (o.dtype == memascend::DType::kBF16 && !scale_given) o.initial_loss_scale = 1.0f;
 
