@@ -14,6 +14,7 @@
 
 #include "data.h"
 #include "trainer.h"
+#include "zero_backend.h"
 
 namespace {
 
@@ -31,6 +32,12 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --resume           continue from the volume's last committed step
   --host-budget B    pinned host bytes (default: 40% of the training state)
   --window N         layers prefetched ahead (default 1)
+  --optimizer-chunk N  elements per stored part of the optimizer state (default 1048576)
+  --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
+    --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)
+    --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
+    --zero-optimizer-buffers N (4) --zero-sub-group-size ELEMS (1e9)
+    --zero-queue-depth N (8) --zero-min-swap BYTES (1M)
   --lr X --warmup N --clip X --weight-decay X --seed N --threads N
   --loss-scale X     initial dynamic loss scale (default 65536 for fp16, 1 for bf16)
   --data FILE        training text (default: /usr/share/common-licenses/*)
@@ -144,7 +151,28 @@ int main(int argc, char** argv) {
       ok = number(&o.threads);
     else if (a == "--window")
       ok = number(&o.window);
-    else if (a == "--sample")
+    else if (a == "--optimizer-chunk")
+      ok = number(&o.optimizer_chunk);
+    else if (a == "--zero-param-buffers")
+      ok = number(&o.zero.param_buffer_count);
+    else if (a == "--zero-param-buffer-size")
+      ok = number(&o.zero.param_buffer_size);
+    else if (a == "--zero-optimizer-buffers")
+      ok = number(&o.zero.optimizer_buffer_count);
+    else if (a == "--zero-sub-group-size")
+      ok = number(&o.zero.sub_group_size);
+    else if (a == "--zero-queue-depth")
+      ok = number(&o.zero.aio_queue_depth);
+    else if (a == "--nvme-path")
+      ok = value(&o.zero.nvme_path);
+    else if (a == "--zero-min-swap") {
+      ok = value(&v) && ParseBytes(v, &bytes);
+      o.zero.min_swap_bytes = bytes;
+    } else if (a == "--policy") {
+      ok = value(&v) && (v == "memascend" || v == "zero-infinity");
+      o.policy = v == "zero-infinity" ? offload_train::Policy::kZeroInfinity
+                                      : offload_train::Policy::kMemAscend;
+    } else if (a == "--sample")
       ok = number(&o.sample_tokens);
     else if (a == "--volume")
       ok = value(&o.volume_path);
@@ -202,7 +230,14 @@ int main(int argc, char** argv) {
         "{} tokens of text\n",
         o.model.layers, o.model.channels, o.model.heads, o.model.vocab,
         static_cast<double>(offload_train::TotalParams(o.model)) / 1e6, tokens.size());
-    if (o.mode == Mode::kOffload) {
+    if (o.mode == Mode::kOffload && o.policy == offload_train::Policy::kZeroInfinity) {
+      fmt::print(
+          "  training state {} offloaded under ZeRO-Infinity's rules to {}/zero_stage_3 "
+          "({} pinned for swap buffers and gradients)\n",
+          Gib(static_cast<double>(state)),
+          o.zero.nvme_path.empty() ? o.volume_path + ".zero" : o.zero.nvme_path,
+          Gib(static_cast<double>(offload_train::ZeroPinnedBytes(o))));
+    } else if (o.mode == Mode::kOffload) {
       fmt::print(
           "  training state {} offloaded to {} through a pinned host budget of {} ({:.0f}%)\n",
           Gib(static_cast<double>(state)), o.volume_path, Gib(static_cast<double>(budget)),
@@ -250,10 +285,12 @@ int main(int argc, char** argv) {
       }
     }
     fmt::print(
-        "{{\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},\"losses\":[{}],"
+        "{{\"policy\":\"{}\",\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},"
+        "\"losses\":[{}],"
         "\"params\":{},\"model_state_bytes\":{},\"host_budget_bytes\":{},\"peak_pinned_bytes\":{},"
         "\"peak_rss_bytes\":{},\"activation_bytes\":{},\"io_read_bytes\":{},\"io_write_bytes\":{},"
         "\"skipped_steps\":{},\"seconds\":{:.3f},\"ledger\":[{}],\"sample\":{}}}\n",
+        o.policy == offload_train::Policy::kZeroInfinity ? "zero-infinity" : "memascend",
         o.mode == Mode::kOffload ? "offload" : "reference", s.last_step, s.first_step, s.final_loss,
         losses, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes, s.peak_rss_bytes,
         s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps, s.seconds, uses,

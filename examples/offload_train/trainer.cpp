@@ -15,6 +15,9 @@
 #include <memascend/status.h>
 #include <memascend/volume.h>
 
+#include "backend.h"
+#include "zero_backend.h"
+
 namespace offload_train {
 namespace {
 
@@ -27,8 +30,6 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The kinds of state of a parameter group.
-enum class Kind { kParam, kGrad, kMaster, kExpAvg, kExpAvgSq };
 constexpr std::array<Kind, 5> kKinds = {Kind::kParam, Kind::kGrad, Kind::kMaster, Kind::kExpAvg,
                                         Kind::kExpAvgSq};
 const char* KindName(Kind k) {
@@ -60,15 +61,6 @@ memascend::Use UseOf(Kind k) {
       return memascend::Use::kOptimizerState;
   }
 }
-
-// What a step commits (Note [train state versions]).
-struct Checkpoint {
-  std::uint64_t step = 0;  // steps completed
-  int version = 0;         // the version holding the state after `step`
-  std::int64_t adam_step = 0;
-  memascend::DynamicLossScaler::State scaler;
-  std::uint64_t fingerprint = 0;  // of the model, data and hyper-parameters
-};
 
 std::string Encode(const Checkpoint& c) {
   return fmt::format(
@@ -123,6 +115,7 @@ std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size
   mix(static_cast<std::uint64_t>(o.dtype));
   mix(o.seed);
   mix(o.warmup);
+  mix(o.optimizer_chunk);
   for (float f : {o.lr, o.weight_decay, o.clip, o.initial_loss_scale}) {
     std::uint32_t bits;
     std::memcpy(&bits, &f, 4);
@@ -133,43 +126,35 @@ std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size
   return h;
 }
 
-// Where the state lives. A Buf holds a lease (offload) or points into ordinary memory.
-class Backend {
- public:
-  struct Buf {
-    std::byte* data = nullptr;
-    std::size_t bytes = 0;
-    TensorLease lease;
-    float* f32() const { return reinterpret_cast<float*>(data); }
-  };
-  virtual ~Backend() = default;
-  // The current version.
-  virtual absl::StatusOr<Buf> Read(Kind k, std::size_t g) = 0;
-  // Every byte is written by the caller: the current version (next == false) or the next.
-  virtual absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, bool next) = 0;
-  // The next version, starting as a copy of the current one.
-  virtual absl::StatusOr<Buf> Update(Kind k, std::size_t g) = 0;
-  virtual void Prefetch(Kind k, std::size_t g) = 0;
-  virtual absl::Status Discard(Kind k, std::size_t g) = 0;
-  // Makes `c` the committed state; c.version may name the next version.
-  virtual absl::Status Commit(const Checkpoint& c) = 0;
-  virtual absl::StatusOr<std::optional<Checkpoint>> Load() = 0;
-  virtual std::uint64_t IoReadBytes() const = 0;
-  virtual std::uint64_t IoWriteBytes() const = 0;
-};
+bool Partitioned(Kind k) {
+  return k == Kind::kMaster || k == Kind::kExpAvg || k == Kind::kExpAvgSq;
+}
+
+// [begin, end) elements of part `part` of group `g`'s optimizer state.
+std::pair<std::size_t, std::size_t> PartRange(const GptConfig& c, std::size_t g, std::size_t part,
+                                              std::size_t chunk) {
+  const std::size_t n = GroupParams(c, g);
+  return {std::min(n, part * chunk), std::min(n, (part + 1) * chunk)};
+}
 
 class ReferenceBackend final : public Backend {
  public:
-  ReferenceBackend(const GptConfig& c, DType dtype) {
+  ReferenceBackend(const GptConfig& c, DType dtype, std::size_t chunk) : c_(c), chunk_(chunk) {
     for (Kind k : kKinds) {
       for (std::size_t g = 0; g < GroupCount(c); ++g)
         state_[static_cast<int>(k)].emplace_back(GroupParams(c, g) * ElementBytes(k, dtype));
     }
   }
-  absl::StatusOr<Buf> Read(Kind k, std::size_t g) override { return At(k, g); }
-  absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, bool) override { return At(k, g); }
-  absl::StatusOr<Buf> Update(Kind k, std::size_t g) override { return At(k, g); }
-  void Prefetch(Kind, std::size_t) override {}
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t part) override {
+    return At(k, g, part);
+  }
+  absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t part, bool) override {
+    return At(k, g, part);
+  }
+  absl::StatusOr<Buf> Update(Kind k, std::size_t g, std::size_t part) override {
+    return At(k, g, part);
+  }
+  void Prefetch(Kind, std::size_t, std::size_t) override {}
   absl::Status Discard(Kind, std::size_t) override { return absl::OkStatus(); }
   absl::Status Commit(const Checkpoint&) override { return absl::OkStatus(); }
   absl::StatusOr<std::optional<Checkpoint>> Load() override { return std::nullopt; }
@@ -177,13 +162,20 @@ class ReferenceBackend final : public Backend {
   std::uint64_t IoWriteBytes() const override { return 0; }
 
  private:
-  Buf At(Kind k, std::size_t g) {
+  Buf At(Kind k, std::size_t g, std::size_t part) {
     auto& v = state_[static_cast<int>(k)][g];
     Buf b;
     b.data = v.data();
     b.bytes = v.size();
+    if (Partitioned(k)) {
+      const auto [begin, end] = PartRange(c_, g, part, chunk_);
+      b.data += begin * 4;
+      b.bytes = (end - begin) * 4;
+    }
     return b;
   }
+  GptConfig c_;
+  std::size_t chunk_;
   std::array<std::vector<std::vector<std::byte>>, kKinds.size()> state_;
 };
 
@@ -200,21 +192,31 @@ class OffloadBackend final : public Backend {
     so.host_budget_bytes = o.host_budget;
     so.ledger = ledger;
     MEMASCEND_ASSIGN_OR_RETURN(b->store_, memascend::TensorStore::Open(b->volume_.get(), so));
+    b->chunk_ = o.optimizer_chunk;
     for (Kind k : kKinds) {
+      auto& ids = b->ids_[static_cast<int>(k)];
+      ids.resize(GroupCount(o.model));
       for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
-        for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
-          memascend::TensorSpec spec;
-          spec.name = Versioned(k) ? fmt::format("{}.{}.v{}", GroupName(o.model, g), KindName(k), v)
-                                   : fmt::format("{}.{}", GroupName(o.model, g), KindName(k));
-          spec.dtype = ElementBytes(k, o.dtype) == 4 ? DType::kF32 : o.dtype;
-          spec.bytes = GroupParams(o.model, g) * ElementBytes(k, o.dtype);
-          spec.shape = {static_cast<std::int64_t>(GroupParams(o.model, g))};
-          spec.use = UseOf(k);
-          spec.durability =
-              Versioned(k) ? memascend::Durability::kDurable : memascend::Durability::kScratch;
-          MEMASCEND_ASSIGN_OR_RETURN(TensorId id, b->store_->Register(spec));
-          b->ids_[static_cast<int>(k)].resize(GroupCount(o.model) * 2);
-          b->ids_[static_cast<int>(k)][g * 2 + static_cast<std::size_t>(v)] = id;
+        const std::size_t parts =
+            Partitioned(k) ? OptimizerParts(o.model, g, o.optimizer_chunk) : 1;
+        for (std::size_t part = 0; part < parts; ++part) {
+          for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
+            const auto [begin, end] =
+                Partitioned(k) ? PartRange(o.model, g, part, o.optimizer_chunk)
+                               : std::pair<std::size_t, std::size_t>{0, GroupParams(o.model, g)};
+            memascend::TensorSpec spec;
+            spec.name = fmt::format("{}.{}{}{}", GroupName(o.model, g), KindName(k),
+                                    Partitioned(k) ? fmt::format(".p{}", part) : "",
+                                    Versioned(k) ? fmt::format(".v{}", v) : "");
+            spec.dtype = ElementBytes(k, o.dtype) == 4 ? DType::kF32 : o.dtype;
+            spec.bytes = (end - begin) * ElementBytes(k, o.dtype);
+            spec.shape = {static_cast<std::int64_t>(end - begin)};
+            spec.use = UseOf(k);
+            spec.durability =
+                Versioned(k) ? memascend::Durability::kDurable : memascend::Durability::kScratch;
+            MEMASCEND_ASSIGN_OR_RETURN(TensorId id, b->store_->Register(spec));
+            ids[g].push_back(id);
+          }
         }
       }
     }
@@ -225,27 +227,27 @@ class OffloadBackend final : public Backend {
     store_.reset();  // before the volume
   }
 
-  absl::StatusOr<Buf> Read(Kind k, std::size_t g) override {
-    MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, store_->Acquire(Id(k, g, current_)));
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t part) override {
+    MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, store_->Acquire(Id(k, g, part, current_)));
     return Wrap(std::move(lease));
   }
-  absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, bool next) override {
-    MEMASCEND_ASSIGN_OR_RETURN(
-        TensorLease lease, store_->AcquireForOverwrite(Id(k, g, next ? 1 - current_ : current_)));
+  absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t part, bool next) override {
+    MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, store_->AcquireForOverwrite(Id(
+                                                      k, g, part, next ? 1 - current_ : current_)));
     return Wrap(std::move(lease));
   }
-  absl::StatusOr<Buf> Update(Kind k, std::size_t g) override {
-    MEMASCEND_ASSIGN_OR_RETURN(TensorLease next,
-                               store_->AcquireForOverwrite(Id(k, g, 1 - current_)));
-    {
-      MEMASCEND_ASSIGN_OR_RETURN(TensorLease now, store_->Acquire(Id(k, g, current_)));
-      std::memcpy(next.data(), now.data(), now.size());
-    }
+  absl::StatusOr<Buf> Update(Kind k, std::size_t g, std::size_t part) override {
+    // The current version's block becomes the next version's (read straight into it if
+    // cold): one block per state, never both versions at once.
+    MEMASCEND_ASSIGN_OR_RETURN(TensorLease next, store_->AcquireCopy(Id(k, g, part, current_),
+                                                                     Id(k, g, part, 1 - current_)));
     return Wrap(std::move(next));
   }
-  void Prefetch(Kind k, std::size_t g) override { (void)store_->Prefetch(Id(k, g, current_)); }
+  void Prefetch(Kind k, std::size_t g, std::size_t part) override {
+    (void)store_->Prefetch(Id(k, g, part, current_));
+  }
   absl::Status Discard(Kind k, std::size_t g) override {
-    return store_->Discard(Id(k, g, current_));
+    return store_->Discard(Id(k, g, 0, current_));
   }
   absl::Status Commit(const Checkpoint& c) override {
     MEMASCEND_RETURN_IF_ERROR(store_->Flush());
@@ -277,14 +279,16 @@ class OffloadBackend final : public Backend {
  private:
   OffloadBackend() = default;
 
-  TensorId Id(Kind k, std::size_t g, int version) const {
-    return ids_[static_cast<int>(k)][g * 2 + static_cast<std::size_t>(Versioned(k) ? version : 0)];
+  TensorId Id(Kind k, std::size_t g, std::size_t part, int version) const {
+    const std::size_t versions = Versioned(k) ? 2 : 1;
+    return ids_[static_cast<int>(k)][g]
+               [part * versions + static_cast<std::size_t>(Versioned(k) ? version : 0)];
   }
   static Buf Wrap(TensorLease lease) {
     Buf b;
     b.data = lease.data();
     b.bytes = lease.size();
-    b.lease = std::move(lease);
+    b.hold = std::make_shared<TensorLease>(std::move(lease));
     return b;
   }
 
@@ -326,7 +330,9 @@ class OffloadBackend final : public Backend {
   GptConfig config_;
   std::unique_ptr<memascend::Volume> volume_;
   std::unique_ptr<memascend::TensorStore> store_;
-  std::array<std::vector<TensorId>, kKinds.size()> ids_;
+  std::array<std::vector<std::vector<TensorId>>, kKinds.size()>
+      ids_;  // [kind][group][part, version]
+  std::size_t chunk_ = 0;
   int current_ = 0;
 };
 
@@ -348,6 +354,7 @@ class Run {
         backend_(backend),
         threads_(threads),
         ledger_(ledger),
+        chunk_(o.policy == Policy::kMemAscend ? o.optimizer_chunk : SIZE_MAX),
         model_(o.model, threads),
         wf_(MaxGroupParams(o.model)),
         df_(MaxGroupParams(o.model)) {}
@@ -355,14 +362,22 @@ class Run {
   absl::Status Init(std::uint64_t fingerprint) {
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
       const std::size_t n = GroupParams(c_, g);
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Overwrite(Kind::kMaster, g, false));
-      InitGroup(c_, g, o_.seed, master.f32());
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, false));
-      MEMASCEND_RETURN_IF_ERROR(
-          memascend::Convert({master.data, n, DType::kF32}, {param.data, n, o_.dtype}, {threads_}));
-      for (Kind k : {Kind::kExpAvg, Kind::kExpAvgSq}) {
-        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf s, backend_->Overwrite(k, g, false));
-        std::memset(s.data, 0, s.bytes);
+      InitGroup(c_, g, o_.seed, wf_.data());
+      {
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param,
+                                   backend_->Overwrite(Kind::kParam, g, 0, false));
+        MEMASCEND_RETURN_IF_ERROR(memascend::Convert({wf_.data(), n, DType::kF32},
+                                                     {param.data, n, o_.dtype}, {threads_}));
+      }
+      for (std::size_t part = 0; part < Parts(g); ++part) {
+        const auto [begin, end] = PartRange(c_, g, part, chunk_);
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master,
+                                   backend_->Overwrite(Kind::kMaster, g, part, false));
+        std::memcpy(master.data, wf_.data() + begin, (end - begin) * 4);
+        for (Kind k : {Kind::kExpAvg, Kind::kExpAvgSq}) {
+          MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf st, backend_->Overwrite(k, g, part, false));
+          std::memset(st.data, 0, st.bytes);
+        }
       }
     }
     ck_ = Checkpoint{};
@@ -393,7 +408,7 @@ class Run {
     double loss = 0;
     for (std::size_t g = 0; g < groups; ++g) {
       for (std::size_t a = g + 1; a <= std::min(head, g + o_.window); ++a)
-        backend_->Prefetch(Kind::kParam, a);
+        backend_->Prefetch(Kind::kParam, a, 0);
       MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
       if (g == 0) {
         model_.Embed(wf_.data(), inputs.data());
@@ -409,7 +424,7 @@ class Run {
     // Backward, the blocks in reverse; the embedding needs no parameters.
     for (std::size_t g = head - 1; g >= 1; --g) {
       for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a)
-        backend_->Prefetch(Kind::kParam, a);
+        backend_->Prefetch(Kind::kParam, a, 0);
       MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
       std::fill(df_.begin(), df_.end(), 0.0f);
       model_.BlockBackward(g - 1, wf_.data(), df_.data());
@@ -421,6 +436,9 @@ class Run {
     MEMASCEND_RETURN_IF_ERROR(StoreGrad(0));
     Sample(0, "bwd");
 
+    if (backend_->ChecksOverflowAfterBackward()) {
+      MEMASCEND_ASSIGN_OR_RETURN(overflow_, backend_->CheckOverflow());
+    }
     const bool apply = scaler_.Update(overflow_);
     *skipped = !apply;
     int version = ck_.version;
@@ -435,13 +453,14 @@ class Run {
       adam.weight_decay = o_.weight_decay;
       adam.step = ck_.adam_step + 1;
       adam.grad_multiplier = memascend::ClipCoefficient(norm, o_.clip) / scale;
-      for (std::size_t g = 0; g < groups; ++g) {
-        if (g + 1 < groups) {
-          for (Kind k : {Kind::kGrad, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
-            backend_->Prefetch(k, g + 1);
+      if (backend_->OwnsOptimizerStep()) {
+        MEMASCEND_RETURN_IF_ERROR(backend_->OptimizerStep(adam, threads_));
+        Sample(groups - 1, "opt");
+      } else {
+        for (std::size_t g = 0; g < groups; ++g) {
+          MEMASCEND_RETURN_IF_ERROR(Optimize(g, adam));
+          Sample(g, "opt");
         }
-        MEMASCEND_RETURN_IF_ERROR(Optimize(g, adam));
-        Sample(g, "opt");
       }
       ++ck_.adam_step;
       version = 1 - ck_.version;
@@ -492,7 +511,7 @@ class Run {
 
  private:
   absl::Status LoadParams(std::size_t g) {
-    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g));
+    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g, 0));
     return memascend::Convert({p.data, GroupParams(c_, g), o_.dtype},
                               {wf_.data(), GroupParams(c_, g), DType::kF32}, {threads_});
   }
@@ -501,29 +520,48 @@ class Run {
   // overflow and added to the norm while in hand.
   absl::Status StoreGrad(std::size_t g) {
     const std::size_t n = GroupParams(c_, g);
-    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Overwrite(Kind::kGrad, g, false));
+    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Overwrite(Kind::kGrad, g, 0, false));
     MEMASCEND_RETURN_IF_ERROR(
         memascend::Convert({df_.data(), n, DType::kF32}, {grad.data, n, o_.dtype}, {threads_}));
     const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
-    if (memascend::HasOverflow(view, {threads_})) overflow_ = true;
+    if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))
+      overflow_ = true;
+    // Summed group by group in every policy, so the clip coefficient is the same.
     if (!overflow_) sum_squares_ += memascend::SumOfSquares(view, {threads_});
     return absl::OkStatus();
   }
 
+  // One group: its gradient and next parameters are held while the optimizer state
+  // streams part by part (the next part's state prefetched).
   absl::Status Optimize(std::size_t g, const memascend::AdamConfig& adam) {
-    const std::size_t n = GroupParams(c_, g);
     {
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g));
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Update(Kind::kMaster, g));
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf m, backend_->Update(Kind::kExpAvg, g));
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf v, backend_->Update(Kind::kExpAvgSq, g));
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, true));
-      MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(adam, {master.f32(), n}, {m.f32(), n},
-                                                     {v.f32(), n}, {grad.data, n, o_.dtype},
-                                                     {param.data, n, o_.dtype}, {threads_}));
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, 0));
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, 0, true));
+      const std::size_t parts = Parts(g);
+      for (std::size_t part = 0; part < parts; ++part) {
+        const std::size_t ng = part + 1 < parts ? g : g + 1;
+        const std::size_t np = part + 1 < parts ? part + 1 : 0;
+        if (ng < GroupCount(c_)) {
+          for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
+            backend_->Prefetch(k, ng, np);
+          if (np == 0) backend_->Prefetch(Kind::kGrad, ng, 0);
+        }
+        const auto [begin, end] = PartRange(c_, g, part, chunk_);
+        const std::size_t n = end - begin;
+        const std::size_t half = memascend::SizeOf(o_.dtype);
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Update(Kind::kMaster, g, part));
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf m, backend_->Update(Kind::kExpAvg, g, part));
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf v, backend_->Update(Kind::kExpAvgSq, g, part));
+        MEMASCEND_RETURN_IF_ERROR(
+            memascend::FusedAdam(adam, {master.f32(), n}, {m.f32(), n}, {v.f32(), n},
+                                 {grad.data + begin * half, n, o_.dtype},
+                                 {param.data + begin * half, n, o_.dtype}, {threads_}));
+      }
     }
     return backend_->Discard(Kind::kGrad, g);
   }
+
+  std::size_t Parts(std::size_t g) const { return OptimizerParts(c_, g, chunk_); }
 
   void Sample(std::size_t g, const char* phase) {
     if (ledger_ != nullptr) ledger_->Sample(fmt::format("{}.{}", phase, GroupName(c_, g)));
@@ -539,6 +577,7 @@ class Run {
     so.initial_scale = o_.initial_loss_scale;
     return so;
   }()};
+  std::size_t chunk_;
   Gpt<float> model_;
   std::vector<float> wf_, df_;  // one group's parameters and gradient in fp32
   bool overflow_ = false;
@@ -548,20 +587,27 @@ class Run {
 
 }  // namespace
 
-std::size_t MinimumHostBudget(const GptConfig& c, DType dtype) {
+std::size_t OptimizerParts(const GptConfig& c, std::size_t group, std::size_t optimizer_chunk) {
+  const std::size_t n = GroupParams(c, group);
+  return optimizer_chunk >= n ? 1 : (n + optimizer_chunk - 1) / optimizer_chunk;
+}
+
+std::size_t MinimumHostBudget(const GptConfig& c, DType dtype, std::size_t optimizer_chunk) {
   const std::size_t n = MaxGroupParams(c);
+  const std::size_t part = std::min(n, optimizer_chunk);
   const std::size_t half = memascend::SizeOf(dtype);
-  // gradient, next master / m / v, next parameters, one current fp32 state.
-  return 2 * RoundPage(n * half) + 4 * RoundPage(n * 4);
+  // gradient and next parameters of the group; next master / m / v of a part (each made
+  // from the current one in place: TensorStore::AcquireCopy).
+  return 2 * RoundPage(n * half) + 3 * RoundPage(part * 4);
 }
 
 std::uint64_t ModelStateBytes(const GptConfig& c, DType dtype) {
   return static_cast<std::uint64_t>(TotalParams(c)) * (2 * memascend::SizeOf(dtype) + 12);
 }
 
-std::size_t DefaultHostBudget(const GptConfig& c, DType dtype) {
+std::size_t DefaultHostBudget(const GptConfig& c, DType dtype, std::size_t optimizer_chunk) {
   const auto forty = static_cast<std::size_t>(static_cast<double>(ModelStateBytes(c, dtype)) * 0.4);
-  return RoundPage(std::max(forty, 2 * MinimumHostBudget(c, dtype)));
+  return RoundPage(std::max(forty, 2 * MinimumHostBudget(c, dtype, optimizer_chunk)));
 }
 
 absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
@@ -579,9 +625,18 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     return absl::InvalidArgumentError(fmt::format(
         "the corpus has {} tokens, fewer than one window of {}", tokens.size(), o.model.seq + 1));
   }
-  if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype);
-  const std::size_t minimum = MinimumHostBudget(o.model, o.dtype);
-  if (o.mode == Mode::kOffload && o.host_budget < minimum) {
+  if (o.optimizer_chunk == 0 || o.optimizer_chunk % kOptimizerChunkQuantum != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("optimizer chunk {} is not a positive multiple of {} elements",
+                    o.optimizer_chunk, kOptimizerChunkQuantum));
+  }
+  if (o.policy == Policy::kZeroInfinity && o.mode == Mode::kOffload && o.resume) {
+    return absl::InvalidArgumentError(
+        "--resume: the zero-infinity policy keeps no crash-consistent state (as DeepSpeed)");
+  }
+  if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype, o.optimizer_chunk);
+  const std::size_t minimum = MinimumHostBudget(o.model, o.dtype, o.optimizer_chunk);
+  if (o.mode == Mode::kOffload && o.policy == Policy::kMemAscend && o.host_budget < minimum) {
     std::size_t largest = 0;
     for (std::size_t g = 0; g < GroupCount(o.model); ++g)
       if (GroupParams(o.model, g) > GroupParams(o.model, largest)) largest = g;
@@ -600,12 +655,14 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
 
   std::unique_ptr<Backend> backend;
   OffloadBackend* offload = nullptr;
-  if (o.mode == Mode::kOffload) {
+  if (o.mode == Mode::kReference) {
+    backend = std::make_unique<ReferenceBackend>(o.model, o.dtype, o.optimizer_chunk);
+  } else if (o.policy == Policy::kZeroInfinity) {
+    MEMASCEND_ASSIGN_OR_RETURN(backend, MakeZeroInfinityBackend(o, ledger));
+  } else {
     MEMASCEND_ASSIGN_OR_RETURN(auto b, OffloadBackend::Open(o, ledger));
     offload = b.get();
     backend = std::move(b);
-  } else {
-    backend = std::make_unique<ReferenceBackend>(o.model, o.dtype);
   }
   const std::uint64_t fingerprint = Fingerprint(o, tokenizer, tokens.size());
   Run run(o, backend.get(), &threads, ledger);
@@ -628,7 +685,8 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   TrainSummary summary;
   summary.params = TotalParams(o.model);
   summary.model_state_bytes = ModelStateBytes(o.model, o.dtype);
-  summary.host_budget = o.mode == Mode::kOffload ? o.host_budget : 0;
+  summary.host_budget =
+      o.mode == Mode::kOffload && o.policy == Policy::kMemAscend ? o.host_budget : 0;
   summary.first_step = run.checkpoint().step + 1;
   const auto start = Clock::now();
   std::vector<std::int32_t> inputs, targets;

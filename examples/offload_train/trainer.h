@@ -35,10 +35,30 @@ namespace offload_train {
 
 enum class Mode { kOffload, kReference };
 
+// Whose host-memory and storage rules an offloaded run follows.
+enum class Policy { kMemAscend, kZeroInfinity };
+
+// ZeRO-Infinity's settings, DeepSpeed's defaults (zero_backend.h, ../shared/guide/ANCHORS.md).
+struct ZeroOptions {
+  std::size_t param_buffer_count = 5;             // offload_param.buffer_count
+  std::uint64_t param_buffer_size = 100'000'000;  // elements; raised to the largest parameter
+  std::size_t optimizer_buffer_count = 4;         // offload_optimizer.buffer_count
+  std::uint64_t sub_group_size = 1'000'000'000;   // elements
+  std::size_t aio_block_bytes = 1u << 20;         // aio.block_size
+  std::size_t aio_queue_depth = 8;                // aio.queue_depth: requests in flight
+  std::size_t min_swap_bytes = 1u << 20;          // smaller tensors stay in memory
+  std::string nvme_path;  // the swap directory (one file per tensor); empty: next to the volume
+};
+
 struct TrainOptions {
   GptConfig model;
   memascend::DType dtype = memascend::DType::kF16;  // working parameters and gradients
   Mode mode = Mode::kOffload;
+  Policy policy = Policy::kMemAscend;
+  ZeroOptions zero;
+  // MemAscend: master weights and moments are stored in parts of this many elements (a
+  // multiple of 2^18, the fused kernels' task size, so results do not depend on it).
+  std::size_t optimizer_chunk = 1u << 20;
   std::size_t steps = 200;  // total, counting the steps of a run resumed from
   std::uint64_t seed = 1;
   float lr = 3e-3f;
@@ -91,12 +111,16 @@ struct TrainSummary {
   std::string sample;  // generated text
 };
 
-// The least pinned memory an offloaded run needs: the optimizer step of the largest
-// group holds its gradient, the next versions of master, moments and parameters, and
-// one current fp32 state being copied forward.
-std::size_t MinimumHostBudget(const GptConfig& c, memascend::DType dtype);
+// The least pinned memory a MemAscend run needs: the optimizer step of the largest group
+// holds its gradient and its next parameters, and for one part of its optimizer state
+// the next master weights and moments.
+std::size_t MinimumHostBudget(const GptConfig& c, memascend::DType dtype,
+                              std::size_t optimizer_chunk = 1u << 20);
 // A budget well below the training state: 40% of it, but at least twice the minimum.
-std::size_t DefaultHostBudget(const GptConfig& c, memascend::DType dtype);
+std::size_t DefaultHostBudget(const GptConfig& c, memascend::DType dtype,
+                              std::size_t optimizer_chunk = 1u << 20);
+std::size_t OptimizerParts(const GptConfig& c, std::size_t group, std::size_t optimizer_chunk);
+constexpr std::size_t kOptimizerChunkQuantum = std::size_t{1} << 18;
 std::uint64_t ModelStateBytes(const GptConfig& c, memascend::DType dtype);
 
 absl::StatusOr<TrainSummary> Train(const TrainOptions& options,

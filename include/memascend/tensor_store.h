@@ -88,6 +88,7 @@ struct TensorStoreStats {
   std::uint64_t prefetch_hits = 0;    // Acquire found the tensor resident or loading
   std::uint64_t prefetch_misses = 0;  // Acquire had to start the read itself
   std::uint64_t overwrites = 0;       // AcquireForOverwrite calls that skipped a read
+  std::uint64_t handovers = 0;        // AcquireCopy calls that took the source's block
   double stall_seconds = 0;           // time callers waited in Acquire
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
@@ -177,6 +178,14 @@ class TensorStore {
   // without a read (its bytes are unspecified until written). The lease starts dirty,
   // and a device copy becomes stale.
   absl::StatusOr<TensorLease> AcquireForOverwrite(TensorId id);
+  // A host lease on `to` holding a copy of `from`'s current bytes (the sizes must
+  // match): a new version of a tensor written without holding the old one too. When
+  // `from` is resident, clean and unleased its block is handed over whole (no copy, and
+  // `from` becomes cold: the volume has its bytes); when resident otherwise, the bytes
+  // are copied; when cold, they are read from the volume straight into `to`'s block.
+  // The lease starts dirty. kInvalidArgument for sizes that differ or from == to;
+  // kFailedPrecondition while `to` is leased.
+  absl::StatusOr<TensorLease> AcquireCopy(TensorId from, TensorId to);
   // Starts making the tensor resident without pinning it or blocking.
   PrefetchTicket Prefetch(TensorId id);
   PrefetchTicket Prefetch(TensorId id, Tier tier, CudaStreamView stream = {});

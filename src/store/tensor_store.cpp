@@ -177,16 +177,23 @@ struct TensorStore::Impl {
         }
         std::uint64_t held = 0;
         for (const auto& t : tensors) held += t->state == State::kCold ? 0 : t->block.capacity();
+        const std::size_t need = pool->BlockBytesFor(wanting.spec.bytes);
+        if (held + need <= options.host_budget_bytes) {
+          return absl::ResourceExhaustedError(fmt::format(
+              "tensor '{}' needs a block of {}: the host budget of {} has {} outside leased "
+              "tensors, but split into extents of at most {} around them; a budget further "
+              "above the leased peak avoids this",
+              wanting.spec.name, util::FormatBytes(need),
+              util::FormatBytes(options.host_budget_bytes),
+              util::FormatBytes(options.host_budget_bytes - held),
+              util::FormatBytes(arena->stats().largest_free_extent)));
+        }
         return absl::ResourceExhaustedError(fmt::format(
-            "tensor '{}' needs {} but the host budget of {} is held by leased or loading tensors "
-            "({}); "
-            "{} short",
+            "tensor '{}' needs {} but the host budget of {} is held by leased or loading "
+            "tensors ({}); {} short",
             wanting.spec.name, util::FormatBytes(wanting.spec.bytes),
             util::FormatBytes(options.host_budget_bytes), util::FormatBytes(held),
-            util::FormatBytes(
-                held + pool->BlockBytesFor(wanting.spec.bytes) > options.host_budget_bytes
-                    ? held + pool->BlockBytesFor(wanting.spec.bytes) - options.host_budget_bytes
-                    : pool->BlockBytesFor(wanting.spec.bytes))));
+            util::FormatBytes(held + need - options.host_budget_bytes)));
       }
       MEMASCEND_RETURN_IF_ERROR(WriteBackLocked(*victim));
       if (victim->state != State::kResident || victim->pins != 0)
@@ -620,6 +627,83 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
   t.gpu_dirty = false;
   t.last_use = ++m.tick;
   return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, {});
+}
+
+absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(from));
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(to));
+  Impl::Tensor& src = *m.tensors[from];
+  Impl::Tensor& dst = *m.tensors[to];
+  if (from == to || src.spec.bytes != dst.spec.bytes) {
+    return absl::InvalidArgumentError(fmt::format("AcquireCopy '{}' -> '{}': {}", src.spec.name,
+                                                  dst.spec.name,
+                                                  from == to ? "the same tensor" : "sizes differ"));
+  }
+  const auto settled = [](const Impl::Tensor& t) {
+    return !t.gpu_busy && t.state != Impl::State::kLoading && t.state != Impl::State::kWriting;
+  };
+  for (;;) {
+    while (!settled(src) || !settled(dst)) m.cv.Wait(&m.mu);
+    if (dst.pins > 0 || dst.gpu_pins > 0) {
+      return absl::FailedPreconditionError(
+          fmt::format("AcquireCopy: tensor '{}' is leased", dst.spec.name));
+    }
+    if (src.gpu != nullptr && src.gpu_dirty) {  // the device holds the newest bytes
+      m.ClaimGpuLocked(src);
+      absl::Status s = m.GpuToHostLocked(src);
+      m.UnclaimGpuLocked(src);
+      MEMASCEND_RETURN_IF_ERROR(s);
+      continue;
+    }
+    if (src.state == Impl::State::kResident && src.pins == 0 && !src.dirty &&
+        dst.state == Impl::State::kCold) {
+      // Hand the clean block over: the volume keeps the source's bytes.
+      dst.block = std::move(src.block);
+      src.state = Impl::State::kCold;
+      dst.state = Impl::State::kResident;
+      ++m.counters.handovers;
+      break;
+    }
+    if (dst.state == Impl::State::kCold) {
+      MEMASCEND_ASSIGN_OR_RETURN(PinnedBlock block, m.AllocateLocked(dst));
+      if (dst.state != Impl::State::kCold || !settled(src)) continue;  // changed meanwhile
+      dst.block = std::move(block);
+      dst.state = Impl::State::kResident;
+    }
+    if (src.state == Impl::State::kResident) {
+      std::memcpy(dst.block.data(), src.block.data(), dst.spec.bytes);
+      break;
+    }
+    // The source is cold: read it from the volume into the destination's block.
+    dst.state = Impl::State::kLoading;
+    ++src.pins;  // keeps its state still while mu is released
+    const auto start = Clock::now();
+    m.mu.Unlock();
+    absl::Status s;
+    if (src.stored) {
+      s = m.volume->Get(src.spec.name, {dst.block.data(), dst.block.capacity()}).status();
+    } else {
+      std::memset(dst.block.data(), 0, dst.spec.bytes);
+    }
+    m.mu.Lock();
+    --src.pins;
+    dst.state = Impl::State::kResident;
+    m.cv.SignalAll();
+    MEMASCEND_RETURN_IF_ERROR(s);
+    if (src.stored) {
+      m.counters.bytes_read += src.spec.bytes;
+      m.counters.read_seconds += Since(start);
+    }
+    break;
+  }
+  ++dst.pins;
+  dst.dirty = true;
+  dst.gpu_valid = false;
+  dst.gpu_dirty = false;
+  dst.last_use = ++m.tick;
+  return TensorLease(this, to, dst.block.data(), dst.spec.bytes, Tier::kPinnedHost, {});
 }
 
 PrefetchTicket TensorStore::Prefetch(TensorId id) { return Prefetch(id, Tier::kPinnedHost); }

@@ -122,6 +122,57 @@ TEST(TensorStore, AcquireForOverwriteSkipsTheReadAndIsWrittenBack) {
   EXPECT_THAT(store->AcquireForOverwrite(999), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(TensorStore, AcquireCopyHandsOverCleanBlocksAndReadsColdSources) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId a, store->Register(Spec("a", 128 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", 128 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId c, store->Register(Spec("c", 64 * kKiB)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(a));
+    Fill(lease, "a", 1);
+  }
+  ASSERT_OK(store->Flush());  // a is resident and clean
+  std::byte* block = nullptr;
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease copy, store->AcquireCopy(a, b));
+    block = copy.data();
+    const auto p = Pattern("a", 1, copy.size());
+    EXPECT_EQ(std::memcmp(copy.data(), p.data(), p.size()), 0);
+    EXPECT_EQ(store->stats().handovers, 1u);
+    EXPECT_EQ(store->stats().resident, 1u);  // a gave its block to b
+    const auto q = Pattern("b", 2, copy.size());
+    std::memcpy(copy.data(), q.data(), q.size());
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease old, store->Acquire(a));  // read back from the volume
+    EXPECT_TRUE(Holds(old, "a", 1));
+    EXPECT_NE(old.data(), block);
+  }
+  ASSERT_OK(store->Flush());
+  ASSERT_OK(store->Evict(b));
+  ASSERT_OK(store->Evict(a));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease copy, store->AcquireCopy(b, a));  // b is cold
+    EXPECT_TRUE(Holds(copy, "b", 2));
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease held, store->Acquire(b));  // dirty source: copied
+    Fill(held, "b", 3);
+    ASSERT_OK_AND_ASSIGN(TensorLease copy, store->AcquireCopy(b, a));
+    EXPECT_TRUE(Holds(copy, "b", 3));
+    EXPECT_NE(copy.data(), held.data());
+    EXPECT_THAT(store->AcquireCopy(b, a), StatusIs(absl::StatusCode::kFailedPrecondition));
+  }
+  EXPECT_THAT(store->AcquireCopy(a, c), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(store->AcquireCopy(a, a), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(store->Flush());
+  ASSERT_OK(store->Evict(a));
+  ASSERT_OK_AND_ASSIGN(TensorLease again, store->Acquire(a));
+  EXPECT_TRUE(Holds(again, "b", 3));  // the copy was written back as a's
+}
+
 TEST(TensorStore, DiscardDropsDirtyBytesWithoutWritingThem) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());

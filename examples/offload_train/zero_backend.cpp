@@ -1,0 +1,517 @@
+#include "zero_backend.h"
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fcntl.h>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <memascend/host_arena.h>
+#include <memascend/pinned_pool.h>
+#include <memascend/status.h>
+
+namespace offload_train {
+namespace {
+
+using memascend::DType;
+using memascend::Tier;
+using memascend::Use;
+
+std::size_t Pow2(std::size_t n) { return std::bit_ceil(std::max<std::size_t>(n, 1)); }
+std::size_t Round4k(std::size_t n) { return (n + 4095) / 4096 * 4096; }
+
+// DeepNVMe's shape: O_DIRECT, one open() per transfer, the transfer cut into
+// block-sized requests, queue_depth of them in flight (here on as many threads).
+class Aio {
+ public:
+  struct Op {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::size_t pending = 0;
+    absl::Status status;
+    int fd = -1;
+    ~Op() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+
+  Aio(std::size_t block, std::size_t depth) : block_(block) {
+    for (std::size_t i = 0; i < std::max<std::size_t>(depth, 1); ++i)
+      threads_.emplace_back([this] { Work(); });
+  }
+  ~Aio() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // `bytes` is a multiple of 4096 and `buf` 4096-aligned (O_DIRECT).
+  std::shared_ptr<Op> Submit(const std::string& path, std::byte* buf, std::size_t bytes,
+                             bool write) {
+    auto op = std::make_shared<Op>();
+    op->fd =
+        ::open(path.c_str(), (write ? O_WRONLY | O_CREAT : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0600);
+    if (op->fd < 0) {
+      op->status = absl::InternalError(fmt::format("open {}: {}", path, std::strerror(errno)));
+      return op;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t off = 0; off < bytes; off += block_) {
+      jobs_.push_back({op, buf + off, off, std::min(block_, bytes - off), write, path});
+      ++op->pending;
+    }
+    cv_.notify_all();
+    return op;
+  }
+
+  static absl::Status Wait(const std::shared_ptr<Op>& op) {
+    std::unique_lock<std::mutex> lock(op->mu);
+    op->cv.wait(lock, [&] { return op->pending == 0; });
+    return op->status;
+  }
+
+  std::uint64_t read_bytes() const { return read_.load(); }
+  std::uint64_t write_bytes() const { return written_.load(); }
+
+ private:
+  struct Job {
+    std::shared_ptr<Op> op;
+    std::byte* buf;
+    std::size_t offset, length;
+    bool write;
+    std::string path;
+  };
+
+  void Work() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      absl::Status s;
+      std::size_t done = 0;
+      while (done < job.length) {
+        const ssize_t n = job.write ? ::pwrite(job.op->fd, job.buf + done, job.length - done,
+                                               static_cast<off_t>(job.offset + done))
+                                    : ::pread(job.op->fd, job.buf + done, job.length - done,
+                                              static_cast<off_t>(job.offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          s = absl::DataLossError(fmt::format("{} {} at {}: {}", job.write ? "write" : "read",
+                                              job.path, job.offset + done,
+                                              n == 0 ? "short transfer" : std::strerror(errno)));
+          break;
+        }
+        done += static_cast<std::size_t>(n);
+      }
+      (job.write ? written_ : read_) += done;
+      std::lock_guard<std::mutex> lock(job.op->mu);
+      if (!s.ok() && job.op->status.ok()) job.op->status = s;
+      if (--job.op->pending == 0) job.op->cv.notify_all();
+    }
+  }
+
+  std::size_t block_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+  std::atomic<std::uint64_t> read_{0}, written_{0};
+};
+
+struct Layout {
+  std::size_t groups = 0;
+  std::vector<std::size_t> numel, offset;  // per group; offset into the flat gradient
+  std::size_t total = 0, largest = 0;
+  std::vector<std::vector<std::size_t>> sub_groups;  // consecutive groups
+  std::size_t largest_sub_group = 0;                 // elements
+  std::size_t param_buffer_elements = 0;
+  std::size_t param_buffer_bytes = 0;  // one buffer, padded for O_DIRECT
+  std::size_t optimizer_buffer_bytes = 0;
+};
+
+Layout MakeLayout(const TrainOptions& o) {
+  Layout l;
+  l.groups = GroupCount(o.model);
+  for (std::size_t g = 0; g < l.groups; ++g) {
+    l.numel.push_back(GroupParams(o.model, g));
+    l.offset.push_back(l.total);
+    l.total += l.numel.back();
+    l.largest = std::max(l.largest, l.numel.back());
+  }
+  std::vector<std::size_t> current;
+  std::size_t elements = 0;
+  for (std::size_t g = 0; g < l.groups; ++g) {
+    current.push_back(g);
+    elements += l.numel[g];
+    if (elements >= o.zero.sub_group_size || g + 1 == l.groups) {
+      l.largest_sub_group = std::max(l.largest_sub_group, elements);
+      l.sub_groups.push_back(std::move(current));
+      current.clear();
+      elements = 0;
+    }
+  }
+  // "More elements ... than buffer size": the rule raises buffer_size to the largest.
+  l.param_buffer_elements = std::max<std::size_t>(o.zero.param_buffer_size, l.largest);
+  l.param_buffer_bytes = Round4k(l.param_buffer_elements * memascend::SizeOf(o.dtype));
+  l.optimizer_buffer_bytes = Round4k(l.largest_sub_group * 4);
+  return l;
+}
+
+class ZeroBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<ZeroBackend>> Create(const TrainOptions& o,
+                                                             memascend::MemoryLedger* ledger) {
+    auto b = std::unique_ptr<ZeroBackend>(new ZeroBackend(o, ledger));
+    MEMASCEND_RETURN_IF_ERROR(b->Init());
+    return b;
+  }
+
+  ~ZeroBackend() override {
+    for (auto& [g, p] : prefetched_) (void)Aio::Wait(p.op);
+    prefetched_.clear();
+    param_pool_.Reset();
+    optimizer_buffers_.clear();
+    flat_grads_.Reset();
+    pool_.reset();
+    if (ledger_ != nullptr) {
+      for (const auto& [use, bytes] : pageable_)
+        ledger_->Update(Tier::kPageableHost, {{use, -bytes, -bytes}});
+    }
+  }
+
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t) override {
+    MEMASCEND_RETURN_IF_ERROR(deferred_);
+    if (k == Kind::kGrad) return GradView(g);
+    if (k != Kind::kParam) return absl::UnimplementedError("zero-infinity reads states itself");
+    if (!Swapped(Kind::kParam, g)) return MemoryView(Kind::kParam, g);
+    auto it = prefetched_.find(g);
+    if (it != prefetched_.end()) {
+      Pending p = std::move(it->second);
+      prefetched_.erase(it);
+      MEMASCEND_RETURN_IF_ERROR(Aio::Wait(p.op));
+      return ParamSlotBuf(p.slot, g, /*write_on_release=*/false);
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
+    auto op =
+        aio_.Submit(Path(Kind::kParam, g), ParamSlot(slot), FileBytes(Kind::kParam, g), false);
+    absl::Status s = Aio::Wait(op);
+    if (!s.ok()) {
+      param_busy_[slot] = false;
+      return s;
+    }
+    return ParamSlotBuf(slot, g, false);
+  }
+
+  absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t, bool next) override {
+    MEMASCEND_RETURN_IF_ERROR(deferred_);
+    if (k == Kind::kGrad) return GradView(g);
+    if (next) return absl::UnimplementedError("zero-infinity writes new states itself");
+    // Initialisation: fill, then swap out when released.
+    if (!Swapped(k, g)) return MemoryView(k, g);
+    if (k == Kind::kParam) {
+      MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
+      return ParamSlotBuf(slot, g, /*write_on_release=*/true);
+    }
+    // Outside the optimizer step the optimizer buffers are free: one per kind of state.
+    std::byte* buf = optimizer_buffers_[static_cast<std::size_t>(k) - 2].data();
+    Buf b;
+    b.data = buf;
+    b.bytes = numel(g) * 4;
+    b.hold = std::shared_ptr<void>(buf, [this, k, g](void* p) {
+      Note(Aio::Wait(aio_.Submit(Path(k, g), static_cast<std::byte*>(p), FileBytes(k, g), true)));
+    });
+    return b;
+  }
+
+  absl::StatusOr<Buf> Update(Kind, std::size_t, std::size_t) override {
+    return absl::UnimplementedError("zero-infinity runs its own optimizer step");
+  }
+
+  void Prefetch(Kind k, std::size_t g, std::size_t) override {
+    if (k != Kind::kParam || !Swapped(Kind::kParam, g) || prefetched_.contains(g)) return;
+    auto slot = TakeParamSlot();
+    if (!slot.ok()) return;  // every buffer busy: it is read when needed
+    prefetched_.emplace(g, Pending{*slot, aio_.Submit(Path(Kind::kParam, g), ParamSlot(*slot),
+                                                      FileBytes(Kind::kParam, g), false)});
+  }
+
+  absl::Status Discard(Kind, std::size_t) override { return absl::OkStatus(); }
+  absl::Status Commit(const Checkpoint&) override { return deferred_; }
+  absl::StatusOr<std::optional<Checkpoint>> Load() override { return std::nullopt; }
+  std::uint64_t IoReadBytes() const override { return aio_.read_bytes(); }
+  std::uint64_t IoWriteBytes() const override { return aio_.write_bytes(); }
+
+  bool ChecksOverflowAfterBackward() const override { return true; }
+
+  // isinf(flat).any(), then isnan(flat).any(): each a 1-byte temporary per element.
+  absl::StatusOr<bool> CheckOverflow() override {
+    const std::uint16_t exp_mask = o_.dtype == DType::kF16 ? 0x7c00 : 0x7f80;
+    const std::uint16_t man_mask = o_.dtype == DType::kF16 ? 0x03ff : 0x007f;
+    const auto* flat = reinterpret_cast<const std::uint16_t*>(flat_grads_.data());
+    for (int pass = 0; pass < 2; ++pass) {
+      Account(Use::kStaging, static_cast<std::int64_t>(layout_.total));
+      std::vector<std::uint8_t> temp(layout_.total);
+      for (std::size_t i = 0; i < layout_.total; ++i) {
+        const bool special = (flat[i] & exp_mask) == exp_mask;
+        const bool mantissa = (flat[i] & man_mask) != 0;
+        temp[i] = special && (pass == 0 ? !mantissa : mantissa);
+      }
+      bool any = false;
+      for (std::uint8_t t : temp) any |= t != 0;
+      temp.clear();
+      temp.shrink_to_fit();
+      Account(Use::kStaging, -static_cast<std::int64_t>(layout_.total));
+      if (any) return true;
+    }
+    return false;
+  }
+
+  bool OwnsOptimizerStep() const override { return true; }
+
+  absl::Status OptimizerStep(const memascend::AdamConfig& adam,
+                             memascend::KernelThreads* threads) override {
+    MEMASCEND_RETURN_IF_ERROR(deferred_);
+    const std::size_t half = memascend::SizeOf(o_.dtype);
+    for (const std::vector<std::size_t>& sub : layout_.sub_groups) {
+      // Swap in the sub-group's master weights and moments; its gradient as fp32.
+      std::byte* state[3] = {optimizer_buffers_[0].data(), optimizer_buffers_[1].data(),
+                             optimizer_buffers_[2].data()};
+      auto* grad32 = reinterpret_cast<float*>(optimizer_buffers_[3].data());
+      const Kind kinds[3] = {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq};
+      std::vector<std::shared_ptr<Aio::Op>> ops;
+      std::size_t off = 0;
+      for (std::size_t g : sub) {
+        for (int s = 0; s < 3; ++s) {
+          if (Swapped(kinds[s], g)) {
+            ops.push_back(
+                aio_.Submit(Path(kinds[s], g), state[s] + off * 4, FileBytes(kinds[s], g), false));
+          } else {
+            std::memcpy(state[s] + off * 4, memory_[static_cast<int>(kinds[s])][g].data(),
+                        numel(g) * 4);
+          }
+        }
+        MEMASCEND_RETURN_IF_ERROR(
+            memascend::Convert({flat_grads_.data() + layout_.offset[g] * half, numel(g), o_.dtype},
+                               {grad32 + off, numel(g), DType::kF32}, {threads}));
+        off += Round4k(numel(g) * 4) / 4;
+      }
+      for (const auto& op : ops) MEMASCEND_RETURN_IF_ERROR(Aio::Wait(op));
+      ops.clear();
+      // Adam, tensor by tensor; new 16-bit parameters through a parameter buffer.
+      off = 0;
+      for (std::size_t g : sub) {
+        const std::size_t n = numel(g);
+        Buf param;
+        if (Swapped(Kind::kParam, g)) {
+          MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
+          param = ParamSlotBuf(slot, g, /*write_on_release=*/true);
+        } else {
+          param = MemoryView(Kind::kParam, g);
+        }
+        MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(
+            adam, {reinterpret_cast<float*>(state[0] + off * 4), n},
+            {reinterpret_cast<float*>(state[1] + off * 4), n},
+            {reinterpret_cast<float*>(state[2] + off * 4), n}, {grad32 + off, n, DType::kF32},
+            {param.data, n, o_.dtype}, {threads}));
+        param = Buf{};  // swapped out now
+        MEMASCEND_RETURN_IF_ERROR(deferred_);
+        for (int s = 0; s < 3; ++s) {
+          if (Swapped(kinds[s], g)) {
+            ops.push_back(
+                aio_.Submit(Path(kinds[s], g), state[s] + off * 4, FileBytes(kinds[s], g), true));
+          } else {
+            std::memcpy(memory_[static_cast<int>(kinds[s])][g].data(), state[s] + off * 4, n * 4);
+          }
+        }
+        off += Round4k(n * 4) / 4;
+      }
+      for (const auto& op : ops) MEMASCEND_RETURN_IF_ERROR(Aio::Wait(op));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Pending {
+    std::size_t slot;
+    std::shared_ptr<Aio::Op> op;
+  };
+
+  ZeroBackend(const TrainOptions& o, memascend::MemoryLedger* ledger)
+      : o_(o),
+        ledger_(ledger),
+        layout_(MakeLayout(o)),
+        aio_(o.zero.aio_block_bytes, o.zero.aio_queue_depth) {}
+
+  absl::Status Init() {
+    if (o_.zero.param_buffer_count < 1) {
+      return absl::ResourceExhaustedError("zero-infinity: param_buffer_count must be at least 1");
+    }
+    if (o_.zero.optimizer_buffer_count < 4) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "zero-infinity: a sub-group's step swaps in master weights, both moments and the "
+          "gradient: 4 optimizer buffers needed, {} given",
+          o_.zero.optimizer_buffer_count));
+    }
+    std::string dir = o_.zero.nvme_path.empty() ? o_.volume_path + ".zero" : o_.zero.nvme_path;
+    root_ = dir + "/zero_stage_3";
+    std::error_code ec;
+    for (const char* sub : {"/params/rank0", "/optimizer/rank0"}) {
+      std::filesystem::create_directories(root_ + sub, ec);
+      if (ec) return absl::InternalError(fmt::format("mkdir {}{}: {}", root_, sub, ec.message()));
+    }
+    memascend::HostArenaOptions ao;
+    ao.backing = memascend::ArenaBacking::kMlock;
+    ao.budget_bytes = ZeroPinnedBytes(o_) + (1u << 20);
+    ao.chunk_bytes = 0;  // each block its own region, as cudaHostAlloc gives
+    ao.ledger = ledger_;
+    MEMASCEND_ASSIGN_OR_RETURN(arena_, memascend::HostArena::Create(ao));
+    memascend::PinnedPoolOptions po;
+    po.policy = memascend::PoolPolicy::kPow2;
+    MEMASCEND_ASSIGN_OR_RETURN(pool_, memascend::PinnedPool::Create(arena_.get(), po));
+    MEMASCEND_ASSIGN_OR_RETURN(
+        param_pool_,
+        pool_->Allocate(layout_.param_buffer_bytes * o_.zero.param_buffer_count, Use::kParameters));
+    param_busy_.assign(o_.zero.param_buffer_count, false);
+    for (std::size_t i = 0; i < o_.zero.optimizer_buffer_count; ++i) {
+      MEMASCEND_ASSIGN_OR_RETURN(
+          memascend::PinnedBlock b,
+          pool_->Allocate(layout_.optimizer_buffer_bytes + 4096 * layout_.groups,
+                          Use::kOptimizerState));
+      optimizer_buffers_.push_back(std::move(b));
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(
+        flat_grads_, pool_->Allocate(layout_.total * memascend::SizeOf(o_.dtype), Use::kGradients));
+    // Tensors under min_swap_bytes stay in pageable memory.
+    for (Kind k : {Kind::kParam, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) {
+      auto& mem = memory_[static_cast<int>(k)];
+      mem.resize(layout_.groups);
+      for (std::size_t g = 0; g < layout_.groups; ++g) {
+        if (Swapped(k, g)) continue;
+        mem[g].resize(numel(g) * Element(k));
+        Account(k == Kind::kParam ? Use::kParameters : Use::kOptimizerState,
+                static_cast<std::int64_t>(mem[g].size()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::size_t numel(std::size_t g) const { return layout_.numel[g]; }
+  std::size_t Element(Kind k) const {
+    return k == Kind::kParam || k == Kind::kGrad ? memascend::SizeOf(o_.dtype) : 4;
+  }
+  bool Swapped(Kind k, std::size_t g) const {
+    return numel(g) * Element(k) >= o_.zero.min_swap_bytes;
+  }
+  std::size_t FileBytes(Kind k, std::size_t g) const { return Round4k(numel(g) * Element(k)); }
+  std::string Path(Kind k, std::size_t g) const {
+    switch (k) {
+      case Kind::kParam:
+        return fmt::format("{}/params/rank0/{}_param.tensor.swp", root_, g);
+      case Kind::kMaster:
+        return fmt::format("{}/optimizer/rank0/{}_fp32_param.tensor.swp", root_, g);
+      case Kind::kExpAvg:
+        return fmt::format("{}/optimizer/rank0/{}_exp_avg.tensor.swp", root_, g);
+      default:
+        return fmt::format("{}/optimizer/rank0/{}_exp_avg_sq.tensor.swp", root_, g);
+    }
+  }
+  std::byte* ParamSlot(std::size_t slot) const {
+    return param_pool_.data() + slot * layout_.param_buffer_bytes;
+  }
+  absl::StatusOr<std::size_t> TakeParamSlot() {
+    for (std::size_t i = 0; i < param_busy_.size(); ++i) {
+      if (!param_busy_[i]) {
+        param_busy_[i] = true;
+        return i;
+      }
+    }
+    return absl::ResourceExhaustedError(
+        fmt::format("zero-infinity: all {} parameter swap buffers are in use", param_busy_.size()));
+  }
+  Buf ParamSlotBuf(std::size_t slot, std::size_t g, bool write_on_release) {
+    Buf b;
+    b.data = ParamSlot(slot);
+    b.bytes = numel(g) * memascend::SizeOf(o_.dtype);
+    b.hold = std::shared_ptr<void>(b.data, [this, slot, g, write_on_release](void* p) {
+      if (write_on_release) {
+        Note(Aio::Wait(aio_.Submit(Path(Kind::kParam, g), static_cast<std::byte*>(p),
+                                   FileBytes(Kind::kParam, g), true)));
+      }
+      param_busy_[slot] = false;
+    });
+    return b;
+  }
+  Buf GradView(std::size_t g) {
+    Buf b;
+    b.data = flat_grads_.data() + layout_.offset[g] * memascend::SizeOf(o_.dtype);
+    b.bytes = numel(g) * memascend::SizeOf(o_.dtype);
+    return b;
+  }
+  Buf MemoryView(Kind k, std::size_t g) {
+    Buf b;
+    b.data = memory_[static_cast<int>(k)][g].data();
+    b.bytes = memory_[static_cast<int>(k)][g].size();
+    return b;
+  }
+  void Note(absl::Status s) {
+    if (!s.ok() && deferred_.ok()) deferred_ = std::move(s);
+  }
+  void Account(Use use, std::int64_t bytes) {
+    if (ledger_ == nullptr) return;
+    ledger_->Update(Tier::kPageableHost, {{use, bytes, bytes}});
+    pageable_[use] += bytes;
+  }
+
+  TrainOptions o_;
+  memascend::MemoryLedger* ledger_;
+  Layout layout_;
+  Aio aio_;
+  std::string root_;
+  std::unique_ptr<memascend::HostArena> arena_;
+  std::unique_ptr<memascend::PinnedPool> pool_;
+  memascend::PinnedBlock param_pool_;
+  std::vector<bool> param_busy_;
+  std::vector<memascend::PinnedBlock> optimizer_buffers_;
+  memascend::PinnedBlock flat_grads_;
+  std::array<std::vector<std::vector<std::byte>>, 5> memory_;
+  std::map<std::size_t, Pending> prefetched_;
+  std::map<Use, std::int64_t> pageable_;
+  absl::Status deferred_;  // a swap-out that failed in a release
+};
+
+}  // namespace
+
+std::uint64_t ZeroPinnedBytes(const TrainOptions& o) {
+  const Layout l = MakeLayout(o);
+  return Pow2(l.param_buffer_bytes * o.zero.param_buffer_count) +
+         o.zero.optimizer_buffer_count * Pow2(l.optimizer_buffer_bytes + 4096 * l.groups) +
+         Pow2(l.total * memascend::SizeOf(o.dtype));
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(const TrainOptions& options,
+                                                                 memascend::MemoryLedger* ledger) {
+  MEMASCEND_ASSIGN_OR_RETURN(auto b, ZeroBackend::Create(options, ledger));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace offload_train
