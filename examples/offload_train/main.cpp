@@ -30,7 +30,8 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --volume-size B    size of a file volume (default: what the run needs, doubled)
   --force            format a device or file that holds other data
   --resume           continue from the volume's last committed step
-  --host-budget B    pinned host bytes (default: 40% of the training state)
+  --host-budget B    pinned host bytes, or Fx: F times the minimum (default: 40% of the
+                     training state, at least 2x)
   --window N         layers prefetched ahead (default 1)
   --optimizer-chunk N  elements per stored part of the optimizer state (default 1048576)
   --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
   o.sample_tokens = 120;
   std::string data_path, timeline_path;
   bool json = false, quiet = false, scale_given = false;
+  double budget_factor = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](std::string* out) {
@@ -189,9 +191,14 @@ int main(int argc, char** argv) {
     else if (a == "--quiet")
       quiet = true;
     else if (a == "--host-budget") {
-      ok = value(&v) && ParseBytes(v, &bytes);
-      o.host_budget = bytes;
-      if (ok && bytes == 0) return Fail("--host-budget must be above 0");
+      ok = value(&v);
+      if (ok && !v.empty() && v.back() == 'x') {  // a multiple of the minimum
+        budget_factor = std::strtod(v.c_str(), nullptr);
+        ok = budget_factor >= 1.0;
+      } else {
+        ok = ok && ParseBytes(v, &bytes) && bytes > 0;
+        o.host_budget = bytes;
+      }
     } else if (a == "--volume-size") {
       ok = value(&v) && ParseBytes(v, &bytes);
       o.volume_bytes = bytes;
@@ -209,6 +216,12 @@ int main(int argc, char** argv) {
   if (o.volume_path == MEMASCEND_TRAIN_DEFAULT_VOLUME &&
       !std::filesystem::is_directory(std::filesystem::path(o.volume_path).parent_path())) {
     o.volume_path = "memascend-train.vol";  // an installed binary away from its build tree
+  }
+  if (budget_factor > 0) {
+    o.host_budget = static_cast<std::size_t>(budget_factor *
+                                             static_cast<double>(offload_train::MinimumHostBudget(
+                                                 o.model, o.dtype, o.optimizer_chunk))) /
+                    4096 * 4096;
   }
   if (o.dtype == memascend::DType::kBF16 && !scale_given) o.initial_loss_scale = 1.0f;
 
@@ -270,9 +283,11 @@ int main(int argc, char** argv) {
   }
   const auto& s = *summary;
   if (json) {
-    std::string losses;
-    for (std::size_t i = 0; i < s.losses.size(); ++i)
+    std::string losses, times;
+    for (std::size_t i = 0; i < s.losses.size(); ++i) {
       losses += fmt::format("{}{:.9g}", i ? "," : "", s.losses[i]);
+      times += fmt::format("{}{:.4f}", i ? "," : "", s.step_seconds[i]);
+    }
     std::string uses;
     for (int t = 0; t < memascend::kTierCount; ++t) {
       for (int u = 0; u < memascend::kUseCount; ++u) {
@@ -286,15 +301,15 @@ int main(int argc, char** argv) {
     }
     fmt::print(
         "{{\"policy\":\"{}\",\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},"
-        "\"losses\":[{}],"
+        "\"losses\":[{}],\"step_seconds\":[{}],"
         "\"params\":{},\"model_state_bytes\":{},\"host_budget_bytes\":{},\"peak_pinned_bytes\":{},"
         "\"peak_rss_bytes\":{},\"activation_bytes\":{},\"io_read_bytes\":{},\"io_write_bytes\":{},"
         "\"skipped_steps\":{},\"seconds\":{:.3f},\"ledger\":[{}],\"sample\":{}}}\n",
         o.policy == offload_train::Policy::kZeroInfinity ? "zero-infinity" : "memascend",
         o.mode == Mode::kOffload ? "offload" : "reference", s.last_step, s.first_step, s.final_loss,
-        losses, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes, s.peak_rss_bytes,
-        s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps, s.seconds, uses,
-        JsonString(s.sample));
+        losses, times, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes,
+        s.peak_rss_bytes, s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps,
+        s.seconds, uses, JsonString(s.sample));
     return 0;
   }
   fmt::print(

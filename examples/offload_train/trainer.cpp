@@ -697,6 +697,7 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     bool skipped = false;
     MEMASCEND_ASSIGN_OR_RETURN(double loss, run.Step(inputs, targets, &skipped));
     summary.losses.push_back(loss);
+    summary.step_seconds.push_back(Since(t0));
     summary.last_step = step;
     if (o.on_step) {
       StepReport r;

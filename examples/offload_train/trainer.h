@@ -95,7 +95,8 @@ struct StepReport {
 struct TrainSummary {
   std::size_t first_step = 1;  // > 1 for a resumed run
   std::size_t last_step = 0;
-  std::vector<double> losses;  // of the steps this call ran
+  std::vector<double> losses;        // of the steps this call ran
+  std::vector<double> step_seconds;  // likewise
   double final_loss = 0;
   double seconds = 0;
   std::size_t params = 0;

@@ -1,5 +1,6 @@
 #include "zero_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -249,6 +250,8 @@ class ZeroBackend final : public Backend {
 
   void Prefetch(Kind k, std::size_t g, std::size_t) override {
     if (k != Kind::kParam || !Swapped(Kind::kParam, g) || prefetched_.contains(g)) return;
+    // A prefetch never takes the last free buffer: the layer about to run needs one.
+    if (std::count(param_busy_.begin(), param_busy_.end(), false) < 2) return;
     auto slot = TakeParamSlot();
     if (!slot.ok()) return;  // every buffer busy: it is read when needed
     prefetched_.emplace(g, Pending{*slot, aio_.Submit(Path(Kind::kParam, g), ParamSlot(*slot),
