@@ -304,12 +304,15 @@ int main(int argc, char** argv) {
         "\"losses\":[{}],\"step_seconds\":[{}],"
         "\"params\":{},\"model_state_bytes\":{},\"host_budget_bytes\":{},\"peak_pinned_bytes\":{},"
         "\"peak_rss_bytes\":{},\"activation_bytes\":{},\"io_read_bytes\":{},\"io_write_bytes\":{},"
-        "\"skipped_steps\":{},\"seconds\":{:.3f},\"ledger\":[{}],\"sample\":{}}}\n",
+        "\"skipped_steps\":{},\"seconds\":{:.3f},\"phase_seconds\":{{\"forward\":{:.3f},"
+        "\"backward\":{:.3f},\"optimizer\":{:.3f},\"commit\":{:.3f}}},\"ledger\":[{}],"
+        "\"sample\":{}}}\n",
         o.policy == offload_train::Policy::kZeroInfinity ? "zero-infinity" : "memascend",
         o.mode == Mode::kOffload ? "offload" : "reference", s.last_step, s.first_step, s.final_loss,
         losses, times, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes,
         s.peak_rss_bytes, s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps,
-        s.seconds, uses, JsonString(s.sample));
+        s.seconds, s.phases.forward, s.phases.backward, s.phases.optimizer, s.phases.commit, uses,
+        JsonString(s.sample));
     return 0;
   }
   fmt::print(

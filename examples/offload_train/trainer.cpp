@@ -393,6 +393,7 @@ class Run {
   }
 
   const Checkpoint& checkpoint() const { return ck_; }
+  const PhaseSeconds& phases() const { return phases_; }
   memascend::DynamicLossScaler& scaler() { return scaler_; }
   Gpt<float>& model() { return model_; }
 
@@ -402,6 +403,12 @@ class Run {
     const std::size_t groups = GroupCount(c_);
     const std::size_t head = groups - 1;
     const float scale = scaler_.scale();
+    auto mark = Clock::now();
+    const auto lap = [&mark](double* total) {
+      const auto now = Clock::now();
+      *total += std::chrono::duration<double>(now - mark).count();
+      mark = now;
+    };
     overflow_ = false;
     sum_squares_ = 0;
     // Forward, streaming the working parameters.
@@ -421,6 +428,7 @@ class Run {
       }
       Sample(g, "fwd");
     }
+    lap(&phases_.forward);
     // Backward, the blocks in reverse; the embedding needs no parameters.
     for (std::size_t g = head - 1; g >= 1; --g) {
       for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a)
@@ -435,6 +443,7 @@ class Run {
     model_.EmbedBackward(df_.data());
     MEMASCEND_RETURN_IF_ERROR(StoreGrad(0));
     Sample(0, "bwd");
+    lap(&phases_.backward);
 
     if (backend_->ChecksOverflowAfterBackward()) {
       MEMASCEND_ASSIGN_OR_RETURN(overflow_, backend_->CheckOverflow());
@@ -472,7 +481,9 @@ class Run {
     next.step = ck_.step + 1;
     next.version = version;
     next.scaler = scaler_.state();
+    lap(&phases_.optimizer);
     MEMASCEND_RETURN_IF_ERROR(backend_->Commit(next));
+    lap(&phases_.commit);
     ck_ = next;
     return loss;
   }
@@ -582,6 +593,7 @@ class Run {
   std::vector<float> wf_, df_;  // one group's parameters and gradient in fp32
   bool overflow_ = false;
   double sum_squares_ = 0;
+  PhaseSeconds phases_;
   Checkpoint ck_;
 };
 
@@ -718,6 +730,7 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   summary.final_loss = summary.losses.empty() ? 0 : summary.losses.back();
   summary.skipped_steps = run.scaler().skipped_steps();
   summary.activation_bytes = run.model().ActivationBytes();
+  summary.phases = run.phases();
 
   if (o.sample_tokens > 0) {
     GptConfig one = o.model;

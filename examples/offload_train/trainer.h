@@ -92,11 +92,20 @@ struct StepReport {
   std::int64_t pinned_bytes = 0;
 };
 
+// Where the steps' time went (summed over the steps of a call).
+struct PhaseSeconds {
+  double forward = 0;  // including the head's backward pass
+  double backward = 0;
+  double optimizer = 0;  // overflow check, clipping and Adam over every group
+  double commit = 0;     // making the new version durable (Flush + checkpoint record)
+};
+
 struct TrainSummary {
   std::size_t first_step = 1;  // > 1 for a resumed run
   std::size_t last_step = 0;
   std::vector<double> losses;        // of the steps this call ran
   std::vector<double> step_seconds;  // likewise
+  PhaseSeconds phases;
   double final_loss = 0;
   double seconds = 0;
   std::size_t params = 0;
