@@ -14,6 +14,12 @@
 // share the journal write and the flushes (group commit). A scratch object skips the
 // journal: it lives for this open only and is gone after reopen.
 //
+// Note [staged puts]: PutStaged writes an object's data but defers its commit: this
+// process sees the new object at once, the previous one keeps its extents, and a crash
+// before the next Sync() leaves the previous object. Sync() commits every staged object
+// in one journal write behind one pair of flushes, instead of a pair per Put (the tensor
+// store writes back evicted tensors this way and syncs at Flush).
+//
 // Note [journal halves]: the journal region has two halves. Commits append to the live
 // half; when it is full, the volume writes a snapshot of every durable object plus the
 // new records into the other half, makes it durable, and only then writes the next
@@ -127,6 +133,11 @@ class Volume {
   // I/O errors as the engine reports them.
   absl::Status Put(std::string_view name, std::span<const std::byte> data, Durability durability,
                    std::string_view metadata = {});
+  // Note [staged puts]: a durable object committed by the next Sync(). Errors as Put().
+  absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
+                         std::string_view metadata = {});
+  // Commits every staged object. After a failure they stay staged.
+  absl::Status Sync();
   // Reads the whole object into `out` (at least its size). kNotFound; kInvalidArgument
   // if `out` is too small; kDataLoss naming the object on a checksum mismatch.
   absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out);

@@ -38,7 +38,7 @@ using storage::RecordType;
 using storage::Superblock;
 
 constexpr std::size_t kWindowBytes = 16u << 20;  // staging window of unaligned transfers
-constexpr std::size_t kRequestBytes = 4u << 20;  // one engine request
+constexpr std::size_t kRequestBytes = 1u << 20;  // one engine request (several in flight)
 
 struct FreeDeleter {
   void operator()(std::byte* p) const { std::free(p); }
@@ -144,6 +144,27 @@ struct Volume::Impl {
   mutable absl::Mutex mu;
   Superblock sb ABSL_GUARDED_BY(mu);
   std::map<std::string, Object, std::less<>> objects ABSL_GUARDED_BY(mu);
+  // Note [staged puts]: written, not yet committed; they shadow `objects`. A Sync holds
+  // sync_mu exclusively while it commits them, so their extents cannot change meanwhile.
+  std::map<std::string, Object, std::less<>> staged ABSL_GUARDED_BY(mu);
+  absl::Mutex sync_mu;
+
+  absl::StatusOr<std::vector<Extent>> WriteData(std::string_view name,
+                                                std::span<const std::byte> data,
+                                                std::string_view metadata);
+
+  const Object* FindLocked(std::string_view name) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    if (auto it = staged.find(name); it != staged.end()) return &it->second;
+    if (auto it = objects.find(name); it != objects.end()) return &it->second;
+    return nullptr;
+  }
+  // Drops a staged version (its extents were never committed).
+  void UnstageLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (auto it = staged.find(name); it != staged.end()) {
+      (void)alloc->Free(it->second.extents);
+      staged.erase(it);
+    }
+  }
   std::unique_ptr<storage::ExtentAllocator> alloc ABSL_GUARDED_BY(mu);
   std::uint64_t next_block ABSL_GUARDED_BY(mu) = 0;
   absl::Status poisoned ABSL_GUARDED_BY(mu);
@@ -466,9 +487,11 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
   return std::unique_ptr<Volume>(new Volume(std::move(impl)));
 }
 
-absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
-                         Durability durability, std::string_view metadata) {
-  Impl& m = *impl_;
+// Allocates extents for `data` and writes it; the caller commits or frees them.
+absl::StatusOr<std::vector<Extent>> Volume::Impl::WriteData(std::string_view name,
+                                                            std::span<const std::byte> data,
+                                                            std::string_view metadata) {
+  Impl& m = *this;
   MEMASCEND_RETURN_IF_ERROR(CheckName(name));
   if (metadata.size() > storage::kMaxMetadataBytes) {
     return absl::InvalidArgumentError(fmt::format("metadata of {} bytes exceeds {}",
@@ -490,10 +513,6 @@ absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
     }
     extents = *std::move(got);
   }
-  const auto release = [&] {
-    absl::MutexLock lock(&m.mu);
-    (void)m.alloc->Free(extents);
-  };
   std::uint64_t done = 0;
   for (const Extent& e : extents) {
     const std::size_t n =
@@ -506,11 +525,29 @@ absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
     if (absl::Status s = Transfer(m.engine, m.file, m.block(), IoOp::kWrite, offset,
                                   const_cast<std::byte*>(data.data()) + done, n);
         !s.ok()) {
-      release();
+      absl::MutexLock lock(&m.mu);
+      (void)m.alloc->Free(extents);
       return s;
     }
     done += n;
   }
+  return extents;
+}
+
+absl::Status Volume::Put(std::string_view name, std::span<const std::byte> data,
+                         Durability durability, std::string_view metadata) {
+  Impl& m = *impl_;
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<Extent> extents, m.WriteData(name, data, metadata));
+  {
+    // A staged version is superseded by this one.
+    absl::ReaderMutexLock sync(&m.sync_mu);
+    absl::MutexLock lock(&m.mu);
+    m.UnstageLocked(name);
+  }
+  const auto release = [&] {
+    absl::MutexLock lock(&m.mu);
+    (void)m.alloc->Free(extents);
+  };
   const std::uint32_t checksum = util::Crc32c(data.data(), data.size());
   if (durability == Durability::kDurable) {
     absl::Status s = m.Commit({{RecordType::kPut, std::string(name), std::string(metadata),
@@ -547,9 +584,9 @@ absl::StatusOr<std::size_t> Volume::Get(std::string_view name, std::span<std::by
   std::uint64_t unit, data_offset;
   {
     absl::ReaderMutexLock lock(&m.mu);
-    auto it = m.objects.find(name);
-    if (it == m.objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
-    o = it->second;
+    const Object* found = m.FindLocked(name);
+    if (found == nullptr) return absl::NotFoundError(fmt::format("no object '{}'", name));
+    o = *found;
     unit = m.sb.unit_bytes;
     data_offset = m.sb.data_offset;
   }
@@ -592,24 +629,66 @@ ObjectInfo Info(const std::string& name, const Object& o, const Superblock& sb) 
 
 absl::StatusOr<ObjectInfo> Volume::Stat(std::string_view name) const {
   absl::ReaderMutexLock lock(&impl_->mu);
-  auto it = impl_->objects.find(name);
-  if (it == impl_->objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
-  return Info(it->first, it->second, impl_->sb);
+  const Object* found = impl_->FindLocked(name);
+  if (found == nullptr) return absl::NotFoundError(fmt::format("no object '{}'", name));
+  return Info(std::string(name), *found, impl_->sb);
 }
 
 std::vector<ObjectInfo> Volume::List() const {
   absl::ReaderMutexLock lock(&impl_->mu);
   std::vector<ObjectInfo> out;
-  for (const auto& [name, o] : impl_->objects) out.push_back(Info(name, o, impl_->sb));
+  for (const auto& [name, o] : impl_->objects) {
+    if (!impl_->staged.contains(name)) out.push_back(Info(name, o, impl_->sb));
+  }
+  for (const auto& [name, o] : impl_->staged) out.push_back(Info(name, o, impl_->sb));
+  std::sort(out.begin(), out.end(),
+            [](const ObjectInfo& a, const ObjectInfo& b) { return a.name < b.name; });
   return out;
+}
+
+absl::Status Volume::PutStaged(std::string_view name, std::span<const std::byte> data,
+                               std::string_view metadata) {
+  Impl& m = *impl_;
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<Extent> extents, m.WriteData(name, data, metadata));
+  const std::uint32_t checksum = util::Crc32c(data.data(), data.size());
+  absl::ReaderMutexLock sync(&m.sync_mu);
+  absl::MutexLock lock(&m.mu);
+  m.UnstageLocked(name);
+  m.staged.emplace(std::string(name), Object{data.size(), std::string(metadata), checksum,
+                                             std::move(extents), Durability::kDurable});
+  return absl::OkStatus();
+}
+
+absl::Status Volume::Sync() {
+  Impl& m = *impl_;
+  absl::MutexLock sync(&m.sync_mu);
+  std::vector<JournalRecord> records;
+  {
+    absl::ReaderMutexLock lock(&m.mu);
+    for (const auto& [name, o] : m.staged)
+      records.push_back({RecordType::kPut, name, o.metadata, o.size, o.checksum, o.extents});
+  }
+  if (records.empty()) return absl::OkStatus();
+  // Commit() flushes the data before the records and applies them: the committed
+  // versions' old extents are freed, the staged ones become the objects.
+  MEMASCEND_RETURN_IF_ERROR(m.Commit(records));
+  absl::MutexLock lock(&m.mu);
+  m.staged.clear();
+  return absl::OkStatus();
 }
 
 absl::Status Volume::Delete(std::string_view name) {
   Impl& m = *impl_;
   {
+    absl::ReaderMutexLock sync(&m.sync_mu);
     absl::MutexLock lock(&m.mu);
+    const bool was_staged = m.staged.contains(name);
+    m.UnstageLocked(name);
     auto it = m.objects.find(name);
-    if (it == m.objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
+    if (it == m.objects.end()) {
+      if (was_staged) return absl::OkStatus();
+      return absl::NotFoundError(fmt::format("no object '{}'", name));
+    }
     if (it->second.durability == Durability::kScratch) {
       (void)m.alloc->Free(it->second.extents);
       m.objects.erase(it);
@@ -658,6 +737,11 @@ absl::StatusOr<FsckReport> Volume::Fsck(bool verify_data) {
     next_block = m.next_block;
     objects.assign(m.objects.begin(), m.objects.end());
     storage::ExtentAllocator fresh(sb.data_units);
+    for (const auto& [name, o] : m.staged) {  // written, not yet committed: in use
+      if (absl::Status s = fresh.Reserve(o.extents); !s.ok()) {
+        r.errors.push_back(fmt::format("staged '{}': {}", name, std::string(s.message())));
+      }
+    }
     std::uint64_t used_units = 0;
     for (const auto& [name, o] : objects) {
       if (absl::Status s = fresh.Reserve(o.extents); !s.ok()) {

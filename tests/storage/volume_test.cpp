@@ -94,6 +94,57 @@ TEST(Volume, OverwritesReplaceAndFreeTheOldExtents) {
   EXPECT_EQ(v->stats().free_bytes, free0);
 }
 
+TEST(Volume, StagedPutsAreSeenAtOnceAndCommittedBySync) {
+  ScratchPath p("vol");
+  const std::size_t size = 100'000;
+  {
+    auto v = FormatAndOpen(p.path());
+    ASSERT_OK(v->Put("a", Pattern("a", 1, size), Durability::kDurable));
+    ASSERT_OK(v->PutStaged("a", Pattern("a", 2, size), "meta2"));
+    ASSERT_OK(v->PutStaged("b", Pattern("b", 1, size)));
+    ExpectContent(*v, "a", 2, size);  // this process sees the staged versions
+    ExpectContent(*v, "b", 1, size);
+    ASSERT_OK_AND_ASSIGN(ObjectInfo info, v->Stat("a"));
+    EXPECT_EQ(info.metadata, "meta2");
+    EXPECT_EQ(v->List().size(), 2u);
+    const std::uint64_t commits = v->stats().commits;
+    ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+    EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+    // Closed without Sync: as if the process had crashed.
+    EXPECT_EQ(v->stats().commits, commits);
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+    ExpectContent(*v, "a", 1, size);  // the committed version
+    EXPECT_THAT(v->Stat("b"), StatusIs(absl::StatusCode::kNotFound));
+    ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+    EXPECT_TRUE(r.clean);
+    // Replaced twice before the Sync: only the last is kept, nothing leaks.
+    for (std::uint64_t version = 3; version <= 5; ++version)
+      ASSERT_OK(v->PutStaged("a", Pattern("a", version, size)));
+    ASSERT_OK(v->PutStaged("c", Pattern("c", 1, size)));
+    ASSERT_OK(v->PutStaged("d", Pattern("d", 1, size)));
+    ASSERT_OK(v->Delete("d"));  // only staged: gone without a commit
+    const std::uint64_t before = v->stats().commits;
+    ASSERT_OK(v->Sync());
+    EXPECT_EQ(v->stats().commits, before + 1);  // one commit for all of them
+    ASSERT_OK(v->Sync());                       // nothing staged: nothing to do
+    EXPECT_EQ(v->stats().commits, before + 1);
+    ASSERT_OK(v->PutStaged("c", Pattern("c", 2, size)));
+    ASSERT_OK(v->Put("c", Pattern("c", 3, size), Durability::kDurable));  // supersedes it
+    ASSERT_OK(v->Sync());
+    ASSERT_OK_AND_ASSIGN(r, v->Fsck(true));
+    EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+  }
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+  ExpectContent(*v, "a", 5, size);
+  ExpectContent(*v, "c", 3, size);
+  EXPECT_THAT(v->Stat("d"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(v->List().size(), 2u);
+  const VolumeStats st = v->stats();
+  EXPECT_EQ(st.used_bytes, 2 * 2 * 65536u);  // two objects of two units each
+}
+
 TEST(Volume, ScratchObjectsLiveForOneOpen) {
   ScratchPath p("vol");
   auto v = FormatAndOpen(p.path());
