@@ -34,6 +34,9 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
                      training state, at least 2x)
   --window N         layers prefetched ahead (default 1)
   --optimizer-chunk N  elements per stored part of the optimizer state (default 1048576)
+  --optimizer-window N optimizer-state parts prefetched ahead (default 2)
+  --io-threads N     the store's prefetch threads, reads in flight (default 4)
+  --write-behind 0|1 write new versions back as soon as they are released (default 0)
   --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
     --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)
     --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
@@ -153,6 +156,12 @@ int main(int argc, char** argv) {
       ok = number(&o.threads);
     else if (a == "--window")
       ok = number(&o.window);
+    else if (a == "--optimizer-window")
+      ok = number(&o.optimizer_window);
+    else if (a == "--io-threads")
+      ok = number(&o.io_threads);
+    else if (a == "--write-behind")
+      ok = number(&o.write_behind);
     else if (a == "--optimizer-chunk")
       ok = number(&o.optimizer_chunk);
     else if (a == "--zero-param-buffers")

@@ -190,6 +190,10 @@ class OffloadBackend final : public Backend {
     MEMASCEND_RETURN_IF_ERROR(b->OpenVolume(o));
     memascend::TensorStoreOptions so;
     so.host_budget_bytes = o.host_budget;
+    so.prefetch_threads = o.io_threads;
+    // Every new version is written back before the step commits anyway: write it at
+    // once, overlapping the compute, so evictions find clean tensors.
+    so.write_behind = o.write_behind;
     so.ledger = ledger;
     MEMASCEND_ASSIGN_OR_RETURN(b->store_, memascend::TensorStore::Open(b->volume_.get(), so));
     b->chunk_ = o.optimizer_chunk;
@@ -550,12 +554,16 @@ class Run {
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, 0, true));
       const std::size_t parts = Parts(g);
       for (std::size_t part = 0; part < parts; ++part) {
-        const std::size_t ng = part + 1 < parts ? g : g + 1;
-        const std::size_t np = part + 1 < parts ? part + 1 : 0;
-        if (ng < GroupCount(c_)) {
+        // The next optimizer_window parts (into the next group) are read meanwhile.
+        std::size_t ng = g, np = part;
+        for (std::size_t ahead = 0; ahead < o_.optimizer_window; ++ahead) {
+          if (++np >= Parts(ng)) {
+            np = 0;
+            if (++ng >= GroupCount(c_)) break;
+            backend_->Prefetch(Kind::kGrad, ng, 0);
+          }
           for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
             backend_->Prefetch(k, ng, np);
-          if (np == 0) backend_->Prefetch(Kind::kGrad, ng, 0);
         }
         const auto [begin, end] = PartRange(c_, g, part, chunk_);
         const std::size_t n = end - begin;

@@ -68,13 +68,16 @@ struct TrainOptions {
   float initial_loss_scale = 65536.0f;
   int threads = 0;  // compute threads; 0: all cores
   // Offload only.
-  std::string volume_path;         // a file (created) or a block device
-  std::uint64_t volume_bytes = 0;  // size of a file volume; 0: what the run needs, doubled
-  bool force = false;              // format a device that holds other data
-  bool resume = false;             // continue from the volume's last committed step
-  std::size_t host_budget = 0;     // pinned bytes; 0: DefaultHostBudget()
-  std::size_t window = 1;          // groups prefetched ahead
-  std::size_t sample_tokens = 0;   // generate this many tokens at the end
+  std::string volume_path;           // a file (created) or a block device
+  std::uint64_t volume_bytes = 0;    // size of a file volume; 0: what the run needs, doubled
+  bool force = false;                // format a device that holds other data
+  bool resume = false;               // continue from the volume's last committed step
+  std::size_t host_budget = 0;       // pinned bytes; 0: DefaultHostBudget()
+  std::size_t window = 1;            // groups prefetched ahead
+  std::size_t optimizer_window = 2;  // optimizer-state parts prefetched ahead
+  int io_threads = 4;                // the store's prefetch threads (reads in flight)
+  bool write_behind = false;         // TensorStoreOptions::write_behind
+  std::size_t sample_tokens = 0;     // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own
 };

@@ -16,8 +16,10 @@
 // least recently used first, writing dirty ones back to the volume first; the bytes it
 // holds never pass host_budget_bytes. When everything resident is leased, Acquire fails
 // with kResourceExhausted saying how many bytes are missing. A tensor never written
-// reads as zeros. Flush() writes every dirty tensor; durable ones are then committed to
-// the volume's journal and found again by a store reopened on the same volume.
+// reads as zeros. Durable tensors are written back as staged objects (Note [staged puts]
+// in volume.h); Flush() writes every dirty tensor and commits everything written back
+// since the last Flush in one journal commit; a store reopened on the same volume then
+// finds them. After a crash, durable tensors hold what the last Flush committed.
 //
 // Note [gpu tier]: with options.gpu_budget_bytes > 0 and a CUDA device, Acquire(id,
 // Tier::kGpu, stream) gives a lease on a device copy. The store takes one device slab of
@@ -70,7 +72,13 @@ struct TensorStoreOptions {
   std::size_t host_budget_bytes = 0;  // pinned host bytes the store may hold (required)
   // Sizes the pool should expect besides the registered tensors' (which it learns).
   std::vector<std::size_t> expected_sizes;
-  int prefetch_threads = 2;
+  int prefetch_threads = 2;  // they also run the write-behinds
+  // Note [write-behind]: a durable tensor released dirty is written back by the prefetch
+  // threads at once, not when its memory is next needed: evictions then find clean
+  // tensors and the writes overlap the caller's work. Worth it when each version is
+  // written back anyway (a training step's new states); wasteful for a tensor dirtied
+  // again and again while resident.
+  bool write_behind = false;
   // Device bytes of the GPU tier (Note [gpu tier]); 0: no GPU tier.
   std::size_t gpu_budget_bytes = 0;
   int gpu_device = 0;
@@ -201,7 +209,7 @@ class TensorStore {
   // what it last stored (zeros if nothing). For values that are dead, such as gradients
   // after the optimizer step. kFailedPrecondition while leased.
   absl::Status Discard(TensorId id);
-  // Writes back every dirty tensor.
+  // Writes back every dirty tensor and commits every durable write-back (Note [residency]).
   absl::Status Flush();
 
   TensorStoreStats stats() const;

@@ -86,7 +86,7 @@ struct TensorStore::Impl {
     TensorId id;
     Tier tier;
     CudaStreamView stream;
-    std::shared_ptr<PrefetchTicket::State> ticket;
+    std::shared_ptr<PrefetchTicket::State> ticket;  // null for a write-behind
   };
 
   Volume* volume = nullptr;
@@ -132,8 +132,11 @@ struct TensorStore::Impl {
     t.dirty = false;
     const auto start = Clock::now();
     mu.Unlock();
-    absl::Status s = volume->Put(t.spec.name, {t.block.data(), t.spec.bytes}, t.spec.durability,
-                                 Metadata(t.spec));
+    // Durable tensors are staged: committed together at Flush (Note [staged puts]).
+    absl::Status s =
+        t.spec.durability == Durability::kDurable
+            ? volume->PutStaged(t.spec.name, {t.block.data(), t.spec.bytes}, Metadata(t.spec))
+            : volume->Put(t.spec.name, {t.block.data(), t.spec.bytes}, Durability::kScratch);
     mu.Lock();
     t.state = State::kResident;
     cv.SignalAll();
@@ -438,6 +441,11 @@ struct TensorStore::Impl {
         job = std::move(jobs.front());
         jobs.pop_front();
         Tensor& t = *tensors[job.id];
+        if (job.ticket == nullptr) {  // Note [write-behind]
+          while (t.state == State::kLoading || t.state == State::kWriting) cv.Wait(&mu);
+          if (t.pins == 0 && t.dirty) (void)WriteBackLocked(t);  // a failure stays dirty
+          continue;
+        }
         if (job.tier == Tier::kGpu) {
           s = GpuResidentLocked(t, job.stream, /*pin=*/false);
         } else {
@@ -460,7 +468,7 @@ TensorStore::~TensorStore() {
     absl::MutexLock lock(&impl_->mu);
     impl_->stop = true;
     for (Impl::Job& job : impl_->jobs)
-      job.ticket->Finish(absl::CancelledError("the store is closing"));
+      if (job.ticket != nullptr) job.ticket->Finish(absl::CancelledError("the store is closing"));
     impl_->jobs.clear();
   }
   for (std::thread& w : impl_->workers) w.join();
@@ -826,6 +834,7 @@ absl::Status TensorStore::Flush() {
   }
   absl::Status first;
   for (TensorId id = 0; id < count; ++id) first.Update(WriteBack(id));
+  if (first.ok()) first = impl_->volume->Sync();  // one commit for everything written back
   return first;
 }
 
@@ -864,6 +873,10 @@ void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept 
   } else {
     --t.pins;
     t.last_use = ++impl_->tick;
+    if (impl_->options.write_behind && t.pins == 0 && t.dirty && t.gpu == nullptr &&
+        t.spec.durability == Durability::kDurable && t.state == Impl::State::kResident) {
+      impl_->jobs.push_back({id, Tier::kPinnedHost, {}, nullptr});
+    }
   }
   impl_->cv.SignalAll();
 }

@@ -1,4 +1,5 @@
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -171,6 +172,31 @@ TEST(TensorStore, AcquireCopyHandsOverCleanBlocksAndReadsColdSources) {
   ASSERT_OK(store->Evict(a));
   ASSERT_OK_AND_ASSIGN(TensorLease again, store->Acquire(a));
   EXPECT_TRUE(Holds(again, "b", 3));  // the copy was written back as a's
+}
+
+TEST(TensorStore, WriteBehindWritesReleasedDurableTensorsAtOnce) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o = Budget(kMiB);
+  o.write_behind = true;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  ASSERT_OK_AND_ASSIGN(TensorId d, store->Register(Spec("durable", 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId s, store->Register(Spec("scratch", 64 * kKiB, DType::kBF16, {},
+                                                        Use::kGradients, Durability::kScratch)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease a, store->Acquire(d));
+    ASSERT_OK_AND_ASSIGN(TensorLease b, store->Acquire(s));
+    Fill(a, "durable", 1);
+    Fill(b, "scratch", 1);
+  }
+  // The durable one is written by a prefetch thread without anyone asking.
+  for (int i = 0; i < 2000 && store->stats().write_backs == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(store->stats().write_backs, 1u);
+  EXPECT_EQ(store->stats().bytes_written, 64 * kKiB);  // not the scratch one
+  ASSERT_OK(store->Flush());                           // commits it, writes the scratch one
+  ASSERT_OK_AND_ASSIGN(ObjectInfo info, volume->Stat("durable"));
+  EXPECT_EQ(info.durability, Durability::kDurable);
 }
 
 TEST(TensorStore, DiscardDropsDirtyBytesWithoutWritingThem) {
