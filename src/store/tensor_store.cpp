@@ -133,10 +133,16 @@ struct TensorStore::Impl {
     const auto start = Clock::now();
     mu.Unlock();
     // Durable tensors are staged: committed together at Flush (Note [staged puts]).
-    absl::Status s =
-        t.spec.durability == Durability::kDurable
-            ? volume->PutStaged(t.spec.name, {t.block.data(), t.spec.bytes}, Metadata(t.spec))
-            : volume->Put(t.spec.name, {t.block.data(), t.spec.bytes}, Durability::kScratch);
+    // Staged objects keep their previous versions' extents until committed: when the
+    // volume runs out of room, commit what is staged (freeing those) and try again.
+    const std::span<const std::byte> bytes{t.block.data(), t.spec.bytes};
+    const auto put = [&] {
+      return t.spec.durability == Durability::kDurable
+                 ? volume->PutStaged(t.spec.name, bytes, Metadata(t.spec))
+                 : volume->Put(t.spec.name, bytes, Durability::kScratch);
+    };
+    absl::Status s = put();
+    if (s.code() == absl::StatusCode::kResourceExhausted && volume->Sync().ok()) s = put();
     mu.Lock();
     t.state = State::kResident;
     cv.SignalAll();

@@ -174,6 +174,34 @@ TEST(TensorStore, AcquireCopyHandsOverCleanBlocksAndReadsColdSources) {
   EXPECT_TRUE(Holds(again, "b", 3));  // the copy was written back as a's
 }
 
+TEST(TensorStore, AFullVolumeCommitsStagedWriteBacksEarlyAndGoesOn) {
+  ScratchPath path("store");
+  VolumeFormatOptions f;
+  f.size = 8 * kMiB;  // room for the data once, not for every version staged
+  ASSERT_OK(Volume::Format(path.path(), f));
+  ASSERT_OK_AND_ASSIGN(auto volume, Volume::Open(path.path(), {}));
+  const std::size_t free = volume->stats().free_bytes;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(kMiB)));
+  std::vector<TensorId> ids;
+  const std::size_t n = free / (512 * kKiB) - 1;  // fills most of the volume
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("t" + std::to_string(i), 512 * kKiB)));
+    ids.push_back(id);
+  }
+  for (std::uint64_t version = 1; version <= 3; ++version) {
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(ids[i]));
+      if (version > 1) {
+        ASSERT_TRUE(Holds(lease, "t" + std::to_string(i), version - 1)) << i;
+      }
+      Fill(lease, "t" + std::to_string(i), version);
+    }
+  }
+  ASSERT_OK(store->Flush());
+  ASSERT_OK_AND_ASSIGN(FsckReport r, volume->Fsck(true));
+  EXPECT_TRUE(r.clean);
+}
+
 TEST(TensorStore, WriteBehindWritesReleasedDurableTensorsAtOnce) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());
