@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <memascend/block_target.h>
@@ -22,7 +23,7 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 constexpr double kGiB = 1024.0 * 1024 * 1024;
-constexpr std::size_t kRequest = 4u << 20;  // the volume's request size
+constexpr std::size_t kRequest = 4u << 20;  // the volume's request size (kRequestBytes)
 constexpr int kConcurrency = 2;             // the store's prefetch threads
 
 // The same objects, read straight through an engine made as the volume makes its own,
@@ -89,7 +90,21 @@ absl::StatusOr<double> RawRead(const std::string& path, Volume& volume,
 
 }  // namespace
 
-absl::StatusOr<StoreBenchResult> RunStoreBench(const StoreBenchConfig& c) {
+absl::StatusOr<StoreBenchResult> RunStoreBench(const StoreBenchConfig& config) {
+  StoreBenchConfig c = config;
+  // A scratch volume of our own unless the caller names one.
+  const bool own_volume = c.volume.empty();
+  if (own_volume) {
+    c.volume = (std::filesystem::temp_directory_path() / "memascend_store_bench.vol").string();
+  }
+  struct Remove {
+    bool active;
+    std::string path;
+    ~Remove() {
+      std::error_code ec;
+      if (active) std::filesystem::remove(path, ec);
+    }
+  } remove_after{own_volume, c.volume};
   MEMASCEND_ASSIGN_OR_RETURN(Workload w, LoadWorkload(c.workload));
   if (c.scale == 0) return absl::InvalidArgumentError("--scale must be positive");
   StoreBenchResult r;

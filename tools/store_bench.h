@@ -12,7 +12,7 @@ namespace memascend::cli {
 
 struct StoreBenchConfig {
   std::string workload;
-  std::string volume = "memascend_store_bench.vol";
+  std::string volume;  // empty: $TMPDIR/memascend_store_bench.vol, removed at the end
   std::uint64_t host_budget = 256u << 20;
   std::uint64_t scale = 16;  // element counts divided by this
   std::size_t window = 4;    // tensors prefetched ahead

@@ -38,7 +38,7 @@ using storage::RecordType;
 using storage::Superblock;
 
 constexpr std::size_t kWindowBytes = 16u << 20;  // staging window of unaligned transfers
-constexpr std::size_t kRequestBytes = 1u << 20;  // one engine request (several in flight)
+constexpr std::size_t kRequestBytes = 4u << 20;  // one engine request (several in flight)
 
 struct FreeDeleter {
   void operator()(std::byte* p) const { std::free(p); }
