@@ -91,6 +91,20 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
+// fn(tier, use, peak reserved bytes) for every tier and use the run touched.
+template <typename F>
+void ForEachLedgerPeak(const memascend::LedgerSnapshot& ledger, F&& fn) {
+  for (int t = 0; t < memascend::kTierCount; ++t) {
+    for (int u = 0; u < memascend::kUseCount; ++u) {
+      const auto& c = ledger.uses[static_cast<std::size_t>(t)][static_cast<std::size_t>(u)];
+      if (c.reserved_peak != 0) {
+        fn(memascend::ToString(static_cast<memascend::Tier>(t)),
+           memascend::ToString(static_cast<memascend::Use>(u)), c.reserved_peak);
+      }
+    }
+  }
+}
+
 int Fail(const std::string& message) {
   std::fprintf(stderr, "memascend-train: %s\n", message.c_str());
   return 1;
@@ -298,16 +312,11 @@ int main(int argc, char** argv) {
       times += fmt::format("{}{:.4f}", i ? "," : "", s.step_seconds[i]);
     }
     std::string uses;
-    for (int t = 0; t < memascend::kTierCount; ++t) {
-      for (int u = 0; u < memascend::kUseCount; ++u) {
-        const auto& c = s.ledger.uses[static_cast<std::size_t>(t)][static_cast<std::size_t>(u)];
-        if (c.reserved_peak == 0) continue;
-        uses += fmt::format("{}{{\"tier\":\"{}\",\"use\":\"{}\",\"peak_bytes\":{}}}",
-                            uses.empty() ? "" : ",",
-                            memascend::ToString(static_cast<memascend::Tier>(t)),
-                            memascend::ToString(static_cast<memascend::Use>(u)), c.reserved_peak);
-      }
-    }
+    ForEachLedgerPeak(
+        s.ledger, [&uses](std::string_view tier, std::string_view use, std::int64_t peak) {
+          uses += fmt::format("{}{{\"tier\":\"{}\",\"use\":\"{}\",\"peak_bytes\":{}}}",
+                              uses.empty() ? "" : ",", tier, use, peak);
+        });
     fmt::print(
         "{{\"policy\":\"{}\",\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},"
         "\"losses\":[{}],\"step_seconds\":[{}],"
@@ -336,15 +345,9 @@ int main(int argc, char** argv) {
              Gib(static_cast<double>(s.io_read_bytes)), Gib(static_cast<double>(s.io_write_bytes)),
              Gib(static_cast<double>(s.activation_bytes)));
   fmt::print("  ledger peaks by tier and use:\n");
-  for (int t = 0; t < memascend::kTierCount; ++t) {
-    for (int u = 0; u < memascend::kUseCount; ++u) {
-      const auto& c = s.ledger.uses[static_cast<std::size_t>(t)][static_cast<std::size_t>(u)];
-      if (c.reserved_peak == 0) continue;
-      fmt::print("    {:<12} {:<16} {}\n", memascend::ToString(static_cast<memascend::Tier>(t)),
-                 memascend::ToString(static_cast<memascend::Use>(u)),
-                 Gib(static_cast<double>(c.reserved_peak)));
-    }
-  }
+  ForEachLedgerPeak(s.ledger, [](std::string_view tier, std::string_view use, std::int64_t peak) {
+    fmt::print("    {:<12} {:<16} {}\n", tier, use, Gib(static_cast<double>(peak)));
+  });
   if (!s.sample.empty()) fmt::print("\nsample:\n{}\n", s.sample);
   return 0;
 }

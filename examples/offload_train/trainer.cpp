@@ -186,7 +186,6 @@ class OffloadBackend final : public Backend {
   static absl::StatusOr<std::unique_ptr<OffloadBackend>> Open(const TrainOptions& o,
                                                               memascend::MemoryLedger* ledger) {
     auto b = std::unique_ptr<OffloadBackend>(new OffloadBackend());
-    b->config_ = o.model;
     MEMASCEND_RETURN_IF_ERROR(b->OpenVolume(o));
     memascend::TensorStoreOptions so;
     so.host_budget_bytes = o.host_budget;
@@ -196,7 +195,6 @@ class OffloadBackend final : public Backend {
     so.write_behind = o.write_behind;
     so.ledger = ledger;
     MEMASCEND_ASSIGN_OR_RETURN(b->store_, memascend::TensorStore::Open(b->volume_.get(), so));
-    b->chunk_ = o.optimizer_chunk;
     for (Kind k : kKinds) {
       auto& ids = b->ids_[static_cast<int>(k)];
       ids.resize(GroupCount(o.model));
@@ -278,7 +276,6 @@ class OffloadBackend final : public Backend {
   }
   std::uint64_t IoReadBytes() const override { return store_->stats().bytes_read; }
   std::uint64_t IoWriteBytes() const override { return store_->stats().bytes_written; }
-  memascend::TensorStoreStats stats() const { return store_->stats(); }
 
  private:
   OffloadBackend() = default;
@@ -331,12 +328,10 @@ class OffloadBackend final : public Backend {
     return 2 * need + (64ull << 20);  // room to write new extents before old ones are freed
   }
 
-  GptConfig config_;
   std::unique_ptr<memascend::Volume> volume_;
   std::unique_ptr<memascend::TensorStore> store_;
   std::array<std::vector<std::vector<TensorId>>, kKinds.size()>
       ids_;  // [kind][group][part, version]
-  std::size_t chunk_ = 0;
   int current_ = 0;
 };
 
@@ -674,15 +669,12 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   memascend::KernelThreads threads(nthreads);
 
   std::unique_ptr<Backend> backend;
-  OffloadBackend* offload = nullptr;
   if (o.mode == Mode::kReference) {
     backend = std::make_unique<ReferenceBackend>(o.model, o.dtype, o.optimizer_chunk);
   } else if (o.policy == Policy::kZeroInfinity) {
     MEMASCEND_ASSIGN_OR_RETURN(backend, MakeZeroInfinityBackend(o, ledger));
   } else {
-    MEMASCEND_ASSIGN_OR_RETURN(auto b, OffloadBackend::Open(o, ledger));
-    offload = b.get();
-    backend = std::move(b);
+    MEMASCEND_ASSIGN_OR_RETURN(backend, OffloadBackend::Open(o, ledger));
   }
   const std::uint64_t fingerprint = Fingerprint(o, tokenizer, tokens.size());
   Run run(o, backend.get(), &threads, ledger);
@@ -759,7 +751,6 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   summary.peak_pinned_bytes =
       static_cast<std::uint64_t>(summary.ledger.tier(memascend::Tier::kPinnedHost).reserved_peak);
   summary.peak_rss_bytes = summary.ledger.peak_rss_bytes;
-  (void)offload;
   return summary;
 }
 

@@ -248,8 +248,8 @@ struct TensorStore::Impl {
     return absl::OkStatus();
   }
 
-  // Makes `t` resident and pinned in host memory (Acquire's loop, without counters).
-  absl::Status HostResidentLocked(Tensor& t, bool* loaded_here) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Makes `t` resident in host memory without pinning it (no counters).
+  absl::Status MakeResidentLocked(Tensor& t, bool* loaded_here) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (;;) {
       if (t.state == State::kResident) break;
       if (t.state == State::kCold) {
@@ -259,6 +259,12 @@ struct TensorStore::Impl {
       }
       cv.Wait(&mu);  // loading (a prefetch) or being written back
     }
+    return absl::OkStatus();
+  }
+
+  // Makes `t` resident and pins it (Acquire's loop, without counters).
+  absl::Status HostResidentLocked(Tensor& t, bool* loaded_here) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    MEMASCEND_RETURN_IF_ERROR(MakeResidentLocked(t, loaded_here));
     ++t.pins;
     return absl::OkStatus();
   }
@@ -322,6 +328,33 @@ struct TensorStore::Impl {
     cv.SignalAll();
   }
 
+  // GpuToHostLocked for an unclaimed `t`.
+  absl::Status CopyBackLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ClaimGpuLocked(t);
+    absl::Status s = GpuToHostLocked(t);
+    UnclaimGpuLocked(t);
+    return s;
+  }
+
+  // Evict(id, Tier::kGpu): kFailedPrecondition while leased on the device.
+  absl::Status EvictGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ClaimGpuLocked(t);
+    absl::Status s = t.gpu_pins > 0 ? absl::FailedPreconditionError(fmt::format(
+                                          "tensor '{}' is leased on the GPU", t.spec.name))
+                                    : DropGpuLocked(t);
+    UnclaimGpuLocked(t);
+    return s;
+  }
+
+  // Gives the device block back to the pool; the device copy is gone.
+  absl::Status FreeGpuBlockLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    MEMASCEND_RETURN_IF_ERROR(device_pool->Free(t.gpu));
+    t.gpu = nullptr;
+    t.gpu_valid = t.gpu_dirty = false;
+    t.gpu_ready.reset();
+    return absl::OkStatus();
+  }
+
   // Frees the device block of an unleased `t` (claimed by the caller), copying it back
   // first if dirty and waiting for the work queued on it.
   absl::Status DropGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -335,10 +368,7 @@ struct TensorStore::Impl {
       mu.Lock();
       if (t.gpu_pins > 0) return absl::OkStatus();
     }
-    MEMASCEND_RETURN_IF_ERROR(device_pool->Free(t.gpu));
-    t.gpu = nullptr;
-    t.gpu_valid = false;
-    t.gpu_ready.reset();
+    MEMASCEND_RETURN_IF_ERROR(FreeGpuBlockLocked(t));
     ++counters.gpu_evictions;
     return absl::OkStatus();
   }
@@ -455,11 +485,7 @@ struct TensorStore::Impl {
         if (job.tier == Tier::kGpu) {
           s = GpuResidentLocked(t, job.stream, /*pin=*/false);
         } else {
-          for (;;) {
-            while (t.state == State::kLoading || t.state == State::kWriting) cv.Wait(&mu);
-            if (t.state != State::kCold || !s.ok()) break;
-            s = LoadLocked(t);
-          }
+          s = MakeResidentLocked(t, nullptr);
         }
       }
       job.ticket->Finish(std::move(s));
@@ -601,10 +627,7 @@ absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStr
   MEMASCEND_RETURN_IF_ERROR(m.HostResidentLocked(t, &loaded_here));
   if (t.gpu != nullptr) {
     // A dirty device copy is the newest (Note [gpu tier]).
-    m.ClaimGpuLocked(t);
-    absl::Status s = m.GpuToHostLocked(t);
-    m.UnclaimGpuLocked(t);
-    if (!s.ok()) {
+    if (absl::Status s = m.CopyBackLocked(t); !s.ok()) {
       --t.pins;
       m.cv.SignalAll();
       return s;
@@ -665,10 +688,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
           fmt::format("AcquireCopy: tensor '{}' is leased", dst.spec.name));
     }
     if (src.gpu != nullptr && src.gpu_dirty) {  // the device holds the newest bytes
-      m.ClaimGpuLocked(src);
-      absl::Status s = m.GpuToHostLocked(src);
-      m.UnclaimGpuLocked(src);
-      MEMASCEND_RETURN_IF_ERROR(s);
+      MEMASCEND_RETURN_IF_ERROR(m.CopyBackLocked(src));
       continue;
     }
     if (src.state == Impl::State::kResident && src.pins == 0 && !src.dirty &&
@@ -749,12 +769,7 @@ absl::Status TensorStore::WriteBack(TensorId id) {
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
-  if (t.gpu != nullptr) {
-    m.ClaimGpuLocked(t);
-    absl::Status s = m.GpuToHostLocked(t);
-    m.UnclaimGpuLocked(t);
-    MEMASCEND_RETURN_IF_ERROR(s);
-  }
+  if (t.gpu != nullptr) MEMASCEND_RETURN_IF_ERROR(m.CopyBackLocked(t));
   while (t.state == Impl::State::kLoading || t.state == Impl::State::kWriting) m.cv.Wait(&m.mu);
   return m.WriteBackLocked(t);
 }
@@ -768,13 +783,7 @@ absl::Status TensorStore::Evict(TensorId id, Tier tier) {
   Impl& m = *impl_;
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
-  Impl::Tensor& t = *m.tensors[id];
-  m.ClaimGpuLocked(t);
-  absl::Status s = t.gpu_pins > 0 ? absl::FailedPreconditionError(fmt::format(
-                                        "tensor '{}' is leased on the GPU", t.spec.name))
-                                  : m.DropGpuLocked(t);
-  m.UnclaimGpuLocked(t);
-  return s;
+  return m.EvictGpuLocked(*m.tensors[id]);
 }
 
 absl::Status TensorStore::Evict(TensorId id) {
@@ -782,14 +791,7 @@ absl::Status TensorStore::Evict(TensorId id) {
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
-  if (t.gpu != nullptr) {
-    m.ClaimGpuLocked(t);
-    absl::Status s = t.gpu_pins > 0 ? absl::FailedPreconditionError(fmt::format(
-                                          "tensor '{}' is leased on the GPU", t.spec.name))
-                                    : m.DropGpuLocked(t);
-    m.UnclaimGpuLocked(t);
-    MEMASCEND_RETURN_IF_ERROR(s);
-  }
+  if (t.gpu != nullptr) MEMASCEND_RETURN_IF_ERROR(m.EvictGpuLocked(t));
   for (;;) {
     while (t.state == Impl::State::kLoading || t.state == Impl::State::kWriting) m.cv.Wait(&m.mu);
     if (t.pins > 0)
@@ -817,10 +819,7 @@ absl::Status TensorStore::Discard(TensorId id) {
   if (t.gpu != nullptr) {
     std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
     while (idle != nullptr && !idle->Ready()) std::this_thread::yield();
-    MEMASCEND_RETURN_IF_ERROR(m.device_pool->Free(t.gpu));
-    t.gpu = nullptr;
-    t.gpu_valid = t.gpu_dirty = false;
-    t.gpu_ready.reset();
+    MEMASCEND_RETURN_IF_ERROR(m.FreeGpuBlockLocked(t));
   }
   if (t.state == Impl::State::kResident) {
     t.block.Reset();

@@ -12,6 +12,7 @@
 
 #include "storage/volume_test_util.h"
 #include "store/device_pool.h"
+#include "store/store_test_util.h"
 #include "testing/status_matchers.h"
 
 #if MEMASCEND_HAVE_CUDA
@@ -100,19 +101,11 @@ TEST(DevicePool, RandomAllocationsKeepTheInvariants) {
 // ---- the store's GPU tier -------------------------------------------------------------
 
 std::unique_ptr<Volume> MakeVolume(const std::string& path) {
-  VolumeFormatOptions f;
-  f.size = 64 * kMiB;
-  EXPECT_OK(Volume::Format(path, f));
-  return *Volume::Open(path, {});
+  return testing::MakeVolume(path, 64 * kMiB);
 }
 
 TensorSpec Spec(std::string name, std::size_t bytes) {
-  TensorSpec s;
-  s.name = std::move(name);
-  s.bytes = bytes;
-  s.dtype = DType::kF32;
-  s.shape = {static_cast<std::int64_t>(bytes / 4)};
-  return s;
+  return testing::Spec(std::move(name), bytes, DType::kF32, {static_cast<std::int64_t>(bytes / 4)});
 }
 
 TEST(GpuTier, WithoutADeviceOrBudgetItReportsAndTheHostTierWorks) {

@@ -9,6 +9,7 @@
 #include <memascend/tensor_store.h>
 
 #include "storage/volume_test_util.h"
+#include "store/store_test_util.h"
 #include "testing/status_matchers.h"
 
 namespace memascend {
@@ -16,24 +17,12 @@ namespace {
 
 using ::memascend::testing::Pattern;
 using ::memascend::testing::ScratchPath;
+using ::memascend::testing::Spec;
 using ::memascend::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr std::size_t kKiB = 1024;
 constexpr std::size_t kMiB = 1024 * 1024;
-
-TensorSpec Spec(std::string name, std::size_t bytes, DType dtype = DType::kBF16,
-                std::vector<std::int64_t> shape = {}, Use use = Use::kParameters,
-                Durability durability = Durability::kDurable) {
-  TensorSpec s;
-  s.name = std::move(name);
-  s.bytes = bytes;
-  s.dtype = dtype;
-  s.shape = std::move(shape);
-  s.use = use;
-  s.durability = durability;
-  return s;
-}
 
 TensorStoreOptions Budget(std::size_t bytes) {
   TensorStoreOptions o;
@@ -42,10 +31,7 @@ TensorStoreOptions Budget(std::size_t bytes) {
 }
 
 std::unique_ptr<Volume> MakeVolume(const std::string& path) {
-  VolumeFormatOptions f;
-  f.size = 256 * kMiB;
-  EXPECT_OK(Volume::Format(path, f));
-  return *Volume::Open(path, {});
+  return testing::MakeVolume(path, 256 * kMiB);
 }
 
 void Fill(TensorLease& lease, const std::string& name, std::uint64_t version) {
