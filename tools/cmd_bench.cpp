@@ -316,6 +316,7 @@ int RunStore(std::span<char* const> argv) {
     w.Field("stall_seconds", r->stall_seconds);
     w.Field("prefetch_hits", r->prefetch_hits);
     w.Field("prefetch_misses", r->prefetch_misses);
+    w.Field("prefetch_dropped", r->prefetch_dropped);
     w.Field("peak_pinned_bytes", r->peak_pinned_bytes);
     w.Field("peak_rss_bytes", r->peak_rss_bytes);
     w.EndObject();
@@ -329,7 +330,8 @@ int RunStore(std::span<char* const> argv) {
       "  streaming read   {:.3f} GiB/s  (raw engine {:.3f} GiB/s: {:.2f} x), stalls {:.3f} s\n",
       r->store_read_gib_per_s, r->raw_read_gib_per_s, ratio, r->stall_seconds);
   fmt::print("  write-back       {:.3f} GiB/s\n", r->write_gib_per_s);
-  fmt::print("  prefetch         {} hits, {} misses\n", r->prefetch_hits, r->prefetch_misses);
+  fmt::print("  prefetch         {} hits, {} misses, {} dropped\n", r->prefetch_hits,
+             r->prefetch_misses, r->prefetch_dropped);
   fmt::print("  peak pinned      {} (budget {}), peak RSS {}\n",
              util::FormatBytes(r->peak_pinned_bytes), util::FormatBytes(c.host_budget),
              util::FormatBytes(r->peak_rss_bytes));

@@ -171,6 +171,7 @@ absl::StatusOr<StoreBenchResult> RunStoreBench(const StoreBenchConfig& config) {
     }
     r.prefetch_hits += after.prefetch_hits - before.prefetch_hits;
     r.prefetch_misses += after.prefetch_misses - before.prefetch_misses;
+    r.prefetch_dropped += after.prefetch_dropped - before.prefetch_dropped;
   }
   // Backward: every tensor modified, in reverse, written back as it is evicted and flushed.
   const TensorStoreStats before = store->stats();

@@ -30,6 +30,7 @@ struct StoreBenchResult {
   double stall_seconds = 0;    // in the best forward pass
   std::uint64_t prefetch_hits = 0;
   std::uint64_t prefetch_misses = 0;
+  std::uint64_t prefetch_dropped = 0;
   std::uint64_t peak_pinned_bytes = 0;
   std::uint64_t peak_rss_bytes = 0;
   std::string io_backend;

@@ -14,7 +14,12 @@
 // Note [residency]: a tensor is on the volume, loading, or resident in a pinned block.
 // A lease pins it resident. To make room, the store evicts unleased resident tensors,
 // least recently used first, writing dirty ones back to the volume first; the bytes it
-// holds never pass host_budget_bytes. When everything resident is leased, Acquire fails
+// holds never pass host_budget_bytes. A tensor prefetched and not used since (acquired,
+// discarded or evicted) is wanted soon: it goes only after every other unleased tensor,
+// and a prefetch never evicts one (it is dropped instead: its ticket reports
+// kResourceExhausted and stats().prefetch_dropped counts it; Acquire then reads the
+// tensor itself). So a prefetch window larger than the budget cannot evict what it
+// prefetched before it is used. When everything resident is leased, Acquire fails
 // with kResourceExhausted saying how many bytes are missing. A tensor never written
 // reads as zeros. Durable tensors are written back as staged objects (Note [staged puts]
 // in volume.h); Flush() writes every dirty tensor and commits everything written back
@@ -93,11 +98,12 @@ struct TensorStoreStats {
   std::uint64_t bytes_written = 0;
   double read_seconds = 0;
   double write_seconds = 0;
-  std::uint64_t prefetch_hits = 0;    // Acquire found the tensor resident or loading
-  std::uint64_t prefetch_misses = 0;  // Acquire had to start the read itself
-  std::uint64_t overwrites = 0;       // AcquireForOverwrite calls that skipped a read
-  std::uint64_t handovers = 0;        // AcquireCopy calls that took the source's block
-  double stall_seconds = 0;           // time callers waited in Acquire
+  std::uint64_t prefetch_hits = 0;     // Acquire found the tensor resident or loading
+  std::uint64_t prefetch_misses = 0;   // Acquire had to start the read itself
+  std::uint64_t prefetch_dropped = 0;  // a Prefetch found no room (Note [residency])
+  std::uint64_t overwrites = 0;        // AcquireForOverwrite calls that skipped a read
+  std::uint64_t handovers = 0;         // AcquireCopy calls that took the source's block
+  double stall_seconds = 0;            // time callers waited in Acquire
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
   std::uint64_t discards = 0;
@@ -209,6 +215,7 @@ class TensorStore {
   // what it last stored (zeros if nothing). For values that are dead, such as gradients
   // after the optimizer step. kFailedPrecondition while leased.
   absl::Status Discard(TensorId id);
+
   // Writes back every dirty tensor and commits every durable write-back (Note [residency]).
   absl::Status Flush();
 

@@ -68,6 +68,7 @@ struct TensorStore::Impl {
     int pins = 0;
     bool dirty = false;
     bool stored = false;  // the volume holds its bytes
+    bool wanted = false;  // prefetched to the host and not used since (Note [residency])
     std::uint64_t last_use = 0;
     // The GPU tier (Note [gpu tier]).
     std::byte* gpu = nullptr;  // device block, or null
@@ -157,9 +158,10 @@ struct TensorStore::Impl {
     return absl::OkStatus();
   }
 
-  // A block for `bytes`, evicting unleased tensors (least recently used first) while the
-  // budget is short (Note [residency]).
-  absl::StatusOr<PinnedBlock> AllocateLocked(const Tensor& wanting)
+  // A block for `bytes`, evicting unleased tensors while the budget is short: those not
+  // wanted first, least recently used first (Note [residency]). For a prefetch
+  // (`prefetch`), never a wanted one: kResourceExhausted instead.
+  absl::StatusOr<PinnedBlock> AllocateLocked(const Tensor& wanting, bool prefetch = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     MEMASCEND_RETURN_IF_ERROR(EnsurePool());
     for (;;) {
@@ -167,10 +169,17 @@ struct TensorStore::Impl {
       if (block.ok() || block.status().code() != absl::StatusCode::kResourceExhausted) return block;
       Tensor* victim = nullptr;
       for (const auto& t : tensors) {
-        if (t.get() != &wanting && t->state == State::kResident && t->pins == 0 &&
-            (victim == nullptr || t->last_use < victim->last_use)) {
+        if (t.get() == &wanting || t->state != State::kResident || t->pins != 0) continue;
+        if (victim == nullptr || t->wanted < victim->wanted ||
+            (t->wanted == victim->wanted && t->last_use < victim->last_use)) {
           victim = t.get();
         }
+      }
+      if (prefetch && victim != nullptr && victim->wanted) {
+        return absl::ResourceExhaustedError(fmt::format(
+            "prefetch of '{}' dropped: the host budget holds only leased tensors and tensors "
+            "prefetched earlier",
+            wanting.spec.name));
       }
       if (victim == nullptr) {
         // Loads and write-backs in flight end as unleased resident tensors, which can be
@@ -217,8 +226,8 @@ struct TensorStore::Impl {
   // Starts making a cold `t` resident (without pinning it). Making room may release mu:
   // if another thread took the tensor meanwhile, the block goes back and the caller
   // looks at the tensor's state again.
-  absl::Status LoadLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    MEMASCEND_ASSIGN_OR_RETURN(PinnedBlock block, AllocateLocked(t));
+  absl::Status LoadLocked(Tensor& t, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    MEMASCEND_ASSIGN_OR_RETURN(PinnedBlock block, AllocateLocked(t, prefetch));
     if (t.state != State::kCold) return absl::OkStatus();
     t.block = std::move(block);
     t.state = State::kLoading;
@@ -248,13 +257,15 @@ struct TensorStore::Impl {
     return absl::OkStatus();
   }
 
-  // Makes `t` resident in host memory without pinning it (no counters).
-  absl::Status MakeResidentLocked(Tensor& t, bool* loaded_here) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Makes `t` resident in host memory without pinning it (no counters); for a prefetch,
+  // only if that evicts nothing wanted (AllocateLocked).
+  absl::Status MakeResidentLocked(Tensor& t, bool* loaded_here, bool prefetch = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (;;) {
       if (t.state == State::kResident) break;
       if (t.state == State::kCold) {
         if (loaded_here != nullptr) *loaded_here = true;
-        MEMASCEND_RETURN_IF_ERROR(LoadLocked(t));
+        MEMASCEND_RETURN_IF_ERROR(LoadLocked(t, prefetch));
         continue;
       }
       cv.Wait(&mu);  // loading (a prefetch) or being written back
@@ -262,8 +273,9 @@ struct TensorStore::Impl {
     return absl::OkStatus();
   }
 
-  // Makes `t` resident and pins it (Acquire's loop, without counters).
+  // Makes `t` resident and pins it (Acquire's loop, without counters): a use.
   absl::Status HostResidentLocked(Tensor& t, bool* loaded_here) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    t.wanted = false;
     MEMASCEND_RETURN_IF_ERROR(MakeResidentLocked(t, loaded_here));
     ++t.pins;
     return absl::OkStatus();
@@ -484,8 +496,12 @@ struct TensorStore::Impl {
         }
         if (job.tier == Tier::kGpu) {
           s = GpuResidentLocked(t, job.stream, /*pin=*/false);
-        } else {
-          s = MakeResidentLocked(t, nullptr);
+        } else if (t.wanted) {  // else used, discarded or evicted since: nothing to do
+          s = MakeResidentLocked(t, nullptr, /*prefetch=*/true);
+          if (s.code() == absl::StatusCode::kResourceExhausted && t.state == State::kCold) {
+            t.wanted = false;
+            ++counters.prefetch_dropped;
+          }
         }
       }
       job.ticket->Finish(std::move(s));
@@ -613,6 +629,7 @@ absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStr
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
   if (tier == Tier::kGpu) {
+    t.wanted = false;
     const bool hit = t.gpu != nullptr && t.gpu_valid;
     MEMASCEND_RETURN_IF_ERROR(m.GpuResidentLocked(t, stream, /*pin=*/true));
     (hit ? m.counters.prefetch_hits : m.counters.prefetch_misses)++;
@@ -644,6 +661,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
+  t.wanted = false;
   while (t.gpu_busy) m.cv.Wait(&m.mu);
   for (;;) {
     if (t.state == Impl::State::kResident) break;
@@ -681,6 +699,8 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
   const auto settled = [](const Impl::Tensor& t) {
     return !t.gpu_busy && t.state != Impl::State::kLoading && t.state != Impl::State::kWriting;
   };
+  src.wanted = false;
+  dst.wanted = false;
   for (;;) {
     while (!settled(src) || !settled(dst)) m.cv.Wait(&m.mu);
     if (dst.pins > 0 || dst.gpu_pins > 0) {
@@ -756,10 +776,14 @@ PrefetchTicket TensorStore::Prefetch(TensorId id, Tier tier, CudaStreamView stre
     } else {
       impl_->jobs.push_back({id, tier, stream, state});
     }
-  } else if (impl_->tensors[id]->state != Impl::State::kCold) {
-    state->Finish(absl::OkStatus());
   } else {
-    impl_->jobs.push_back({id, tier, stream, state});
+    Impl::Tensor& t = *impl_->tensors[id];
+    t.wanted = true;
+    if (t.state != Impl::State::kCold) {
+      state->Finish(absl::OkStatus());
+    } else {
+      impl_->jobs.push_back({id, tier, stream, state});
+    }
   }
   return PrefetchTicket(state);
 }
@@ -792,6 +816,7 @@ absl::Status TensorStore::Evict(TensorId id) {
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
   if (t.gpu != nullptr) MEMASCEND_RETURN_IF_ERROR(m.EvictGpuLocked(t));
+  t.wanted = false;
   for (;;) {
     while (t.state == Impl::State::kLoading || t.state == Impl::State::kWriting) m.cv.Wait(&m.mu);
     if (t.pins > 0)
@@ -816,6 +841,7 @@ absl::Status TensorStore::Discard(TensorId id) {
     m.cv.Wait(&m.mu);
   if (t.pins > 0 || t.gpu_pins > 0)
     return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
+  t.wanted = false;
   if (t.gpu != nullptr) {
     std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
     while (idle != nullptr && !idle->Ready()) std::this_thread::yield();

@@ -338,6 +338,59 @@ TEST(TensorStore, PrefetchAndStreamingCountHitsAndMisses) {
             static_cast<std::int64_t>(o.host_budget_bytes));
 }
 
+// Note [residency]: a tensor prefetched and not yet used is evicted only after every
+// other unleased one, and never by another prefetch, which is dropped instead.
+TEST(TensorStore, APrefetchNeverEvictsAnEarlierPrefetchNotYetUsed) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 3 * 256 * kKiB;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  std::vector<TensorId> t;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("t." + std::to_string(i), 256 * kKiB)));
+    t.push_back(id);
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(id));
+    Fill(l, "t." + std::to_string(i), 1);
+  }
+  ASSERT_OK(store->Flush());
+  for (TensorId id : t) ASSERT_OK(store->Evict(id));
+  // t.0 and t.1 are prefetched; then t.3 is used (resident, not wanted).
+  ASSERT_OK(store->Prefetch(t[0]).Wait());
+  ASSERT_OK(store->Prefetch(t[1]).Wait());
+  const std::uint64_t misses0 = store->stats().prefetch_misses;
+  { ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[3])); }
+  // t.2 takes t.3's block, although t.0 was loaded before t.3 was used.
+  ASSERT_OK(store->Prefetch(t[2]).Wait());
+  // No room is left but prefetched tensors': t.4's prefetch is dropped.
+  EXPECT_THAT(store->Prefetch(t[4]).Wait(), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(store->stats().prefetch_dropped, 1u);
+  const std::uint64_t read = store->stats().bytes_read;
+  for (int i : {0, 1, 2}) {
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[static_cast<std::size_t>(i)]));
+    EXPECT_TRUE(Holds(l, "t." + std::to_string(i), 1));
+  }
+  EXPECT_EQ(store->stats().bytes_read, read);              // each was still resident
+  EXPECT_EQ(store->stats().prefetch_misses, misses0 + 1);  // t.3's acquire only
+  // Used, they are ordinary again: t.4 loads in place of the least recently used, t.0.
+  ASSERT_OK(store->Prefetch(t[4]).Wait());
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[4]));
+    EXPECT_TRUE(Holds(l, "t.4", 1));
+  }
+  const std::uint64_t misses = store->stats().prefetch_misses;
+  { ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[2])); }
+  EXPECT_EQ(store->stats().prefetch_misses, misses);
+  { ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[0])); }
+  EXPECT_EQ(store->stats().prefetch_misses, misses + 1);
+  // A demand may evict a wanted tensor when nothing else is left.
+  ASSERT_OK(store->Prefetch(t[1]).Wait());
+  ASSERT_OK(store->Prefetch(t[3]).Wait());
+  ASSERT_OK(store->Prefetch(t[4]).Wait());
+  ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[2]));
+  EXPECT_TRUE(Holds(l, "t.2", 1));
+}
+
 // Several threads acquire, modify, prefetch, evict and flush random tensors under a
 // tight budget; each tensor's content is always the pattern of its latest version.
 TEST(TensorStore, RandomOperationsFromSeveralThreads) {
