@@ -40,8 +40,9 @@ class Backend {
     float* f32() const { return reinterpret_cast<float*>(data); }
   };
   virtual ~Backend() = default;
-  // The current version of a part (parameters and gradients: part 0).
-  virtual absl::StatusOr<Buf> Read(Kind k, std::size_t group, std::size_t part) = 0;
+  // The current version of a part (next == false) or the next, already written
+  // (parameters and gradients: part 0).
+  virtual absl::StatusOr<Buf> Read(Kind k, std::size_t group, std::size_t part, bool next) = 0;
   // Every byte is written by the caller: the current version (next == false) or the next.
   virtual absl::StatusOr<Buf> Overwrite(Kind k, std::size_t group, std::size_t part, bool next) = 0;
   // The next version, starting as a copy of the current one.

@@ -34,9 +34,12 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
                      training state, at least 2x)
   --window N         layers prefetched ahead (default 1)
   --optimizer-chunk N  elements per stored part of the optimizer state (default 1048576)
-  --optimizer-window N optimizer-state parts prefetched ahead (default 2)
+  --read-ahead B      optimizer state read ahead of the update (default: the budget
+                     less the minimum)
+  --overlap-optimizer 0|1  run a step's update interleaved with the next step's forward
+                     pass (default 1)
   --io-threads N     the store's prefetch threads, reads in flight (default 4)
-  --write-behind 0|1 write new versions back as soon as they are released (default 0)
+  --write-behind 0|1 write new versions back as soon as they are released (default 1)
   --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
     --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)
     --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
@@ -170,8 +173,11 @@ int main(int argc, char** argv) {
       ok = number(&o.threads);
     else if (a == "--window")
       ok = number(&o.window);
-    else if (a == "--optimizer-window")
-      ok = number(&o.optimizer_window);
+    else if (a == "--read-ahead") {
+      ok = value(&v) && ParseBytes(v, &bytes);
+      o.read_ahead_bytes = bytes;
+    } else if (a == "--overlap-optimizer")
+      ok = number(&o.overlap_optimizer);
     else if (a == "--io-threads")
       ok = number(&o.io_threads);
     else if (a == "--write-behind")
@@ -306,10 +312,11 @@ int main(int argc, char** argv) {
   }
   const auto& s = *summary;
   if (json) {
-    std::string losses, times;
+    std::string losses, times, skipped;
     for (std::size_t i = 0; i < s.losses.size(); ++i) {
       losses += fmt::format("{}{:.9g}", i ? "," : "", s.losses[i]);
       times += fmt::format("{}{:.4f}", i ? "," : "", s.step_seconds[i]);
+      skipped += fmt::format("{}{}", i ? "," : "", s.step_skipped[i] ? "true" : "false");
     }
     std::string uses;
     ForEachLedgerPeak(
@@ -319,7 +326,7 @@ int main(int argc, char** argv) {
         });
     fmt::print(
         "{{\"policy\":\"{}\",\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},"
-        "\"losses\":[{}],\"step_seconds\":[{}],"
+        "\"losses\":[{}],\"step_seconds\":[{}],\"step_skipped\":[{}],"
         "\"params\":{},\"model_state_bytes\":{},\"host_budget_bytes\":{},\"peak_pinned_bytes\":{},"
         "\"peak_rss_bytes\":{},\"activation_bytes\":{},\"io_read_bytes\":{},\"io_write_bytes\":{},"
         "\"skipped_steps\":{},\"seconds\":{:.3f},\"phase_seconds\":{{\"forward\":{:.3f},"
@@ -327,7 +334,7 @@ int main(int argc, char** argv) {
         "\"sample\":{}}}\n",
         o.policy == offload_train::Policy::kZeroInfinity ? "zero-infinity" : "memascend",
         o.mode == Mode::kOffload ? "offload" : "reference", s.last_step, s.first_step, s.final_loss,
-        losses, times, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes,
+        losses, times, skipped, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes,
         s.peak_rss_bytes, s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps,
         s.seconds, s.phases.forward, s.phases.backward, s.phases.optimizer, s.phases.commit, uses,
         JsonString(s.sample));

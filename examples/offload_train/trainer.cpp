@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sys/stat.h>
@@ -145,8 +147,8 @@ class ReferenceBackend final : public Backend {
         state_[static_cast<int>(k)].emplace_back(GroupParams(c, g) * ElementBytes(k, dtype));
     }
   }
-  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t part) override {
-    return At(k, g, part);
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t part, bool) override {
+    return At(k, g, part);  // one version, updated in place
   }
   absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t part, bool) override {
     return At(k, g, part);
@@ -229,8 +231,9 @@ class OffloadBackend final : public Backend {
     store_.reset();  // before the volume
   }
 
-  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t part) override {
-    MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, store_->Acquire(Id(k, g, part, current_)));
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t part, bool next) override {
+    MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease,
+                               store_->Acquire(Id(k, g, part, next ? 1 - current_ : current_)));
     return Wrap(std::move(lease));
   }
   absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t part, bool next) override {
@@ -251,6 +254,7 @@ class OffloadBackend final : public Backend {
   absl::Status Discard(Kind k, std::size_t g) override {
     return store_->Discard(Id(k, g, 0, current_));
   }
+
   absl::Status Commit(const Checkpoint& c) override {
     MEMASCEND_RETURN_IF_ERROR(store_->Flush());
     const std::string record = Encode(c);
@@ -354,6 +358,8 @@ class Run {
         threads_(threads),
         ledger_(ledger),
         chunk_(o.policy == Policy::kMemAscend ? o.optimizer_chunk : SIZE_MAX),
+        overlap_(o.overlap_optimizer && o.policy == Policy::kMemAscend && o.mode == Mode::kOffload),
+        read_ahead_(o.read_ahead_bytes),
         model_(o.model, threads),
         wf_(MaxGroupParams(o.model)),
         df_(MaxGroupParams(o.model)) {}
@@ -396,26 +402,41 @@ class Run {
   memascend::DynamicLossScaler& scaler() { return scaler_; }
   Gpt<float>& model() { return model_; }
 
-  // One step; returns the loss.
-  absl::StatusOr<double> Step(const std::vector<std::int32_t>& inputs,
-                              const std::vector<std::int32_t>& targets, bool* skipped) {
+  // A committed step (Note [optimizer overlap]: reported when committed).
+  struct Committed {
+    std::size_t step = 0;
+    double loss = 0;
+    bool skipped = false;
+    float loss_scale = 0;  // after the step's update of the scaler
+  };
+  using CommitFn = std::function<void(const Committed&)>;
+
+  // One step: the forward and backward passes, the overflow check and the update (or,
+  // with the optimizer overlapped, the previous step's update during this forward pass
+  // and this step's left pending for the next call or Finish()). Each step committed
+  // meanwhile goes to `on_commit`.
+  absl::Status Step(const std::vector<std::int32_t>& inputs,
+                    const std::vector<std::int32_t>& targets, const CommitFn& on_commit) {
     const std::size_t groups = GroupCount(c_);
     const std::size_t head = groups - 1;
     const float scale = scaler_.scale();
-    auto mark = Clock::now();
-    const auto lap = [&mark](double* total) {
-      const auto now = Clock::now();
-      *total += std::chrono::duration<double>(now - mark).count();
-      mark = now;
-    };
+    Lap(nullptr);
+    const bool update = pending_.has_value();  // the previous step's, interleaved
+    if (update) StartReadAhead();
     overflow_ = false;
     sum_squares_ = 0;
-    // Forward, streaming the working parameters.
+    // Forward, streaming the working parameters (or taking them from the update).
     double loss = 0;
     for (std::size_t g = 0; g < groups; ++g) {
-      for (std::size_t a = g + 1; a <= std::min(head, g + o_.window); ++a)
-        backend_->Prefetch(Kind::kParam, a, 0);
-      MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
+      if (update) {
+        MEMASCEND_RETURN_IF_ERROR(Optimize(g, pending_->adam));
+        Sample(g, "opt");
+        Lap(&phases_.optimizer);
+      } else {
+        for (std::size_t a = g + 1; a <= std::min(head, g + o_.window); ++a)
+          backend_->Prefetch(Kind::kParam, a, 0);
+      }
+      MEMASCEND_RETURN_IF_ERROR(LoadParams(g, update));
       if (g == 0) {
         model_.Embed(wf_.data(), inputs.data());
       } else if (g < head) {
@@ -426,13 +447,17 @@ class Run {
         MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       }
       Sample(g, "fwd");
+      Lap(&phases_.forward);
     }
-    lap(&phases_.forward);
+    if (update) {
+      MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
+      Lap(&phases_.commit);
+    }
     // Backward, the blocks in reverse; the embedding needs no parameters.
     for (std::size_t g = head - 1; g >= 1; --g) {
       for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a)
         backend_->Prefetch(Kind::kParam, a, 0);
-      MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
+      MEMASCEND_RETURN_IF_ERROR(LoadParams(g, false));
       std::fill(df_.begin(), df_.end(), 0.0f);
       model_.BlockBackward(g - 1, wf_.data(), df_.data());
       MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
@@ -442,49 +467,60 @@ class Run {
     model_.EmbedBackward(df_.data());
     MEMASCEND_RETURN_IF_ERROR(StoreGrad(0));
     Sample(0, "bwd");
-    lap(&phases_.backward);
+    Lap(&phases_.backward);
 
     if (backend_->ChecksOverflowAfterBackward()) {
       MEMASCEND_ASSIGN_OR_RETURN(overflow_, backend_->CheckOverflow());
     }
-    const bool apply = scaler_.Update(overflow_);
-    *skipped = !apply;
-    int version = ck_.version;
-    if (apply) {
-      const double norm = std::sqrt(sum_squares_) / static_cast<double>(scale);
-      memascend::AdamConfig adam;
-      const double ramp =
-          o_.warmup == 0
-              ? 1.0
-              : std::min(1.0, static_cast<double>(ck_.step + 1) / static_cast<double>(o_.warmup));
-      adam.lr = static_cast<float>(static_cast<double>(o_.lr) * ramp);
-      adam.weight_decay = o_.weight_decay;
-      adam.step = ck_.adam_step + 1;
-      adam.grad_multiplier = memascend::ClipCoefficient(norm, o_.clip) / scale;
-      if (backend_->OwnsOptimizerStep()) {
-        MEMASCEND_RETURN_IF_ERROR(backend_->OptimizerStep(adam, threads_));
-        Sample(groups - 1, "opt");
-      } else {
-        for (std::size_t g = 0; g < groups; ++g) {
-          MEMASCEND_RETURN_IF_ERROR(Optimize(g, adam));
-          Sample(g, "opt");
-        }
-      }
-      ++ck_.adam_step;
-      version = 1 - ck_.version;
-    } else {
+    Pending p;
+    p.next = ck_;
+    p.next.step = ck_.step + 1;
+    p.loss = loss;
+    p.skipped = !scaler_.Update(overflow_);
+    p.next.scaler = scaler_.state();
+    if (p.skipped) {
       for (std::size_t g = 0; g < groups; ++g)
         MEMASCEND_RETURN_IF_ERROR(backend_->Discard(Kind::kGrad, g));
+      Lap(&phases_.optimizer);
+      pending_ = p;
+      MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
+      Lap(&phases_.commit);
+      return absl::OkStatus();
     }
-    Checkpoint next = ck_;
-    next.step = ck_.step + 1;
-    next.version = version;
-    next.scaler = scaler_.state();
-    lap(&phases_.optimizer);
-    MEMASCEND_RETURN_IF_ERROR(backend_->Commit(next));
-    lap(&phases_.commit);
-    ck_ = next;
-    return loss;
+    const double norm = std::sqrt(sum_squares_) / static_cast<double>(scale);
+    const double ramp =
+        o_.warmup == 0
+            ? 1.0
+            : std::min(1.0, static_cast<double>(ck_.step + 1) / static_cast<double>(o_.warmup));
+    p.adam.lr = static_cast<float>(static_cast<double>(o_.lr) * ramp);
+    p.adam.weight_decay = o_.weight_decay;
+    p.adam.step = ck_.adam_step + 1;
+    p.adam.grad_multiplier = memascend::ClipCoefficient(norm, o_.clip) / scale;
+    p.next.adam_step = ck_.adam_step + 1;
+    p.next.version = 1 - ck_.version;
+    pending_ = p;
+    if (overlap_) return absl::OkStatus();  // the next Step() or Finish() updates
+    return Finish(on_commit);
+  }
+
+  // Runs and commits the pending update, if any (the last step's, when overlapped).
+  absl::Status Finish(const CommitFn& on_commit) {
+    if (!pending_.has_value()) return absl::OkStatus();
+    Lap(nullptr);
+    if (backend_->OwnsOptimizerStep()) {
+      MEMASCEND_RETURN_IF_ERROR(backend_->OptimizerStep(pending_->adam, threads_));
+      Sample(GroupCount(c_) - 1, "opt");
+    } else {
+      StartReadAhead();
+      for (std::size_t g = 0; g < GroupCount(c_); ++g) {
+        MEMASCEND_RETURN_IF_ERROR(Optimize(g, pending_->adam));
+        Sample(g, "opt");
+      }
+    }
+    Lap(&phases_.optimizer);
+    MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
+    Lap(&phases_.commit);
+    return absl::OkStatus();
   }
 
   // Forward only (dparams null), for sampling: the model must be built for batch 1.
@@ -495,7 +531,7 @@ class Run {
     const std::size_t n = std::min(ctx.size(), c_.seq);
     std::copy(ctx.end() - static_cast<std::ptrdiff_t>(n), ctx.end(), window.begin());
     for (std::size_t g = 0; g < groups; ++g) {
-      MEMASCEND_RETURN_IF_ERROR(LoadParams(g));
+      MEMASCEND_RETURN_IF_ERROR(LoadParams(g, false));
       if (g == 0) {
         model.Embed(wf_.data(), window.data());
       } else if (g + 1 < groups) {
@@ -520,8 +556,36 @@ class Run {
   }
 
  private:
-  absl::Status LoadParams(std::size_t g) {
-    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g, 0));
+  // A step computed but not yet committed (its update not yet run, unless skipped).
+  struct Pending {
+    Checkpoint next;
+    memascend::AdamConfig adam;
+    double loss = 0;
+    bool skipped = false;
+  };
+
+  // Adds the time since the last call to `*total` (if given).
+  void Lap(double* total) {
+    const auto now = Clock::now();
+    if (total != nullptr) *total += std::chrono::duration<double>(now - mark_).count();
+    mark_ = now;
+  }
+
+  absl::Status CommitPending(const CommitFn& on_commit) {
+    MEMASCEND_RETURN_IF_ERROR(backend_->Commit(pending_->next));
+    ck_ = pending_->next;
+    Committed c;
+    c.step = ck_.step;
+    c.loss = pending_->loss;
+    c.skipped = pending_->skipped;
+    c.loss_scale = scaler_.scale();
+    pending_.reset();
+    if (on_commit) on_commit(c);
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadParams(std::size_t g, bool next) {
+    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g, 0, next));
     return memascend::Convert({p.data, GroupParams(c_, g), o_.dtype},
                               {wf_.data(), GroupParams(c_, g), DType::kF32}, {threads_});
   }
@@ -541,25 +605,56 @@ class Run {
     return absl::OkStatus();
   }
 
+  // Read-ahead of the optimizer state, in update order: the gradient with a group's first
+  // part, then the parts' master weights and moments, up to read_ahead_ bytes beyond the
+  // part being updated.
+  void StartReadAhead() {
+    ahead_.clear();
+    ahead_bytes_ = 0;
+    cursor_g_ = 0;
+    cursor_part_ = 0;
+  }
+  void ReadAhead(std::size_t g, std::size_t part) {
+    while (!ahead_.empty() &&
+           (ahead_.front().g < g || (ahead_.front().g == g && ahead_.front().part <= part))) {
+      ahead_bytes_ -= ahead_.front().bytes;
+      ahead_.pop_front();
+    }
+    if (cursor_g_ < g || (cursor_g_ == g && cursor_part_ <= part)) {
+      cursor_g_ = g;
+      cursor_part_ = part + 1;
+    }
+    const std::size_t half = memascend::SizeOf(o_.dtype);
+    while (ahead_bytes_ < read_ahead_) {
+      if (cursor_part_ >= Parts(cursor_g_)) {
+        cursor_part_ = 0;
+        ++cursor_g_;
+      }
+      if (cursor_g_ >= GroupCount(c_)) return;
+      const auto [begin, end] = PartRange(c_, cursor_g_, cursor_part_, chunk_);
+      std::size_t bytes = 3 * (end - begin) * 4;
+      if (cursor_part_ == 0) {
+        backend_->Prefetch(Kind::kGrad, cursor_g_, 0);
+        bytes += GroupParams(c_, cursor_g_) * half;
+      }
+      for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
+        backend_->Prefetch(k, cursor_g_, cursor_part_);
+      ahead_.push_back({cursor_g_, cursor_part_, bytes});
+      ahead_bytes_ += bytes;
+      ++cursor_part_;
+    }
+  }
+
   // One group: its gradient and next parameters are held while the optimizer state
-  // streams part by part (the next part's state prefetched).
+  // streams part by part, read ahead.
   absl::Status Optimize(std::size_t g, const memascend::AdamConfig& adam) {
     {
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, 0));
+      ReadAhead(g, 0);
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, 0, false));
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, 0, true));
       const std::size_t parts = Parts(g);
       for (std::size_t part = 0; part < parts; ++part) {
-        // The next optimizer_window parts (into the next group) are read meanwhile.
-        std::size_t ng = g, np = part;
-        for (std::size_t ahead = 0; ahead < o_.optimizer_window; ++ahead) {
-          if (++np >= Parts(ng)) {
-            np = 0;
-            if (++ng >= GroupCount(c_)) break;
-            backend_->Prefetch(Kind::kGrad, ng, 0);
-          }
-          for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
-            backend_->Prefetch(k, ng, np);
-        }
+        ReadAhead(g, part);
         const auto [begin, end] = PartRange(c_, g, part, chunk_);
         const std::size_t n = end - begin;
         const std::size_t half = memascend::SizeOf(o_.dtype);
@@ -592,12 +687,22 @@ class Run {
     return so;
   }()};
   std::size_t chunk_;
+  bool overlap_;            // Note [optimizer overlap]
+  std::size_t read_ahead_;  // bytes of optimizer state read ahead
   Gpt<float> model_;
   std::vector<float> wf_, df_;  // one group's parameters and gradient in fp32
   bool overflow_ = false;
   double sum_squares_ = 0;
   PhaseSeconds phases_;
+  Clock::time_point mark_ = Clock::now();
   Checkpoint ck_;
+  std::optional<Pending> pending_;
+  struct Ahead {
+    std::size_t g, part, bytes;
+  };
+  std::deque<Ahead> ahead_;  // read ahead, not yet updated
+  std::size_t ahead_bytes_ = 0;
+  std::size_t cursor_g_ = 0, cursor_part_ = 0;  // the next part to read ahead
 };
 
 }  // namespace
@@ -651,6 +756,10 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   }
   if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype, o.optimizer_chunk);
   const std::size_t minimum = MinimumHostBudget(o.model, o.dtype, o.optimizer_chunk);
+  if (o.read_ahead_bytes == 0) {
+    const std::size_t parts = 3 * 3 * std::min(MaxGroupParams(o.model), o.optimizer_chunk) * 4;
+    o.read_ahead_bytes = std::max(parts, o.host_budget > minimum ? o.host_budget - minimum : 0);
+  }
   if (o.mode == Mode::kOffload && o.policy == Policy::kMemAscend && o.host_budget < minimum) {
     std::size_t largest = 0;
     for (std::size_t g = 0; g < GroupCount(o.model); ++g)
@@ -701,31 +810,39 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
       o.mode == Mode::kOffload && o.policy == Policy::kMemAscend ? o.host_budget : 0;
   summary.first_step = run.checkpoint().step + 1;
   const auto start = Clock::now();
-  std::vector<std::int32_t> inputs, targets;
-  for (std::size_t step = run.checkpoint().step + 1; step <= o.steps; ++step) {
-    const auto t0 = Clock::now();
-    const std::uint64_t io0 = backend->IoReadBytes() + backend->IoWriteBytes();
-    SampleBatch(tokens, o.seed, step, o.model.batch, o.model.seq, &inputs, &targets);
-    bool skipped = false;
-    MEMASCEND_ASSIGN_OR_RETURN(double loss, run.Step(inputs, targets, &skipped));
-    summary.losses.push_back(loss);
-    summary.step_seconds.push_back(Since(t0));
-    summary.last_step = step;
+  auto last = start;  // of the last commit: a step's time runs from the one before
+  std::uint64_t io_last = backend->IoReadBytes() + backend->IoWriteBytes();
+  const Run::CommitFn on_commit = [&](const Run::Committed& c) {
+    const auto now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - last).count();
+    const std::uint64_t io = backend->IoReadBytes() + backend->IoWriteBytes();
+    summary.losses.push_back(c.loss);
+    summary.step_seconds.push_back(seconds);
+    summary.step_skipped.push_back(c.skipped);
+    summary.last_step = c.step;
     if (o.on_step) {
       StepReport r;
-      r.step = step;
+      r.step = c.step;
       r.steps = o.steps;
-      r.loss = loss;
-      r.loss_scale = run.scaler().scale();
-      r.skipped = skipped;
-      r.seconds = Since(t0);
-      r.tokens_per_second = static_cast<double>(o.model.batch * o.model.seq) / r.seconds;
-      r.io_bytes = backend->IoReadBytes() + backend->IoWriteBytes() - io0;
-      r.io_gib_per_second = static_cast<double>(r.io_bytes) / r.seconds / (1u << 30);
+      r.loss = c.loss;
+      r.loss_scale = c.loss_scale;
+      r.skipped = c.skipped;
+      r.seconds = seconds;
+      r.tokens_per_second = static_cast<double>(o.model.batch * o.model.seq) / seconds;
+      r.io_bytes = io - io_last;
+      r.io_gib_per_second = static_cast<double>(r.io_bytes) / seconds / (1u << 30);
       r.pinned_bytes = ledger->Snapshot().tier(memascend::Tier::kPinnedHost).reserved;
       o.on_step(r);
     }
+    last = now;
+    io_last = io;
+  };
+  std::vector<std::int32_t> inputs, targets;
+  for (std::size_t step = run.checkpoint().step + 1; step <= o.steps; ++step) {
+    SampleBatch(tokens, o.seed, step, o.model.batch, o.model.seq, &inputs, &targets);
+    MEMASCEND_RETURN_IF_ERROR(run.Step(inputs, targets, on_commit));
   }
+  MEMASCEND_RETURN_IF_ERROR(run.Finish(on_commit));
   summary.seconds = Since(start);
   summary.final_loss = summary.losses.empty() ? 0 : summary.losses.back();
   summary.skipped_steps = run.scaler().skipped_steps();

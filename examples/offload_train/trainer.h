@@ -12,6 +12,18 @@
 // consistent state, and reaches the same losses as a run never interrupted. Gradients
 // are scratch: written in the backward pass, read by the optimizer, then discarded.
 //
+// Note [optimizer overlap]: the update of step s and the forward pass of step s + 1 visit
+// the groups in the same order, and the forward pass of group g needs only the new
+// parameters of group g. So the MemAscend policy runs them interleaved: update group g,
+// then the forward pass of group g, whose parameters are still in the budget. The
+// optimizer's reads ahead and its write-backs overlap the forward pass's compute, and
+// the forward pass reads nothing. The arithmetic and its order are those of the
+// sequential loop, so the losses are the same bit for bit. Step s is committed after its
+// last group is updated, before step s + 1's backward pass (Note [train state versions]
+// holds: nothing of version v is overwritten before step s, which made version 1 - v,
+// is committed). A step is reported (StepReport, TrainSummary) when it is committed; its
+// time runs from the previous commit.
+//
 // Thread-safety: one Train() call at a time per volume.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
@@ -68,16 +80,23 @@ struct TrainOptions {
   float initial_loss_scale = 65536.0f;
   int threads = 0;  // compute threads; 0: all cores
   // Offload only.
-  std::string volume_path;           // a file (created) or a block device
-  std::uint64_t volume_bytes = 0;    // size of a file volume; 0: what the run needs, doubled
-  bool force = false;                // format a device that holds other data
-  bool resume = false;               // continue from the volume's last committed step
-  std::size_t host_budget = 0;       // pinned bytes; 0: DefaultHostBudget()
-  std::size_t window = 1;            // groups prefetched ahead
-  std::size_t optimizer_window = 2;  // optimizer-state parts prefetched ahead
-  int io_threads = 4;                // the store's prefetch threads (reads in flight)
-  bool write_behind = false;         // TensorStoreOptions::write_behind
-  std::size_t sample_tokens = 0;     // generate this many tokens at the end
+  std::string volume_path;         // a file (created) or a block device
+  std::uint64_t volume_bytes = 0;  // size of a file volume; 0: what the run needs, doubled
+  bool force = false;              // format a device that holds other data
+  bool resume = false;             // continue from the volume's last committed step
+  std::size_t host_budget = 0;     // pinned bytes; 0: DefaultHostBudget()
+  std::size_t window = 1;          // groups prefetched ahead
+  // Optimizer state (gradients, master weights, moments) read ahead of the part being
+  // updated, in bytes; 0: the host budget less MinimumHostBudget(), at least 3 parts.
+  std::size_t read_ahead_bytes = 0;
+  // Run each step's optimizer update group by group interleaved with the next step's
+  // forward pass (Note [optimizer overlap]); MemAscend policy, offload mode only.
+  bool overlap_optimizer = true;
+  int io_threads = 4;  // the store's prefetch threads (reads in flight)
+  // TensorStoreOptions::write_behind: new versions are written as soon as released, so
+  // the writes overlap the compute (Note [optimizer overlap]).
+  bool write_behind = true;
+  std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own
 };
@@ -107,7 +126,8 @@ struct TrainSummary {
   std::size_t first_step = 1;  // > 1 for a resumed run
   std::size_t last_step = 0;
   std::vector<double> losses;        // of the steps this call ran
-  std::vector<double> step_seconds;  // likewise
+  std::vector<double> step_seconds;  // likewise, each from the previous commit
+  std::vector<bool> step_skipped;    // likewise: overflow, no update
   PhaseSeconds phases;
   double final_loss = 0;
   double seconds = 0;

@@ -200,7 +200,7 @@ class ZeroBackend final : public Backend {
     }
   }
 
-  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t) override {
+  absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t, bool) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
     if (k == Kind::kGrad) return GradView(g);
     if (k != Kind::kParam) return absl::UnimplementedError("zero-infinity reads states itself");
