@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TRAIN=build/release/examples/offload_train/memascend-train
 DIR=${TMPDIR:-/tmp}/memascend-headline
-STEPS=8
+STEPS=10
 REPS=3
 SETTLE=3  # seconds between runs
 SIZES="small medium large"
@@ -49,7 +49,7 @@ policy() {
   esac
 }
 
-common="--seq 32 --batch 2 --steps $STEPS --sample 0 --json --threads $(nproc)"
+common="--seq 32 --batch 2 --lr 1e-3 --steps $STEPS --sample 0 --json --threads $(nproc)"
 runs=(memascend zero-default zero-tuned)
 for rep in $(seq 1 "$REPS"); do
   # The order rotates from one repeat to the next, so no run always follows the same

@@ -20,12 +20,25 @@ def load(path):
     return rows
 
 
+def steady(r, applied=True):
+    """Step times of a run's steps that applied the update (or were skipped for overflow),
+    leaving out the first step (warm-up) and the last (with the optimizer overlapped, it
+    has no next forward pass to overlap)."""
+    flags = r.get("step_skipped") or [False] * len(r["step_seconds"])
+    times = r["step_seconds"]
+    return [t for i, (t, skip) in enumerate(zip(times, flags))
+            if 0 < i < len(times) - 1 and skip != applied]
+
+
 def summarise(results):
-    steps = [t for r in results for t in r["step_seconds"][1:]]  # step 1 warms up
+    steps = [t for r in results for t in steady(r)]
+    skipped = [t for r in results for t in steady(r, applied=False)]
     return {
         "rss": statistics.median(r["peak_rss_bytes"] for r in results),
         "pinned": statistics.median(r["peak_pinned_bytes"] for r in results),
         "step": statistics.median(steps) if steps else float("nan"),
+        "steps": len(steps),
+        "skipped_step": statistics.median(skipped) if skipped else float("nan"),
         "io": statistics.median((r["io_read_bytes"] + r["io_write_bytes"]) / r["steps"] for r in results),
         "params": results[0]["params"],
         "state": results[0]["model_state_bytes"],
@@ -37,10 +50,15 @@ def summarise(results):
     }
 
 
+def seconds(x):
+    return "-" if x != x else f"{x:.2f} s"  # NaN: no such steps
+
+
 def table(rows, sizes):
     out = []
-    out.append("| model | run | peak RSS | peak pinned | step time | I/O per step | RSS ratio | step ratio |")
-    out.append("|---|---|---|---|---|---|---|---|")
+    out.append("| model | run | peak RSS | peak pinned | step time | skipped-step time | I/O per step "
+               "| RSS ratio | step ratio |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
         s = {run: summarise(rows[(size, run)]) for run in RUNS if rows.get((size, run))}
         if "memascend" not in s:
@@ -54,12 +72,17 @@ def table(rows, sizes):
             rss_ratio = "" if run == "memascend" else f"{m['rss'] / x['rss']:.2f}"
             step_ratio = "" if run == "memascend" else f"{m['step'] / x['step']:.2f}"
             out.append(f"| {label} | {run} | {x['rss'] / MIB:.0f} MiB | {x['pinned'] / MIB:.0f} MiB | "
-                       f"{x['step']:.2f} s | {x['io'] / MIB:.0f} MiB | {rss_ratio} | {step_ratio} |")
+                       f"{x['step']:.2f} s ({x['steps']}) | {seconds(x['skipped_step'])} | "
+                       f"{x['io'] / MIB:.0f} MiB | {rss_ratio} | {step_ratio} |")
         same = all(l == s["memascend"]["losses"][0] for run in s for l in s[run]["losses"])
         out.append(f"| | losses equal step by step across runs and repeats: **{'yes' if same else 'NO'}** "
-                   f"| | | | | | |")
+                   f"| | | | | | | |")
     out.append("")
-    out.append("RSS ratio and step ratio: memascend / that row (lower is better for memascend).")
+    out.append("Step time: the median over every repeat's steps that applied the update, but the "
+               "first and the last (in brackets: how many); skipped-step time: the same over steps "
+               "skipped for overflow (no update). I/O per step: read and written by the run, its "
+               "initial state included, over its steps. RSS ratio and step ratio: memascend / that "
+               "row (lower is better for memascend).")
     out.append("")
     out.append("Where memascend's memory goes (ledger peaks, largest model):")
     out.append("")
