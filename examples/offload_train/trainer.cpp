@@ -472,6 +472,7 @@ class Run {
     if (backend_->ChecksOverflowAfterBackward()) {
       MEMASCEND_ASSIGN_OR_RETURN(overflow_, backend_->CheckOverflow());
     }
+    Lap(&phases_.optimizer);  // the overflow check (ZeRO-Infinity's pass with temporaries)
     Pending p;
     p.next = ck_;
     p.next.step = ck_.step + 1;
@@ -506,7 +507,6 @@ class Run {
   // Runs and commits the pending update, if any (the last step's, when overlapped).
   absl::Status Finish(const CommitFn& on_commit) {
     if (!pending_.has_value()) return absl::OkStatus();
-    Lap(nullptr);
     if (backend_->OwnsOptimizerStep()) {
       MEMASCEND_RETURN_IF_ERROR(backend_->OptimizerStep(pending_->adam, threads_));
       Sample(GroupCount(c_) - 1, "opt");
