@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <absl/status/statusor.h>
 
@@ -23,9 +24,15 @@ struct StoreBenchConfig {
 struct StoreBenchResult {
   std::string workload;
   std::uint64_t tensors = 0;
-  std::uint64_t bytes = 0;  // one pass over every tensor
-  double store_read_gib_per_s = 0;
-  double raw_read_gib_per_s = 0;
+  std::uint64_t bytes = 0;          // one pass over every tensor
+  double store_read_gib_per_s = 0;  // the best forward pass
+  double raw_read_gib_per_s = 0;    // the best raw pass
+  // Each repetition is a raw pass and a store pass back to back (their order alternates
+  // from one repetition to the next, so neither always comes first); its ratio is
+  // store / raw. The median of these pairs is the figure that drift on a shared disk
+  // disturbs least.
+  std::vector<double> read_ratios;
+  double read_ratio_median = 0;
   double write_gib_per_s = 0;  // the backward pass's write-backs
   double stall_seconds = 0;    // in the best forward pass
   std::uint64_t prefetch_hits = 0;
