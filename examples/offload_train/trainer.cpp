@@ -654,7 +654,7 @@ class Run {
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, 0, true));
       const std::size_t parts = Parts(g);
       for (std::size_t part = 0; part < parts; ++part) {
-        ReadAhead(g, part);
+        if (part > 0) ReadAhead(g, part);  // part 0's was issued before the gradient's wait
         const auto [begin, end] = PartRange(c_, g, part, chunk_);
         const std::size_t n = end - begin;
         const std::size_t half = memascend::SizeOf(o_.dtype);

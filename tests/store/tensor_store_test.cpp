@@ -302,6 +302,21 @@ TEST(TensorStore, FlushedDurableTensorsSurviveAReopenAndScratchOnesDoNot) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// Registers `n` durable tensors `prefix.i` of `bytes`, each holding version 1 of its
+// pattern, flushed to the volume and evicted: all cold.
+void AddColdTensors(TensorStore& store, const std::string& prefix, int n, std::size_t bytes,
+                    std::vector<TensorId>* ids) {
+  for (int i = 0; i < n; ++i) {
+    const std::string name = prefix + "." + std::to_string(i);
+    ASSERT_OK_AND_ASSIGN(TensorId id, store.Register(Spec(name, bytes)));
+    ids->push_back(id);
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store.Acquire(id));
+    Fill(l, name, 1);
+  }
+  ASSERT_OK(store.Flush());
+  for (TensorId id : *ids) ASSERT_OK(store.Evict(id));
+}
+
 TEST(TensorStore, PrefetchAndStreamingCountHitsAndMisses) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());
@@ -309,15 +324,7 @@ TEST(TensorStore, PrefetchAndStreamingCountHitsAndMisses) {
   o.host_budget_bytes = 8 * 256 * kKiB;
   ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
   std::vector<TensorId> layers;
-  for (int i = 0; i < 16; ++i) {
-    ASSERT_OK_AND_ASSIGN(TensorId id,
-                         store->Register(Spec("layer." + std::to_string(i), 256 * kKiB)));
-    layers.push_back(id);
-    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(id));
-    Fill(l, "layer." + std::to_string(i), 1);
-  }
-  ASSERT_OK(store->Flush());
-  for (TensorId id : layers) ASSERT_OK(store->Evict(id));
+  ASSERT_NO_FATAL_FAILURE(AddColdTensors(*store, "layer", 16, 256 * kKiB, &layers));
   ASSERT_OK(store->Prefetch(layers[0]).Wait());
   EXPECT_TRUE(store->Prefetch(layers[0]).Poll());  // resident already
   const std::uint64_t misses_before = store->stats().prefetch_misses;
@@ -347,14 +354,7 @@ TEST(TensorStore, APrefetchNeverEvictsAnEarlierPrefetchNotYetUsed) {
   o.host_budget_bytes = 3 * 256 * kKiB;
   ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
   std::vector<TensorId> t;
-  for (int i = 0; i < 5; ++i) {
-    ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("t." + std::to_string(i), 256 * kKiB)));
-    t.push_back(id);
-    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(id));
-    Fill(l, "t." + std::to_string(i), 1);
-  }
-  ASSERT_OK(store->Flush());
-  for (TensorId id : t) ASSERT_OK(store->Evict(id));
+  ASSERT_NO_FATAL_FAILURE(AddColdTensors(*store, "t", 5, 256 * kKiB, &t));
   // t.0 and t.1 are prefetched; then t.3 is used (resident, not wanted).
   ASSERT_OK(store->Prefetch(t[0]).Wait());
   ASSERT_OK(store->Prefetch(t[1]).Wait());
