@@ -48,6 +48,11 @@ class Backend {
   // The next version, starting as a copy of the current one.
   virtual absl::StatusOr<Buf> Update(Kind k, std::size_t group, std::size_t part) = 0;
   virtual void Prefetch(Kind k, std::size_t group, std::size_t part) = 0;
+  // Both versions of a part stay resident from one step to the next when the budget
+  // allows (TensorStore Note [retention]); a hint, ignored by backends without a cache.
+  virtual absl::Status Keep(Kind, std::size_t /*group*/, std::size_t /*part*/) {
+    return absl::OkStatus();
+  }
   virtual absl::Status Discard(Kind k, std::size_t group) = 0;
   // Makes `c` the committed state; c.version may name the next version.
   virtual absl::Status Commit(const Checkpoint& c) = 0;

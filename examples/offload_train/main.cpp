@@ -34,8 +34,9 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
                      training state, at least 2x)
   --window N         layers prefetched ahead (default 1)
   --optimizer-chunk N  elements per stored part of the optimizer state (default 1048576)
-  --read-ahead B      optimizer state read ahead of the update (default: the budget
-                     less the minimum)
+  --read-ahead B      optimizer state read ahead of the update (default: half of what
+                     the budget leaves beyond the minimum)
+  --keep B           optimizer state kept in memory across steps (default: the rest)
   --overlap-optimizer 0|1  run a step's update interleaved with the next step's forward
                      pass (default 1)
   --io-threads N     the store's prefetch threads, reads in flight (default 4)
@@ -176,6 +177,9 @@ int main(int argc, char** argv) {
     else if (a == "--read-ahead") {
       ok = value(&v) && ParseBytes(v, &bytes);
       o.read_ahead_bytes = bytes;
+    } else if (a == "--keep") {
+      ok = value(&v) && ParseBytes(v, &bytes);
+      o.keep_bytes = bytes;
     } else if (a == "--overlap-optimizer")
       ok = number(&o.overlap_optimizer);
     else if (a == "--io-threads")

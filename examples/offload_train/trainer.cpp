@@ -251,6 +251,12 @@ class OffloadBackend final : public Backend {
   void Prefetch(Kind k, std::size_t g, std::size_t part) override {
     (void)store_->Prefetch(Id(k, g, part, current_));
   }
+  absl::Status Keep(Kind k, std::size_t g, std::size_t part) override {
+    for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v)
+      MEMASCEND_RETURN_IF_ERROR(
+          store_->SetRetention(Id(k, g, part, v), memascend::Retention::kKeep));
+    return absl::OkStatus();
+  }
   absl::Status Discard(Kind k, std::size_t g) override {
     return store_->Discard(Id(k, g, 0, current_));
   }
@@ -360,9 +366,30 @@ class Run {
         chunk_(o.policy == Policy::kMemAscend ? o.optimizer_chunk : SIZE_MAX),
         overlap_(o.overlap_optimizer && o.policy == Policy::kMemAscend && o.mode == Mode::kOffload),
         read_ahead_(o.read_ahead_bytes),
+        keep_bytes_(o.keep_bytes),
         model_(o.model, threads),
         wf_(MaxGroupParams(o.model)),
         df_(MaxGroupParams(o.model)) {}
+
+  // Marks the optimizer state kept across steps (Note [kept state]): the first parts in
+  // update order, up to keep_bytes_.
+  absl::Status KeepState() {
+    std::size_t kept = 0;
+    for (std::size_t g = 0; g < GroupCount(c_); ++g) {
+      for (std::size_t part = 0; part < Parts(g); ++part) {
+        const auto [begin, end] = PartRange(c_, g, part, chunk_);
+        if (kept + 3 * (end - begin) * 4 > keep_bytes_) return absl::OkStatus();
+        kept += 3 * (end - begin) * 4;
+        for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
+          MEMASCEND_RETURN_IF_ERROR(backend_->Keep(k, g, part));
+        keep_end_ = {g, part + 1};
+      }
+    }
+    return absl::OkStatus();
+  }
+  bool Kept(std::size_t g, std::size_t part) const {
+    return g < keep_end_.first || (g == keep_end_.first && part < keep_end_.second);
+  }
 
   absl::Status Init(std::uint64_t fingerprint) {
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
@@ -422,7 +449,7 @@ class Run {
     const float scale = scaler_.scale();
     Lap(nullptr);
     const bool update = pending_.has_value();  // the previous step's, interleaved
-    if (update) StartReadAhead();
+    if (update) ContinueReadAhead();
     overflow_ = false;
     sum_squares_ = 0;
     // Forward, streaming the working parameters (or taking them from the update).
@@ -436,7 +463,20 @@ class Run {
         for (std::size_t a = g + 1; a <= std::min(head, g + o_.window); ++a)
           backend_->Prefetch(Kind::kParam, a, 0);
       }
-      MEMASCEND_RETURN_IF_ERROR(LoadParams(g, update));
+      if (g == head) {
+        if (update) {
+          // Every group is updated: the step commits before the head's compute, so that
+          // the next update's reads can start under it.
+          MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
+          Lap(&phases_.commit);
+        }
+        // Under the head's compute: the backward pass's first parameters, then (when
+        // overlapped) the next update's first reads, of the version now committed.
+        for (std::size_t a = head - 1; a >= 1 && a + o_.window >= head; --a)
+          backend_->Prefetch(Kind::kParam, a, 0);
+        if (overlap_) StartReadAhead(/*grads_ready=*/false);
+      }
+      MEMASCEND_RETURN_IF_ERROR(LoadParams(g, update && g != head));
       if (g == 0) {
         model_.Embed(wf_.data(), inputs.data());
       } else if (g < head) {
@@ -449,10 +489,6 @@ class Run {
       Sample(g, "fwd");
       Lap(&phases_.forward);
     }
-    if (update) {
-      MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
-      Lap(&phases_.commit);
-    }
     // Backward, the blocks in reverse; the embedding needs no parameters.
     for (std::size_t g = head - 1; g >= 1; --g) {
       for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a)
@@ -462,6 +498,7 @@ class Run {
       model_.BlockBackward(g - 1, wf_.data(), df_.data());
       MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       Sample(g, "bwd");
+      Lap(&phases_.backward);
     }
     std::fill(df_.begin(), df_.end(), 0.0f);
     model_.EmbedBackward(df_.data());
@@ -511,7 +548,7 @@ class Run {
       MEMASCEND_RETURN_IF_ERROR(backend_->OptimizerStep(pending_->adam, threads_));
       Sample(GroupCount(c_) - 1, "opt");
     } else {
-      StartReadAhead();
+      ContinueReadAhead();
       for (std::size_t g = 0; g < GroupCount(c_); ++g) {
         MEMASCEND_RETURN_IF_ERROR(Optimize(g, pending_->adam));
         Sample(g, "opt");
@@ -572,6 +609,7 @@ class Run {
   }
 
   absl::Status CommitPending(const CommitFn& on_commit) {
+    ahead_started_ = false;
     MEMASCEND_RETURN_IF_ERROR(backend_->Commit(pending_->next));
     ck_ = pending_->next;
     Committed c;
@@ -607,12 +645,29 @@ class Run {
 
   // Read-ahead of the optimizer state, in update order: the gradient with a group's first
   // part, then the parts' master weights and moments, up to read_ahead_ bytes beyond the
-  // part being updated.
-  void StartReadAhead() {
+  // part being updated. Started under the backward pass when the update is overlapped,
+  // before the gradients exist: their reads are issued once they do.
+  void StartReadAhead(bool grads_ready) {
     ahead_.clear();
     ahead_bytes_ = 0;
     cursor_g_ = 0;
     cursor_part_ = 0;
+    grads_ready_ = grads_ready;
+    grads_prefetched_ = 0;
+    ahead_started_ = true;
+    if (!grads_ready) Fill();  // part 0 of group 0 included: ReadAhead(0, 0) keeps it
+  }
+  // At the update: the read-ahead started under the backward pass goes on, with the
+  // gradients of the groups it has reached.
+  void ContinueReadAhead() {
+    if (!ahead_started_) {
+      StartReadAhead(/*grads_ready=*/true);
+      return;
+    }
+    grads_ready_ = true;
+    const std::size_t reached = cursor_g_ + (cursor_part_ > 0 ? 1 : 0);
+    for (; grads_prefetched_ < std::min(reached, GroupCount(c_)); ++grads_prefetched_)
+      backend_->Prefetch(Kind::kGrad, grads_prefetched_, 0);
   }
   void ReadAhead(std::size_t g, std::size_t part) {
     while (!ahead_.empty() &&
@@ -623,7 +678,11 @@ class Run {
     if (cursor_g_ < g || (cursor_g_ == g && cursor_part_ <= part)) {
       cursor_g_ = g;
       cursor_part_ = part + 1;
+      grads_prefetched_ = std::max(grads_prefetched_, g + 1);
     }
+    Fill();
+  }
+  void Fill() {
     const std::size_t half = memascend::SizeOf(o_.dtype);
     while (ahead_bytes_ < read_ahead_) {
       if (cursor_part_ >= Parts(cursor_g_)) {
@@ -632,10 +691,14 @@ class Run {
       }
       if (cursor_g_ >= GroupCount(c_)) return;
       const auto [begin, end] = PartRange(c_, cursor_g_, cursor_part_, chunk_);
-      std::size_t bytes = 3 * (end - begin) * 4;
+      // Kept parts hold their share of the budget already.
+      std::size_t bytes = Kept(cursor_g_, cursor_part_) ? 0 : 3 * (end - begin) * 4;
       if (cursor_part_ == 0) {
-        backend_->Prefetch(Kind::kGrad, cursor_g_, 0);
         bytes += GroupParams(c_, cursor_g_) * half;
+        if (grads_ready_) {
+          backend_->Prefetch(Kind::kGrad, cursor_g_, 0);
+          grads_prefetched_ = cursor_g_ + 1;
+        }
       }
       for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
         backend_->Prefetch(k, cursor_g_, cursor_part_);
@@ -650,6 +713,12 @@ class Run {
   absl::Status Optimize(std::size_t g, const memascend::AdamConfig& adam) {
     {
       ReadAhead(g, 0);
+      // The next group's gradient too, beyond the byte window: it was evicted during the
+      // backward pass (the head's first of all) and the update stops on it otherwise.
+      if (g + 1 < GroupCount(c_) && grads_ready_) {
+        backend_->Prefetch(Kind::kGrad, g + 1, 0);
+        grads_prefetched_ = std::max(grads_prefetched_, g + 2);
+      }
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, 0, false));
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, 0, true));
       const std::size_t parts = Parts(g);
@@ -689,6 +758,8 @@ class Run {
   std::size_t chunk_;
   bool overlap_;            // Note [optimizer overlap]
   std::size_t read_ahead_;  // bytes of optimizer state read ahead
+  std::size_t keep_bytes_;  // of optimizer state kept resident across steps
+  std::pair<std::size_t, std::size_t> keep_end_{0, 0};  // the first part not kept
   Gpt<float> model_;
   std::vector<float> wf_, df_;  // one group's parameters and gradient in fp32
   bool overflow_ = false;
@@ -703,6 +774,9 @@ class Run {
   std::deque<Ahead> ahead_;  // read ahead, not yet updated
   std::size_t ahead_bytes_ = 0;
   std::size_t cursor_g_ = 0, cursor_part_ = 0;  // the next part to read ahead
+  bool ahead_started_ = false;                  // by the backward pass, for the pending update
+  bool grads_ready_ = false;                    // the gradients read ahead may be prefetched
+  std::size_t grads_prefetched_ = 0;            // groups whose gradient is prefetched (or in use)
 };
 
 }  // namespace
@@ -756,9 +830,18 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   }
   if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype, o.optimizer_chunk);
   const std::size_t minimum = MinimumHostBudget(o.model, o.dtype, o.optimizer_chunk);
-  if (o.read_ahead_bytes == 0) {
+  {
+    // Note [kept state]: what the budget leaves beyond the minimum goes to the read-ahead
+    // first, then to state kept resident across steps.
+    const std::size_t spare = o.host_budget > minimum ? o.host_budget - minimum : 0;
     const std::size_t parts = 3 * 3 * std::min(MaxGroupParams(o.model), o.optimizer_chunk) * 4;
-    o.read_ahead_bytes = std::max(parts, o.host_budget > minimum ? o.host_budget - minimum : 0);
+    if (o.read_ahead_bytes == 0) {
+      o.read_ahead_bytes = o.keep_bytes == SIZE_MAX
+                               ? std::max(parts, spare / 2)
+                               : std::max(parts, spare - std::min(spare, o.keep_bytes));
+    }
+    if (o.keep_bytes == SIZE_MAX) o.keep_bytes = spare - std::min(spare, o.read_ahead_bytes);
+    if (o.policy != Policy::kMemAscend || o.mode != Mode::kOffload) o.keep_bytes = 0;
   }
   if (o.mode == Mode::kOffload && o.policy == Policy::kMemAscend && o.host_budget < minimum) {
     std::size_t largest = 0;
@@ -787,6 +870,7 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   }
   const std::uint64_t fingerprint = Fingerprint(o, tokenizer, tokens.size());
   Run run(o, backend.get(), &threads, ledger);
+  MEMASCEND_RETURN_IF_ERROR(run.KeepState());
   if (o.resume) {
     MEMASCEND_ASSIGN_OR_RETURN(std::optional<Checkpoint> ck, backend->Load());
     if (!ck.has_value()) {

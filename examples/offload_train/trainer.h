@@ -18,11 +18,22 @@
 // then the forward pass of group g, whose parameters are still in the budget. The
 // optimizer's reads ahead and its write-backs overlap the forward pass's compute, and
 // the forward pass reads nothing. The arithmetic and its order are those of the
-// sequential loop, so the losses are the same bit for bit. Step s is committed after its
-// last group is updated, before step s + 1's backward pass (Note [train state versions]
-// holds: nothing of version v is overwritten before step s, which made version 1 - v,
-// is committed). A step is reported (StepReport, TrainSummary) when it is committed; its
-// time runs from the previous commit.
+// sequential loop, so the losses are the same bit for bit. Step s is committed after
+// its last group (the head) is updated, before the head's compute (Note [train state
+// versions] holds: nothing of version v is overwritten before step s, which made version
+// 1 - v, is committed). The head's compute and the backward pass read little, so the
+// disk would idle under them: the backward pass's first parameters and the next update's
+// first optimizer state (the version just committed) are read there, the gradients as
+// soon as they exist. A step is reported (StepReport, TrainSummary) when it is committed;
+// its time runs from the previous commit.
+//
+// Note [kept state]: every step reads and writes the whole optimizer state in the same
+// order, so when it is larger than the budget, least-recently-used eviction keeps none of
+// it from one step to the next. What the budget leaves beyond MinimumHostBudget() goes
+// half to the read-ahead and half to a fixed set of optimizer parts, the first in update
+// order, marked kept (TensorStore Note [retention]): read once, then served from memory
+// each step (still written back each step, as the commit needs). `keep_bytes` and
+// `read_ahead_bytes` set the split.
 //
 // Thread-safety: one Train() call at a time per volume.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
@@ -87,8 +98,13 @@ struct TrainOptions {
   std::size_t host_budget = 0;     // pinned bytes; 0: DefaultHostBudget()
   std::size_t window = 1;          // groups prefetched ahead
   // Optimizer state (gradients, master weights, moments) read ahead of the part being
-  // updated, in bytes; 0: the host budget less MinimumHostBudget(), at least 3 parts.
+  // updated, in bytes; 0: the host budget less MinimumHostBudget() and keep_bytes (half
+  // of it when keep_bytes is SIZE_MAX), at least 3 parts.
   std::size_t read_ahead_bytes = 0;
+  // Optimizer state kept resident from one step to the next (Note [kept state]), in
+  // bytes; SIZE_MAX: what the budget leaves beyond MinimumHostBudget() and the read-ahead.
+  // MemAscend policy, offload mode only.
+  std::size_t keep_bytes = SIZE_MAX;
   // Run each step's optimizer update group by group interleaved with the next step's
   // forward pass (Note [optimizer overlap]); MemAscend policy, offload mode only.
   bool overlap_optimizer = true;

@@ -15,7 +15,8 @@
 // A lease pins it resident. To make room, the store evicts unleased resident tensors,
 // least recently used first, writing dirty ones back to the volume first; the bytes it
 // holds never pass host_budget_bytes. A tensor prefetched and not used since (acquired,
-// discarded or evicted) is wanted soon: it goes only after every other unleased tensor,
+// discarded or evicted) is wanted soon: it goes only after every other unleased tensor
+// (kept ones too, Note [retention]),
 // and a prefetch never evicts one (it is dropped instead: its ticket reports
 // kResourceExhausted and stats().prefetch_dropped counts it; Acquire then reads the
 // tensor itself). So a prefetch window larger than the budget cannot evict what it
@@ -114,6 +115,15 @@ struct TensorStoreStats {
   std::uint64_t gpu_evictions = 0;
   LedgerSnapshot ledger;
 };
+
+// Note [retention]: a hint for a caller that knows its access pattern. A trainer visits
+// every tensor once per step in the same order; when the state is larger than the
+// budget, least-recently-used eviction then keeps nothing from one step to the next (each
+// tensor is evicted before its next use). Marking a fixed subset kKeep makes it stay:
+// kept tensors are evicted only after every tensor that is neither kept nor wanted, and
+// a prefetch never evicts one, so the subset is read once and then served from memory
+// each step. Kept tensors are still written back (write-behind, Flush) as any other.
+enum class Retention { kNormal, kKeep };
 
 class TensorStore;
 
@@ -215,6 +225,10 @@ class TensorStore {
   // what it last stored (zeros if nothing). For values that are dead, such as gradients
   // after the optimizer step. kFailedPrecondition while leased.
   absl::Status Discard(TensorId id);
+
+  // How long the tensor stays resident once unleased (Note [retention]); kNormal at
+  // registration. kInvalidArgument for an unknown id.
+  absl::Status SetRetention(TensorId id, Retention retention);
 
   // Writes back every dirty tensor and commits every durable write-back (Note [residency]).
   absl::Status Flush();

@@ -69,6 +69,7 @@ struct TensorStore::Impl {
     bool dirty = false;
     bool stored = false;  // the volume holds its bytes
     bool wanted = false;  // prefetched to the host and not used since (Note [residency])
+    Retention retention = Retention::kNormal;  // Note [retention]
     std::uint64_t last_use = 0;
     // The GPU tier (Note [gpu tier]).
     std::byte* gpu = nullptr;  // device block, or null
@@ -158,9 +159,15 @@ struct TensorStore::Impl {
     return absl::OkStatus();
   }
 
-  // A block for `bytes`, evicting unleased tensors while the budget is short: those not
-  // wanted first, least recently used first (Note [residency]). For a prefetch
-  // (`prefetch`), never a wanted one: kResourceExhausted instead.
+  // Eviction order (Note [residency], Note [retention]): tensors neither wanted nor
+  // kept first, then kept ones, then wanted ones; least recently used first within each.
+  static int EvictionRank(const Tensor& t) {
+    return t.wanted ? 2 : t.retention == Retention::kKeep ? 1 : 0;
+  }
+
+  // A block for `bytes`, evicting unleased tensors while the budget is short, in
+  // EvictionRank order. For a prefetch (`prefetch`), never a wanted or kept one:
+  // kResourceExhausted instead.
   absl::StatusOr<PinnedBlock> AllocateLocked(const Tensor& wanting, bool prefetch = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     MEMASCEND_RETURN_IF_ERROR(EnsurePool());
@@ -168,17 +175,29 @@ struct TensorStore::Impl {
       auto block = pool->Allocate(wanting.spec.bytes, wanting.spec.use);
       if (block.ok() || block.status().code() != absl::StatusCode::kResourceExhausted) return block;
       Tensor* victim = nullptr;
+      int victim_rank = 0;
+      int writing_rank = 3;  // the lowest rank of an unleased tensor being written back
       for (const auto& t : tensors) {
-        if (t.get() == &wanting || t->state != State::kResident || t->pins != 0) continue;
-        if (victim == nullptr || t->wanted < victim->wanted ||
-            (t->wanted == victim->wanted && t->last_use < victim->last_use)) {
+        if (t.get() == &wanting || t->pins != 0) continue;
+        if (t->state == State::kWriting) writing_rank = std::min(writing_rank, EvictionRank(*t));
+        if (t->state != State::kResident) continue;
+        const int rank = EvictionRank(*t);
+        if (victim == nullptr || rank < victim_rank ||
+            (rank == victim_rank && t->last_use < victim->last_use)) {
           victim = t.get();
+          victim_rank = rank;
         }
       }
-      if (prefetch && victim != nullptr && victim->wanted) {
+      if (victim != nullptr && victim_rank > writing_rank) {
+        // A tensor of a lower rank is being written back: it will be evictable as soon
+        // as its write ends, and evicting it then costs nothing a later read must undo.
+        cv.Wait(&mu);
+        continue;
+      }
+      if (prefetch && victim != nullptr && victim_rank > 0) {
         return absl::ResourceExhaustedError(fmt::format(
             "prefetch of '{}' dropped: the host budget holds only leased tensors and tensors "
-            "prefetched earlier",
+            "prefetched earlier or kept",
             wanting.spec.name));
       }
       if (victim == nullptr) {
@@ -854,6 +873,13 @@ absl::Status TensorStore::Discard(TensorId id) {
   t.dirty = false;
   ++m.counters.discards;
   m.cv.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status TensorStore::SetRetention(TensorId id, Retention retention) {
+  absl::MutexLock lock(&impl_->mu);
+  MEMASCEND_RETURN_IF_ERROR(impl_->CheckId(id));
+  impl_->tensors[id]->retention = retention;
   return absl::OkStatus();
 }
 

@@ -391,6 +391,60 @@ TEST(TensorStore, APrefetchNeverEvictsAnEarlierPrefetchNotYetUsed) {
   EXPECT_TRUE(Holds(l, "t.2", 1));
 }
 
+// Note [retention]: a cyclic walk over more tensors than the budget holds keeps nothing
+// with least-recently-used eviction; with a kept subset, that subset stays resident
+// from one pass to the next, and the rest streams around it.
+TEST(TensorStore, KeptTensorsStayResidentAcrossCyclicPasses) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 4 * 256 * kKiB;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  std::vector<TensorId> t;
+  ASSERT_NO_FATAL_FAILURE(AddColdTensors(*store, "t", 6, 256 * kKiB, &t));
+  const auto pass = [&]() -> std::uint64_t {
+    const std::uint64_t before = store->stats().bytes_read;
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      auto l = store->Acquire(t[i]);
+      EXPECT_OK(l.status());
+      if (l.ok()) {
+        EXPECT_TRUE(Holds(*l, "t." + std::to_string(i), 1));
+      }
+    }
+    return store->stats().bytes_read - before;
+  };
+  ASSERT_EQ(pass(), 6 * 256 * kKiB);
+  EXPECT_EQ(pass(), 6 * 256 * kKiB);  // LRU: each evicted before its next use
+  EXPECT_THAT(store->SetRetention(TensorId{99}, Retention::kKeep),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(store->SetRetention(t[0], Retention::kKeep));
+  ASSERT_OK(store->SetRetention(t[1], Retention::kKeep));
+  pass();                             // loads the kept ones once more
+  EXPECT_EQ(pass(), 4 * 256 * kKiB);  // t.0 and t.1 served from memory
+  EXPECT_EQ(pass(), 4 * 256 * kKiB);
+  // A prefetch never evicts a kept tensor: with t.0, t.1 kept and t.4, t.5 prefetched
+  // (resident already, now wanted), t.2's prefetch finds no block.
+  ASSERT_OK(store->Prefetch(t[4]).Wait());
+  ASSERT_OK(store->Prefetch(t[5]).Wait());
+  EXPECT_THAT(store->Prefetch(t[2]).Wait(), StatusIs(absl::StatusCode::kResourceExhausted));
+  // A demand evicts a kept tensor before a wanted one, when nothing else is left.
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[2]));
+    EXPECT_TRUE(Holds(l, "t.2", 1));
+  }
+  const std::uint64_t read = store->stats().bytes_read;
+  for (int i : {4, 5}) {
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[static_cast<std::size_t>(i)]));
+    EXPECT_TRUE(Holds(l, "t." + std::to_string(i), 1));
+  }
+  EXPECT_EQ(store->stats().bytes_read, read);  // the prefetched ones were still resident
+  // Back to kNormal: plain LRU again.
+  ASSERT_OK(store->SetRetention(t[0], Retention::kNormal));
+  ASSERT_OK(store->SetRetention(t[1], Retention::kNormal));
+  pass();
+  EXPECT_EQ(pass(), 6 * 256 * kKiB);
+}
+
 // Several threads acquire, modify, prefetch, evict and flush random tensors under a
 // tight budget; each tensor's content is always the pattern of its latest version.
 TEST(TensorStore, RandomOperationsFromSeveralThreads) {
