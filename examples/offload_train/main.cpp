@@ -34,9 +34,9 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
                      training state, at least 2x)
   --window N         layers prefetched ahead (default 1)
   --optimizer-chunk N  elements per stored part of the optimizer state (default 1048576)
-  --read-ahead B      optimizer state read ahead of the update (default: half of what
-                     the budget leaves beyond the minimum)
-  --keep B           optimizer state kept in memory across steps (default: the rest)
+  --read-ahead B      optimizer state read ahead of the update (default: what the
+                     budget leaves beyond the minimum and --keep)
+  --keep B           optimizer state kept in memory across steps (default 0)
   --overlap-optimizer 0|1  run a step's update interleaved with the next step's forward
                      pass (default 1)
   --io-threads N     the store's prefetch threads, reads in flight (default 4)

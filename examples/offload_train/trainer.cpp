@@ -831,16 +831,13 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype, o.optimizer_chunk);
   const std::size_t minimum = MinimumHostBudget(o.model, o.dtype, o.optimizer_chunk);
   {
-    // Note [kept state]: what the budget leaves beyond the minimum goes to the read-ahead
-    // first, then to state kept resident across steps.
+    // Note [kept state]: what the budget leaves beyond the minimum and the kept state
+    // goes to the read-ahead.
     const std::size_t spare = o.host_budget > minimum ? o.host_budget - minimum : 0;
     const std::size_t parts = 3 * 3 * std::min(MaxGroupParams(o.model), o.optimizer_chunk) * 4;
     if (o.read_ahead_bytes == 0) {
-      o.read_ahead_bytes = o.keep_bytes == SIZE_MAX
-                               ? std::max(parts, spare / 2)
-                               : std::max(parts, spare - std::min(spare, o.keep_bytes));
+      o.read_ahead_bytes = std::max(parts, spare - std::min(spare, o.keep_bytes));
     }
-    if (o.keep_bytes == SIZE_MAX) o.keep_bytes = spare - std::min(spare, o.read_ahead_bytes);
     if (o.policy != Policy::kMemAscend || o.mode != Mode::kOffload) o.keep_bytes = 0;
   }
   if (o.mode == Mode::kOffload && o.policy == Policy::kMemAscend && o.host_budget < minimum) {

@@ -29,11 +29,12 @@
 //
 // Note [kept state]: every step reads and writes the whole optimizer state in the same
 // order, so when it is larger than the budget, least-recently-used eviction keeps none of
-// it from one step to the next. What the budget leaves beyond MinimumHostBudget() goes
-// half to the read-ahead and half to a fixed set of optimizer parts, the first in update
-// order, marked kept (TensorStore Note [retention]): read once, then served from memory
-// each step (still written back each step, as the commit needs). `keep_bytes` and
-// `read_ahead_bytes` set the split.
+// it from one step to the next. `keep_bytes` of the budget beyond MinimumHostBudget()
+// go to a fixed set of optimizer parts, the first in update order, marked kept
+// (TensorStore Note [retention]): read once, then served from memory each step (still
+// written back each step, as the commit needs); the rest goes to the read-ahead. Off by
+// default: at twice the minimum budget the smaller read-ahead cost more time than the
+// reads saved (docs/benchmarks.md).
 //
 // Thread-safety: one Train() call at a time per volume.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
@@ -98,13 +99,12 @@ struct TrainOptions {
   std::size_t host_budget = 0;     // pinned bytes; 0: DefaultHostBudget()
   std::size_t window = 1;          // groups prefetched ahead
   // Optimizer state (gradients, master weights, moments) read ahead of the part being
-  // updated, in bytes; 0: the host budget less MinimumHostBudget() and keep_bytes (half
-  // of it when keep_bytes is SIZE_MAX), at least 3 parts.
+  // updated, in bytes; 0: the host budget less MinimumHostBudget() and keep_bytes, at
+  // least 3 parts.
   std::size_t read_ahead_bytes = 0;
   // Optimizer state kept resident from one step to the next (Note [kept state]), in
-  // bytes; SIZE_MAX: what the budget leaves beyond MinimumHostBudget() and the read-ahead.
-  // MemAscend policy, offload mode only.
-  std::size_t keep_bytes = SIZE_MAX;
+  // bytes; MemAscend policy, offload mode only.
+  std::size_t keep_bytes = 0;
   // Run each step's optimizer update group by group interleaved with the next step's
   // forward pass (Note [optimizer overlap]); MemAscend policy, offload mode only.
   bool overlap_optimizer = true;
