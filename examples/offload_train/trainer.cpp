@@ -377,9 +377,8 @@ class Run {
     std::size_t kept = 0;
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
       for (std::size_t part = 0; part < Parts(g); ++part) {
-        const auto [begin, end] = PartRange(c_, g, part, chunk_);
-        if (kept + 3 * (end - begin) * 4 > keep_bytes_) return absl::OkStatus();
-        kept += 3 * (end - begin) * 4;
+        if (kept + PartStateBytes(g, part) > keep_bytes_) return absl::OkStatus();
+        kept += PartStateBytes(g, part);
         for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
           MEMASCEND_RETURN_IF_ERROR(backend_->Keep(k, g, part));
         keep_end_ = {g, part + 1};
@@ -645,7 +644,7 @@ class Run {
 
   // Read-ahead of the optimizer state, in update order: the gradient with a group's first
   // part, then the parts' master weights and moments, up to read_ahead_ bytes beyond the
-  // part being updated. Started under the backward pass when the update is overlapped,
+  // part being updated. Started under the head's compute when the update is overlapped,
   // before the gradients exist: their reads are issued once they do.
   void StartReadAhead(bool grads_ready) {
     ahead_.clear();
@@ -657,16 +656,20 @@ class Run {
     ahead_started_ = true;
     if (!grads_ready) Fill();  // part 0 of group 0 included: ReadAhead(0, 0) keeps it
   }
-  // At the update: the read-ahead started under the backward pass goes on, with the
-  // gradients of the groups it has reached.
+  // At the update: the read-ahead started before goes on, with the gradients of the
+  // groups it has reached.
   void ContinueReadAhead() {
     if (!ahead_started_) {
       StartReadAhead(/*grads_ready=*/true);
       return;
     }
     grads_ready_ = true;
-    const std::size_t reached = cursor_g_ + (cursor_part_ > 0 ? 1 : 0);
-    for (; grads_prefetched_ < std::min(reached, GroupCount(c_)); ++grads_prefetched_)
+    PrefetchGrads(cursor_g_ + (cursor_part_ > 0 ? 1 : 0));
+  }
+  // Prefetches the gradients of the groups before `end` not prefetched yet, once they exist.
+  void PrefetchGrads(std::size_t end) {
+    if (!grads_ready_) return;
+    for (; grads_prefetched_ < std::min(end, GroupCount(c_)); ++grads_prefetched_)
       backend_->Prefetch(Kind::kGrad, grads_prefetched_, 0);
   }
   void ReadAhead(std::size_t g, std::size_t part) {
@@ -690,15 +693,12 @@ class Run {
         ++cursor_g_;
       }
       if (cursor_g_ >= GroupCount(c_)) return;
-      const auto [begin, end] = PartRange(c_, cursor_g_, cursor_part_, chunk_);
       // Kept parts hold their share of the budget already.
-      std::size_t bytes = Kept(cursor_g_, cursor_part_) ? 0 : 3 * (end - begin) * 4;
+      std::size_t bytes =
+          Kept(cursor_g_, cursor_part_) ? 0 : PartStateBytes(cursor_g_, cursor_part_);
       if (cursor_part_ == 0) {
         bytes += GroupParams(c_, cursor_g_) * half;
-        if (grads_ready_) {
-          backend_->Prefetch(Kind::kGrad, cursor_g_, 0);
-          grads_prefetched_ = cursor_g_ + 1;
-        }
+        PrefetchGrads(cursor_g_ + 1);
       }
       for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
         backend_->Prefetch(k, cursor_g_, cursor_part_);
@@ -715,10 +715,7 @@ class Run {
       ReadAhead(g, 0);
       // The next group's gradient too, beyond the byte window: it was evicted during the
       // backward pass (the head's first of all) and the update stops on it otherwise.
-      if (g + 1 < GroupCount(c_) && grads_ready_) {
-        backend_->Prefetch(Kind::kGrad, g + 1, 0);
-        grads_prefetched_ = std::max(grads_prefetched_, g + 2);
-      }
+      PrefetchGrads(g + 2);
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, 0, false));
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, 0, true));
       const std::size_t parts = Parts(g);
@@ -740,6 +737,11 @@ class Run {
   }
 
   std::size_t Parts(std::size_t g) const { return OptimizerParts(c_, g, chunk_); }
+  // Bytes of a part's master weights and two moments (fp32).
+  std::size_t PartStateBytes(std::size_t g, std::size_t part) const {
+    const auto [begin, end] = PartRange(c_, g, part, chunk_);
+    return 3 * (end - begin) * 4;
+  }
 
   void Sample(std::size_t g, const char* phase) {
     if (ledger_ != nullptr) ledger_->Sample(fmt::format("{}.{}", phase, GroupName(c_, g)));
