@@ -13,6 +13,7 @@
 #include <absl/status/statusor.h>
 
 #include <memascend/kernels.h>
+#include <memascend/tensor_store.h>
 
 namespace offload_train {
 
@@ -59,6 +60,8 @@ class Backend {
   virtual absl::StatusOr<std::optional<Checkpoint>> Load() = 0;
   virtual std::uint64_t IoReadBytes() const = 0;
   virtual std::uint64_t IoWriteBytes() const = 0;
+  // The tensor store's counters, for a backend over one.
+  virtual std::optional<memascend::TensorStoreStats> StoreStats() const { return std::nullopt; }
 
   // ZeRO-Infinity checks overflow once over the whole flat gradient, with temporaries;
   // the others check each group's gradient as it is produced (fused, no temporaries).

@@ -328,6 +328,16 @@ int main(int argc, char** argv) {
           uses += fmt::format("{}{{\"tier\":\"{}\",\"use\":\"{}\",\"peak_bytes\":{}}}",
                               uses.empty() ? "" : ",", tier, use, peak);
         });
+    std::string store = "null";
+    if (s.store.has_value()) {
+      const memascend::TensorStoreStats& t = *s.store;
+      store = fmt::format(
+          "{{\"prefetch_hits\":{},\"prefetch_misses\":{},\"prefetch_dropped\":{},"
+          "\"stall_seconds\":{:.3f},\"read_seconds\":{:.3f},\"write_seconds\":{:.3f},"
+          "\"evictions\":{},\"write_backs\":{}}}",
+          t.prefetch_hits, t.prefetch_misses, t.prefetch_dropped, t.stall_seconds, t.read_seconds,
+          t.write_seconds, t.evictions, t.write_backs);
+    }
     fmt::print(
         "{{\"policy\":\"{}\",\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},"
         "\"losses\":[{}],\"step_seconds\":[{}],\"step_skipped\":[{}],"
@@ -335,13 +345,13 @@ int main(int argc, char** argv) {
         "\"peak_rss_bytes\":{},\"activation_bytes\":{},\"io_read_bytes\":{},\"io_write_bytes\":{},"
         "\"skipped_steps\":{},\"seconds\":{:.3f},\"phase_seconds\":{{\"forward\":{:.3f},"
         "\"backward\":{:.3f},\"optimizer\":{:.3f},\"commit\":{:.3f}}},\"ledger\":[{}],"
-        "\"sample\":{}}}\n",
+        "\"store\":{},\"sample\":{}}}\n",
         o.policy == offload_train::Policy::kZeroInfinity ? "zero-infinity" : "memascend",
         o.mode == Mode::kOffload ? "offload" : "reference", s.last_step, s.first_step, s.final_loss,
         losses, times, skipped, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes,
         s.peak_rss_bytes, s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps,
         s.seconds, s.phases.forward, s.phases.backward, s.phases.optimizer, s.phases.commit, uses,
-        JsonString(s.sample));
+        store, JsonString(s.sample));
     return 0;
   }
   fmt::print(
@@ -355,6 +365,14 @@ int main(int argc, char** argv) {
   fmt::print("  volume I/O: {} read, {} written; activations {} (ordinary memory)\n",
              Gib(static_cast<double>(s.io_read_bytes)), Gib(static_cast<double>(s.io_write_bytes)),
              Gib(static_cast<double>(s.activation_bytes)));
+  if (s.store.has_value()) {
+    const memascend::TensorStoreStats& t = *s.store;
+    const std::uint64_t uses = t.prefetch_hits + t.prefetch_misses;
+    fmt::print(
+        "  tensor store: {} of {} uses found their tensor read ahead ({} prefetches found no "
+        "room); waited {:.2f} s for tensors\n",
+        t.prefetch_hits, uses, t.prefetch_dropped, t.stall_seconds);
+  }
   fmt::print("  ledger peaks by tier and use:\n");
   ForEachLedgerPeak(s.ledger, [](std::string_view tier, std::string_view use, std::int64_t peak) {
     fmt::print("    {:<12} {:<16} {}\n", tier, use, Gib(static_cast<double>(peak)));

@@ -286,6 +286,7 @@ class OffloadBackend final : public Backend {
   }
   std::uint64_t IoReadBytes() const override { return store_->stats().bytes_read; }
   std::uint64_t IoWriteBytes() const override { return store_->stats().bytes_written; }
+  std::optional<memascend::TensorStoreStats> StoreStats() const override { return store_->stats(); }
 
  private:
   OffloadBackend() = default;
@@ -947,6 +948,7 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   }
   summary.io_read_bytes = backend->IoReadBytes();
   summary.io_write_bytes = backend->IoWriteBytes();
+  summary.store = backend->StoreStats();
   summary.ledger = ledger->Snapshot();
   summary.peak_pinned_bytes =
       static_cast<std::uint64_t>(summary.ledger.tier(memascend::Tier::kPinnedHost).reserved_peak);

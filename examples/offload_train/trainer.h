@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,9 @@ struct TrainSummary {
   std::uint64_t io_write_bytes = 0;
   std::int64_t skipped_steps = 0;
   memascend::LedgerSnapshot ledger;
+  // The tensor store's counters (memascend offload runs): how often a use found its
+  // tensor read ahead, and how long the trainer waited for its tensors.
+  std::optional<memascend::TensorStoreStats> store;
   std::string sample;  // generated text
 };
 

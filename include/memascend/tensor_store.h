@@ -99,12 +99,13 @@ struct TensorStoreStats {
   std::uint64_t bytes_written = 0;
   double read_seconds = 0;
   double write_seconds = 0;
-  std::uint64_t prefetch_hits = 0;     // Acquire found the tensor resident or loading
-  std::uint64_t prefetch_misses = 0;   // Acquire had to start the read itself
+  // Acquire found the tensor resident or loading (AcquireCopy: the source resident).
+  std::uint64_t prefetch_hits = 0;
+  std::uint64_t prefetch_misses = 0;   // ... had to start the read itself
   std::uint64_t prefetch_dropped = 0;  // a Prefetch found no room (Note [residency])
   std::uint64_t overwrites = 0;        // AcquireForOverwrite calls that skipped a read
   std::uint64_t handovers = 0;         // AcquireCopy calls that took the source's block
-  double stall_seconds = 0;            // time callers waited in Acquire
+  double stall_seconds = 0;  // time callers waited in Acquire, AcquireForOverwrite, AcquireCopy
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
   std::uint64_t discards = 0;

@@ -677,6 +677,7 @@ absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStr
 
 absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
   Impl& m = *impl_;
+  const auto start = Clock::now();
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
@@ -700,11 +701,13 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
   t.gpu_valid = false;
   t.gpu_dirty = false;
   t.last_use = ++m.tick;
+  m.counters.stall_seconds += Since(start);
   return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, {});
 }
 
 absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to) {
   Impl& m = *impl_;
+  const auto start = Clock::now();
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(from));
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(to));
@@ -737,6 +740,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
       src.state = Impl::State::kCold;
       dst.state = Impl::State::kResident;
       ++m.counters.handovers;
+      ++m.counters.prefetch_hits;
       break;
     }
     if (dst.state == Impl::State::kCold) {
@@ -747,12 +751,13 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
     }
     if (src.state == Impl::State::kResident) {
       std::memcpy(dst.block.data(), src.block.data(), dst.spec.bytes);
+      ++m.counters.prefetch_hits;
       break;
     }
     // The source is cold: read it from the volume into the destination's block.
     dst.state = Impl::State::kLoading;
     ++src.pins;  // keeps its state still while mu is released
-    const auto start = Clock::now();
+    const auto read_start = Clock::now();
     m.mu.Unlock();
     absl::Status s;
     if (src.stored) {
@@ -765,9 +770,10 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
     dst.state = Impl::State::kResident;
     m.cv.SignalAll();
     MEMASCEND_RETURN_IF_ERROR(s);
+    ++m.counters.prefetch_misses;
     if (src.stored) {
       m.counters.bytes_read += src.spec.bytes;
-      m.counters.read_seconds += Since(start);
+      m.counters.read_seconds += Since(read_start);
     }
     break;
   }
@@ -776,6 +782,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
   dst.gpu_valid = false;
   dst.gpu_dirty = false;
   dst.last_use = ++m.tick;
+  m.counters.stall_seconds += Since(start);
   return TensorLease(this, to, dst.block.data(), dst.spec.bytes, Tier::kPinnedHost, {});
 }
 

@@ -123,11 +123,14 @@ TEST(TensorStore, AcquireCopyHandsOverCleanBlocksAndReadsColdSources) {
   ASSERT_OK(store->Flush());  // a is resident and clean
   std::byte* block = nullptr;
   {
+    const TensorStoreStats before = store->stats();
     ASSERT_OK_AND_ASSIGN(TensorLease copy, store->AcquireCopy(a, b));
     block = copy.data();
     const auto p = Pattern("a", 1, copy.size());
     EXPECT_EQ(std::memcmp(copy.data(), p.data(), p.size()), 0);
     EXPECT_EQ(store->stats().handovers, 1u);
+    EXPECT_EQ(store->stats().prefetch_hits, before.prefetch_hits + 1);  // the source was resident
+    EXPECT_EQ(store->stats().prefetch_misses, before.prefetch_misses);
     EXPECT_EQ(store->stats().resident, 1u);  // a gave its block to b
     const auto q = Pattern("b", 2, copy.size());
     std::memcpy(copy.data(), q.data(), q.size());
@@ -141,8 +144,15 @@ TEST(TensorStore, AcquireCopyHandsOverCleanBlocksAndReadsColdSources) {
   ASSERT_OK(store->Evict(b));
   ASSERT_OK(store->Evict(a));
   {
+    const TensorStoreStats before = store->stats();
     ASSERT_OK_AND_ASSIGN(TensorLease copy, store->AcquireCopy(b, a));  // b is cold
     EXPECT_TRUE(Holds(copy, "b", 2));
+    // The read was the caller's: a miss, and its wait counts as a stall.
+    const TensorStoreStats after = store->stats();
+    EXPECT_EQ(after.prefetch_misses, before.prefetch_misses + 1);
+    EXPECT_EQ(after.prefetch_hits, before.prefetch_hits);
+    EXPECT_GT(after.stall_seconds, before.stall_seconds);
+    EXPECT_EQ(after.bytes_read, before.bytes_read + 128 * kKiB);
   }
   {
     ASSERT_OK_AND_ASSIGN(TensorLease held, store->Acquire(b));  // dirty source: copied

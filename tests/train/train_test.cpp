@@ -89,6 +89,12 @@ TEST(Train, OffloadedAndReferenceLossesAreEqualAtEveryStep) {
     EXPECT_LE(off.peak_pinned_bytes, o.host_budget);
     EXPECT_GT(off.io_read_bytes, 24 * off.params * 2);
     EXPECT_GT(off.model_state_bytes, o.host_budget);
+    // The store's counters come with the summary: every use of a tensor the trainer
+    // read ahead is a hit or a miss, and the optimizer state was read ahead.
+    ASSERT_TRUE(off.store.has_value());
+    EXPECT_GT(off.store->prefetch_hits, 0u);
+    EXPECT_EQ(off.store->bytes_read, off.io_read_bytes);
+    EXPECT_FALSE(ref.store.has_value());
   }
 }
 
@@ -168,6 +174,7 @@ TEST(Train, ZeroInfinityPolicyTrainsIdenticallyUnderItsOwnRules) {
     EXPECT_EQ(zero.losses[i], ours.losses[i]) << "step " << i + 1;
   EXPECT_EQ(zero.peak_pinned_bytes, ZeroPinnedBytes(o));  // every buffer pinned up front
   EXPECT_GT(zero.io_read_bytes, 0u);
+  EXPECT_FALSE(zero.store.has_value());  // its own buffers and files, no tensor store
   // With DeepSpeed's minimum of tensors to swap, this tiny model stays in memory.
   o.zero.min_swap_bytes = 1u << 20;
   ASSERT_OK_AND_ASSIGN(TrainSummary in_memory, Train(o, d.tokens, d.tok));
