@@ -105,6 +105,30 @@ def table(rows, sizes):
             ph = summarise(rows[(big, run)])["phases"]
             out.append(f"| {run} | {ph['forward']:.2f} | {ph['backward']:.2f} | {ph['optimizer']:.2f} | "
                        f"{ph['commit']:.2f} |")
+    # The tensor store's counters (runs that have them): how often memascend's uses found
+    # their tensor read ahead, and how long the trainer waited for tensors.
+    store_rows = []
+    for size in sizes:
+        results = [r for r in rows.get((size, "memascend"), []) if r.get("store")]
+        if not results:
+            continue
+        def med(f):
+            return statistics.median(f(r) for r in results)
+        hits = med(lambda r: r["store"]["prefetch_hits"] / max(1, r["store"]["prefetch_hits"] +
+                                                              r["store"]["prefetch_misses"]))
+        store_rows.append(
+            f"| {size} | {100 * hits:.0f}% | {med(lambda r: r['store']['prefetch_misses'] / r['steps']):.0f} "
+            f"| {med(lambda r: r['store']['prefetch_dropped'] / r['steps']):.0f} "
+            f"| {med(lambda r: r['store']['stall_seconds'] / r['steps']):.3f} s |")
+    if store_rows:
+        out.append("")
+        out.append("memascend's tensor store (medians over repeats, per step): the share of uses that "
+                   "found their tensor read ahead, the tensors the trainer read itself, the prefetches "
+                   "that found no room, and the time the trainer waited for tensors:")
+        out.append("")
+        out.append("| model | read ahead | read by the trainer | prefetches without room | waited |")
+        out.append("|---|---|---|---|---|")
+        out.extend(store_rows)
     return "\n".join(out)
 
 

@@ -104,7 +104,8 @@ struct TrainOptions {
   // least 3 parts.
   std::size_t read_ahead_bytes = 0;
   // Optimizer state kept resident from one step to the next (Note [kept state]), in
-  // bytes; MemAscend policy, offload mode only.
+  // bytes; MemAscend policy, offload mode only. At most the host budget less
+  // MinimumHostBudget() (kInvalidArgument otherwise).
   std::size_t keep_bytes = 0;
   // Run each step's optimizer update group by group interleaved with the next step's
   // forward pass (Note [optimizer overlap]); MemAscend policy, offload mode only.

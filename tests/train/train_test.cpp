@@ -151,6 +151,16 @@ TEST(Train, KeptOptimizerStateReadsLessAndTrainsTheSame) {
   }
   EXPECT_EQ(runs[0].losses, runs[1].losses);
   EXPECT_LT(runs[1].io_read_bytes, runs[0].io_read_bytes);
+  // More kept state than the budget leaves beyond the minimum is refused up front.
+  {
+    ScratchPath path("train");
+    TrainOptions o = Tiny(path.path());
+    o.model.layers = 6;
+    o.host_budget = MinimumHostBudget(o.model, o.dtype) * 3;
+    o.keep_bytes = 2 * MinimumHostBudget(o.model, o.dtype) + 1;
+    EXPECT_THAT(Train(o, d.tokens, d.tok),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--keep")));
+  }
   std::printf("bytes read: %llu without kept state, %llu with\n",
               static_cast<unsigned long long>(runs[0].io_read_bytes),
               static_cast<unsigned long long>(runs[1].io_read_bytes));
