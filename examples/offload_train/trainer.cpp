@@ -838,17 +838,15 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     // goes to the read-ahead.
     const std::size_t spare = o.host_budget > minimum ? o.host_budget - minimum : 0;
     const std::size_t parts = 3 * 3 * std::min(MaxGroupParams(o.model), o.optimizer_chunk) * 4;
-    if (o.policy == Policy::kMemAscend && o.mode == Mode::kOffload && o.keep_bytes > spare) {
+    if (o.policy != Policy::kMemAscend || o.mode != Mode::kOffload) o.keep_bytes = 0;
+    if (o.keep_bytes > spare) {
       // Kept state beyond the spare budget would be evicted like any other: refuse it.
       return absl::InvalidArgumentError(
           fmt::format("--keep {} bytes exceeds what the host budget of {} leaves beyond the {} the "
                       "optimizer step needs ({} bytes); keep less or raise --host-budget",
                       o.keep_bytes, o.host_budget, minimum, spare));
     }
-    if (o.read_ahead_bytes == 0) {
-      o.read_ahead_bytes = std::max(parts, spare - std::min(spare, o.keep_bytes));
-    }
-    if (o.policy != Policy::kMemAscend || o.mode != Mode::kOffload) o.keep_bytes = 0;
+    if (o.read_ahead_bytes == 0) o.read_ahead_bytes = std::max(parts, spare - o.keep_bytes);
   }
   if (o.mode == Mode::kOffload && o.policy == Policy::kMemAscend && o.host_budget < minimum) {
     std::size_t largest = 0;

@@ -237,6 +237,7 @@ struct TensorStore::Impl {
         continue;  // changed while writing
       victim->block.Reset();
       victim->state = State::kCold;
+      victim->wanted = false;  // a prefetch evicted before its use ends there (as Evict)
       ++counters.evictions;
       cv.SignalAll();
     }

@@ -90,10 +90,13 @@ TEST(Train, OffloadedAndReferenceLossesAreEqualAtEveryStep) {
     EXPECT_GT(off.io_read_bytes, 24 * off.params * 2);
     EXPECT_GT(off.model_state_bytes, o.host_budget);
     // The store's counters come with the summary: every use of a tensor the trainer
-    // read ahead is a hit or a miss, and the optimizer state was read ahead.
+    // read ahead is a hit or a miss (each applied update acquires the three states of
+    // every group's parts), and some were read ahead.
     ASSERT_TRUE(off.store.has_value());
     EXPECT_GT(off.store->prefetch_hits, 0u);
-    EXPECT_EQ(off.store->bytes_read, off.io_read_bytes);
+    const auto applied = static_cast<std::uint64_t>(24 - off.skipped_steps);
+    EXPECT_GE(off.store->prefetch_hits + off.store->prefetch_misses,
+              3 * GroupCount(o.model) * applied);
     EXPECT_FALSE(ref.store.has_value());
   }
 }
