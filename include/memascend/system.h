@@ -132,6 +132,10 @@ struct SystemInfo {
 // Switches that force the fallbacks, for testing them on machines that have the real
 // thing. FromEnvironment() reads MEMASCEND_DISABLE_IO_URING=1 and
 // MEMASCEND_DISABLE_CUDA=1 and MEMASCEND_MAX_SIMD=scalar|avx2|avx512.
+// MEMASCEND_DISABLE_CUDA=1 holds for the whole library whatever the options say:
+// host memory is then mlock'ed rather than CUDA-registered, and the GPU tier reports
+// kFailedPrecondition. A process forked from one that had used CUDA is treated the
+// same way, since the CUDA runtime does not survive fork(); CudaInfo::status says so.
 struct ProbeOptions {
   bool disable_io_uring = false;
   bool disable_cuda = false;

@@ -1,18 +1,55 @@
 #include "prim/cuda.h"
 
+#include <atomic>
 #include <string>
+#include <string_view>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <memascend/cuda.h>
 
 #include "prim/cuda_memory.h"
+#include "prim/os.h"
 
 #if MEMASCEND_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
 namespace memascend::prim {
+namespace {
+
+// The process that first called the CUDA runtime (0: none yet). A forked child
+// inherits the value and so sees another pid: Note [cuda and fork].
+std::atomic<pid_t> g_cuda_process{0};
+
+bool ForkedAfterCudaUse() noexcept {
+  const pid_t user = g_cuda_process.load(std::memory_order_relaxed);
+  return user != 0 && user != ::getpid();
+}
+
+}  // namespace
+
+bool CudaDisabledByEnvironment() noexcept { return EnvFlag("MEMASCEND_DISABLE_CUDA"); }
+
+void NoteCudaUse() noexcept {
+  pid_t none = 0;
+  g_cuda_process.compare_exchange_strong(none, ::getpid(), std::memory_order_relaxed);
+}
+
+bool CudaUsable() noexcept { return !CudaDisabledByEnvironment() && !ForkedAfterCudaUse(); }
+
+std::string CudaUnusableReason() {
+  if (CudaDisabledByEnvironment()) return "disabled by MEMASCEND_DISABLE_CUDA";
+  if (ForkedAfterCudaUse()) {
+    const pid_t user = g_cuda_process.load(std::memory_order_relaxed);
+    return fmt::format(
+        "this process was forked from process {} after that one used CUDA, and the CUDA "
+        "runtime does not survive fork(); use CUDA only after fork, or exec a new program",
+        user);
+  }
+  return "";
+}
 
 CudaInfo ProbeCuda(bool disabled_by_option) {
   CudaInfo info;
@@ -22,6 +59,11 @@ CudaInfo ProbeCuda(bool disabled_by_option) {
     info.status = "disabled by MEMASCEND_DISABLE_CUDA";
     return info;
   }
+  if (std::string why = CudaUnusableReason(); !why.empty()) {
+    info.status = std::move(why);
+    return info;
+  }
+  NoteCudaUse();
   cudaRuntimeGetVersion(&info.runtime_version);
   if (cudaDriverGetVersion(&info.driver_version) != cudaSuccess) info.driver_version = 0;
   int count = 0;
@@ -76,8 +118,11 @@ class CudaEventFence final : public ReuseFence {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReuseFence>> RecordCudaFence(CudaStreamView stream) {
-  if (prim::CudaDeviceCount() == 0)
-    return absl::FailedPreconditionError("RecordCudaFence: no CUDA device (or built without CUDA)");
+  if (prim::CudaDeviceCount() == 0) {
+    const std::string why = prim::CudaUnusableReason();
+    return absl::FailedPreconditionError(fmt::format(
+        "RecordCudaFence: {}", why.empty() ? "no CUDA device (or built without CUDA)" : why));
+  }
   auto event = prim::CudaEvent::Create();
   if (!event.ok()) return event.status();
   if (absl::Status s = event->Record(stream); !s.ok()) return s;

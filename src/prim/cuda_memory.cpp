@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "prim/cuda.h"
+
 #if MEMASCEND_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -30,6 +32,8 @@ cudaStream_t Stream(CudaStreamView view) { return static_cast<cudaStream_t>(view
 }  // namespace
 
 int CudaDeviceCount() noexcept {
+  if (!CudaUsable()) return 0;
+  NoteCudaUse();
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();

@@ -13,6 +13,7 @@
 #include <numa.h>
 #include <numaif.h>
 
+#include "prim/cuda.h"
 #include "prim/os.h"
 #include "util/strings.h"
 #include "util/units.h"
@@ -84,12 +85,22 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
 
 #if MEMASCEND_HAVE_CUDA
   // Touch nothing: cudaHostRegister faults the pages in and locks them itself.
+  NoteCudaUse();
   const cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     cudaGetLastError();
     region.backing_ = RegionBacking::kAccounting;
-    return absl::ResourceExhaustedError(
-        fmt::format("cudaHostRegister: {}; {}", cudaGetErrorString(err), MemlockAdvice(bytes)));
+    // Only a failure to allocate or lock is a shortage of memory; the rest (no device,
+    // a runtime initialised before fork(), Note [cuda and fork]) are the process's state.
+    if (err == cudaErrorMemoryAllocation) {
+      return absl::ResourceExhaustedError(
+          fmt::format("cudaHostRegister: {}; {}", cudaGetErrorString(err), MemlockAdvice(bytes)));
+    }
+    const std::string why = CudaUnusableReason();
+    return absl::FailedPreconditionError(fmt::format(
+        "cudaHostRegister of {}: {}{}{}", util::FormatBytes(bytes), cudaGetErrorString(err),
+        err == cudaErrorInitializationError ? " (was CUDA used before fork()?)" : "",
+        why.empty() ? "" : "; " + why));
   }
   return region;
 #else

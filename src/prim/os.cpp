@@ -1,6 +1,7 @@
 #include "prim/os.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -107,6 +108,13 @@ MemoryInfo ProbeMemory() {
   }
   mem.cap_ipc_lock = HasCapIpcLock();
   return mem;
+}
+
+bool EnvFlag(const char* name) noexcept {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return false;
+  const std::string_view v(value);
+  return !(v.empty() || v == "0" || v == "false" || v == "no" || v == "off");
 }
 
 }  // namespace memascend::prim

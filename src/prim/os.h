@@ -13,6 +13,10 @@ std::string KernelRelease();
 CpuInfo ProbeCpu();
 MemoryInfo ProbeMemory();
 
+// True when the environment variable `name` is set to anything but "", "0",
+// "false", "no" or "off" (the rule of every MEMASCEND_DISABLE_* switch).
+bool EnvFlag(const char* name) noexcept;
+
 // Page size of this process, cached after the first call (sysconf never changes it).
 std::uint64_t PageSize() noexcept;
 

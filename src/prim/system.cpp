@@ -14,13 +14,6 @@
 namespace memascend {
 namespace {
 
-bool EnvFlag(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) return false;
-  const std::string_view v(value);
-  return !(v.empty() || v == "0" || v == "false" || v == "no" || v == "off");
-}
-
 SimdLevel BestSimd(const CpuInfo& cpu) {
   if (cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.fma && cpu.f16c) return SimdLevel::kAvx512;
   if (cpu.avx2 && cpu.fma && cpu.f16c) return SimdLevel::kAvx2;
@@ -82,8 +75,8 @@ std::vector<std::string_view> FeatureNames(const CpuInfo& cpu) {
 
 ProbeOptions ProbeOptions::FromEnvironment() {
   ProbeOptions options;
-  options.disable_io_uring = EnvFlag("MEMASCEND_DISABLE_IO_URING");
-  options.disable_cuda = EnvFlag("MEMASCEND_DISABLE_CUDA");
+  options.disable_io_uring = prim::EnvFlag("MEMASCEND_DISABLE_IO_URING");
+  options.disable_cuda = prim::CudaDisabledByEnvironment();
   if (const char* simd = std::getenv("MEMASCEND_MAX_SIMD"); simd != nullptr) {
     const std::string_view v(simd);
     if (v == "scalar") options.max_simd = SimdLevel::kScalar;

@@ -216,13 +216,16 @@ struct TensorStore::Impl {
         for (const auto& t : tensors) held += t->state == State::kCold ? 0 : t->block.capacity();
         const std::size_t need = pool->BlockBytesFor(wanting.spec.bytes);
         if (held + need <= options.host_budget_bytes) {
+          // The budget has room, the pool none: its memory is fragmented around the
+          // leased blocks, or growing it failed (mlock limit, mmap): its message says.
           return absl::ResourceExhaustedError(fmt::format(
               "tensor '{}' needs a block of {}: the host budget of {} has {} outside leased "
-              "tensors, but split into extents of at most {} around them; a budget further "
-              "above the leased peak avoids this",
+              "tensors, but the pool cannot provide it ({}; largest free extent {}); a budget "
+              "further above the leased peak avoids fragmentation",
               wanting.spec.name, util::FormatBytes(need),
               util::FormatBytes(options.host_budget_bytes),
               util::FormatBytes(options.host_budget_bytes - held),
+              std::string(block.status().message()),
               util::FormatBytes(arena->stats().largest_free_extent)));
         }
         return absl::ResourceExhaustedError(fmt::format(

@@ -1,8 +1,6 @@
 #include <cstring>
-#include <linux/capability.h>
 #include <random>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -14,6 +12,8 @@
 #include <memascend/memory_ledger.h>
 #include <memascend/system.h>
 
+#include "prim/cuda.h"
+#include "testing/process.h"
 #include "testing/status_matchers.h"
 
 namespace memascend {
@@ -219,15 +219,6 @@ TEST(HostArena, NumaBinding) {
   EXPECT_THAT(bad->Allocate(kMiB), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUMA")));
 }
 
-// Drops CAP_IPC_LOCK from this (child) process so that RLIMIT_MEMLOCK applies.
-bool DropIpcLock() {
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (syscall(SYS_capget, &header, data) != 0) return false;
-  data[0].effective &= ~(1u << CAP_IPC_LOCK);
-  return syscall(SYS_capset, &header, data) == 0;
-}
-
 TEST(HostArena, MlockFailureNamesTheLimitAndTheFix) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer intercepts mlock() and turns it into a no-op";
@@ -236,7 +227,7 @@ TEST(HostArena, MlockFailureNamesTheLimitAndTheFix) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    if (!DropIpcLock()) _exit(3);
+    if (!testing::DropIpcLock()) _exit(3);
     rlimit lim{64 * 1024, 64 * 1024};
     if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0) _exit(4);
     HostArenaOptions options;
@@ -260,6 +251,49 @@ TEST(HostArena, MlockFailureNamesTheLimitAndTheFix) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "child step failed (3: capset, 4: setrlimit, 5: create, "
                                        "6: mlock succeeded, 7: bad error, 8: leak)";
+}
+
+// MEMASCEND_DISABLE_CUDA holds for the arena's automatic backing too: mlock, even
+// where a CUDA device is present (where none is, kAuto picks mlock anyway).
+TEST(HostArena, AutoBackingHonoursMemascendDisableCuda) {
+  setenv("MEMASCEND_DISABLE_CUDA", "1", 1);
+  HostArenaOptions options;
+  options.budget_bytes = 4 * kMiB;
+  auto arena = HostArena::Create(options);
+  unsetenv("MEMASCEND_DISABLE_CUDA");
+  ASSERT_OK(arena.status());
+  EXPECT_EQ((*arena)->backing(), ArenaBacking::kMlock);
+  ASSERT_OK_AND_ASSIGN(ArenaAllocation a, (*arena)->Allocate(kMiB));
+  std::memset(a.data, 1, a.size);
+  EXPECT_OK((*arena)->Free(a.data));
+}
+
+// Note [cuda and fork]: in a child forked after this process used CUDA, the library
+// acts as on a machine without a device, and says why, instead of failing in
+// cudaHostRegister. Meaningful on a GPU machine; on others it checks the reason.
+TEST(HostArena, AForkedChildOfACudaUserFallsBackToMlockAndSaysWhy) {
+  prim::NoteCudaUse();  // as ProbeCuda does before its first runtime call
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const CudaInfo cuda = prim::ProbeCuda(false);
+    if (cuda.device_count != 0) _exit(3);
+    if (cuda.status.find("fork") == std::string::npos) _exit(4);
+    HostArenaOptions options;
+    options.budget_bytes = 4 * kMiB;
+    auto arena = HostArena::Create(options);
+    if (!arena.ok() || (*arena)->backing() != ArenaBacking::kMlock) _exit(5);
+    auto a = (*arena)->Allocate(kMiB);
+    if (!a.ok()) _exit(6);
+    std::memset(a->data, 1, a->size);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step failed (3: a device was seen, 4: no reason, "
+                                       "5: not mlock, 6: allocation failed)";
+  EXPECT_EQ(prim::CudaUnusableReason(), "");  // the parent itself still may use CUDA
 }
 
 TEST(HostArena, ReportsToTheLedger) {

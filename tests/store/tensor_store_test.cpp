@@ -2,7 +2,10 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <thread>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -10,6 +13,7 @@
 
 #include "storage/volume_test_util.h"
 #include "store/store_test_util.h"
+#include "testing/process.h"
 #include "testing/status_matchers.h"
 
 namespace memascend {
@@ -265,6 +269,39 @@ TEST(TensorStore, BudgetsAreEnforcedWithTheShortfall) {
   EXPECT_THAT(store->Register(Spec("a", 10)), StatusIs(absl::StatusCode::kAlreadyExists));
   EXPECT_THAT(store->Register(Spec("zero", 0)), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(store->Acquire(99), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Memory the budget allows but the OS refuses (here RLIMIT_MEMLOCK): the error names
+// the OS's reason and its fix, not only the budget's arithmetic.
+TEST(TensorStore, AHostMemoryFailureSaysWhyTheBudgetCouldNotBeUsed) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer intercepts mlock() and turns it into a no-op";
+#endif
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto store = TensorStore::Open(volume.get(), Budget(4 * kMiB));
+    if (!store.ok()) _exit(3);
+    auto id = (*store)->Register(Spec("w", kMiB));
+    if (!id.ok()) _exit(3);
+    rlimit lim{64 * 1024, 64 * 1024};
+    if (!testing::DropIpcLock() || setrlimit(RLIMIT_MEMLOCK, &lim) != 0) _exit(4);
+    auto lease = (*store)->Acquire(*id);
+    if (lease.ok()) _exit(5);
+    const std::string message(lease.status().message());
+    std::fprintf(stderr, "child: %s\n", message.c_str());
+    if (lease.status().code() != absl::StatusCode::kResourceExhausted) _exit(6);
+    if (message.find("RLIMIT_MEMLOCK") == std::string::npos) _exit(7);
+    if (message.find("ulimit -l") == std::string::npos) _exit(7);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step failed (3: open, 4: limits, 5: no error, "
+                                       "6: wrong code, 7: the reason is missing)";
 }
 
 TEST(TensorStore, FlushedDurableTensorsSurviveAReopenAndScratchOnesDoNot) {

@@ -1,0 +1,23 @@
+// Helpers for tests that run a part in a forked child with other limits.
+#ifndef MEMASCEND_TESTS_TESTING_PROCESS_H_
+#define MEMASCEND_TESTS_TESTING_PROCESS_H_
+
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace memascend::testing {
+
+// Drops CAP_IPC_LOCK from this (child) process so that RLIMIT_MEMLOCK applies to it
+// even as root. False when the kernel refuses.
+inline bool DropIpcLock() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  data[0].effective &= ~(1u << CAP_IPC_LOCK);
+  return syscall(SYS_capset, &header, data) == 0;
+}
+
+}  // namespace memascend::testing
+
+#endif  // MEMASCEND_TESTS_TESTING_PROCESS_H_
