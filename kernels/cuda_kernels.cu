@@ -21,23 +21,51 @@ struct TensorList {
   int count;
 };
 
+// True if a 32-bit word holds an inf or NaN: one fp32 value, or two 16-bit values
+// whose exponent field is `mask16` (0x7c00 fp16, 0x7f80 bf16).
+__device__ __forceinline__ bool BadWord(unsigned int w, int dtype) {
+  if (dtype == 0) return (w & 0x7f800000u) == 0x7f800000u;
+  const unsigned int m = dtype == 1 ? 0x7c00u : 0x7f80u;
+  return (w & m) == m || ((w >> 16) & m) == m;
+}
+
+__device__ __forceinline__ bool BadElement(const unsigned char* p, unsigned long long i,
+                                           int dtype) {
+  if (dtype == 0) return BadWord(reinterpret_cast<const unsigned int*>(p)[i], 0);
+  const unsigned int m = dtype == 1 ? 0x7c00u : 0x7f80u;
+  return (reinterpret_cast<const unsigned short*>(p)[i] & m) == m;
+}
+
+// Note [cuda overflow check]
+// Each tensor is read with 16-byte loads (four fp32 or eight 16-bit values a load)
+// from its first 16-byte boundary, elements before it and after the last whole
+// vector one by one; the whole grid strides over each tensor in turn. A thread ORs
+// what it sees and writes the flag once per tensor if it saw anything, and blocks
+// stop at the next tensor once any has set the flag. Elements must be aligned to
+// their size (checked on the host).
 __global__ void OverflowKernel(TensorList list, unsigned int* flag) {
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
   const unsigned long long first =
       static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int t = 0; t < list.count; ++t) {
     if (*static_cast<volatile unsigned int*>(flag) != 0) return;  // another block found one
+    const auto* p = static_cast<const unsigned char*>(list.data[t]);
     const unsigned long long n = list.elements[t];
+    const int dtype = list.dtype[t];
+    const unsigned long long size = dtype == 0 ? 4 : 2;
+    const unsigned long long misalign = reinterpret_cast<unsigned long long>(p) & 15u;
+    unsigned long long head = misalign == 0 ? 0 : (16 - misalign) / size;
+    if (head > n) head = n;
+    const unsigned long long vectors = (n - head) * size / 16;
+    const unsigned long long tail = head + vectors * 16 / size;
+    const auto* body = reinterpret_cast<const uint4*>(p + head * size);
     bool bad = false;
-    if (list.dtype[t] == 0) {
-      const auto* p = static_cast<const std::uint32_t*>(list.data[t]);
-      for (unsigned long long i = first; i < n; i += stride)
-        bad |= (p[i] & 0x7f800000u) == 0x7f800000u;
-    } else {
-      const std::uint16_t mask = list.dtype[t] == 1 ? 0x7c00u : 0x7f80u;
-      const auto* p = static_cast<const std::uint16_t*>(list.data[t]);
-      for (unsigned long long i = first; i < n; i += stride) bad |= (p[i] & mask) == mask;
+    for (unsigned long long v = first; v < vectors; v += stride) {
+      const uint4 w = body[v];
+      bad |= BadWord(w.x, dtype) | BadWord(w.y, dtype) | BadWord(w.z, dtype) | BadWord(w.w, dtype);
     }
+    if (first < head) bad |= BadElement(p, first, dtype);
+    for (unsigned long long i = tail + first; i < n; i += stride) bad |= BadElement(p, i, dtype);
     if (bad) *flag = 1u;  // every writer writes the same value
   }
 }
@@ -121,10 +149,9 @@ int LaunchOverflowCheck(const DeviceTensor* tensors, int count, unsigned int* fl
       list.data[i] = tensors[start + i].data;
       list.elements[i] = tensors[start + i].elements;
       list.dtype[i] = tensors[start + i].dtype;
-      total += list.elements[i];
+      total += list.elements[i] * (list.dtype[i] == 0 ? 4 : 2) / 16;  // 16-byte vectors
     }
-    OverflowKernel<<<Blocks(total / 4), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(list,
-                                                                                          flag);
+    OverflowKernel<<<Blocks(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(list, flag);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
   return static_cast<int>(cudaSuccess);

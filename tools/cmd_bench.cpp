@@ -44,6 +44,7 @@ constexpr std::string_view kKernelsSummary =
     "fused overflow check and Adam vs unfused baselines and memory-bandwidth ceilings";
 constexpr OptionSpec kKernelsOptions[] = {
     {"elements", true, "elements per tensor (default 64M)"},
+    {"device", true, "cpu (default) or cuda: the CUDA kernels on device 0, in device memory"},
     {"threads", true, "CPU threads (default: all online CPUs)"},
     {"reps", true, "repetitions; the best is reported (default 5)"},
     {"json", false, "print one JSON object"},
@@ -199,13 +200,23 @@ int RunKernels(std::span<char* const> argv) {
     return Fail("kernels", absl::InvalidArgumentError("--threads and --reps must be positive"),
                 true);
   }
-  auto r = RunKernelBench(*elements, static_cast<int>(*threads), static_cast<int>(*reps));
+  const std::string device = args->Get("device", "cpu");
+  if (device != "cpu" && device != "cuda") {
+    return Fail(
+        "kernels",
+        absl::InvalidArgumentError(fmt::format("--device must be cpu or cuda, not '{}'", device)),
+        true);
+  }
+  auto r = device == "cuda"
+               ? RunCudaKernelBench(*elements, static_cast<int>(*reps))
+               : RunKernelBench(*elements, static_cast<int>(*threads), static_cast<int>(*reps));
   if (!r.ok())
     return Fail("kernels", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);
   const double n = static_cast<double>(r->elements);
   if (args->Has("json")) {
     util::JsonWriter w;
     w.BeginObject();
+    w.Field("device", r->device);
     w.Field("elements", r->elements);
     w.Field("threads", r->threads);
     w.Field("simd", r->simd);
@@ -229,8 +240,13 @@ int RunKernels(std::span<char* const> argv) {
     fmt::print("{}\n", w.str());
     return kExitOk;
   }
-  fmt::print("{} elements, {} threads, {} kernels (GB/s = 1e9 bytes/s)\n", r->elements, r->threads,
-             r->simd);
+  if (r->device == "cuda") {
+    fmt::print("{} elements on {} ({} SMs), device memory (GB/s = 1e9 bytes/s)\n", r->elements,
+               r->simd, r->threads);
+  } else {
+    fmt::print("{} elements, {} threads, {} kernels (GB/s = 1e9 bytes/s)\n", r->elements,
+               r->threads, r->simd);
+  }
   fmt::print("  {:<34} {:>9.2f} GB/s\n", "read ceiling (vectorised read)", r->read_ceiling_gbps);
   fmt::print("  {:<34} {:>9.2f} GB/s (read + write)\n", "copy ceiling (best copy)",
              r->copy_ceiling_gbps);

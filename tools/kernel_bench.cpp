@@ -7,15 +7,27 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include <memascend/cuda_kernels.h>
 #include <memascend/kernels.h>
 #include <memascend/status.h>
 #include <memascend/system.h>
 
 #include "alloc_counter.h"
+#include "cuda_bench_kernels.h"
 #include "kernels/isa.h"
+#include "prim/cuda.h"
+#include "prim/cuda_memory.h"
+
+#if MEMASCEND_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace memascend::cli {
 namespace {
@@ -113,6 +125,7 @@ absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t n, int threads, int
     return absl::FailedPreconditionError("the baselines are built for AVX2, which this CPU lacks");
   }
   KernelBenchResult r;
+  r.device = "cpu";
   r.elements = n;
   r.threads = threads;
   KernelThreads pool(threads);
@@ -207,5 +220,225 @@ absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t n, int threads, int
   r.adam_unfused_seconds = t_unfused;
   return r;
 }
+
+#if MEMASCEND_HAVE_CUDA
+namespace {
+
+absl::Status Cuda(int err, std::string_view what) {
+  if (err == 0) return absl::OkStatus();
+  return absl::InternalError(
+      fmt::format("{}: {}", what, cudaGetErrorString(static_cast<cudaError_t>(err))));
+}
+
+// One cudaMalloc'ed buffer (a benchmark's, freed at scope end).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  absl::Status Allocate(std::size_t bytes) {
+    return Cuda(cudaMalloc(&p_, bytes), fmt::format("cudaMalloc of {} bytes", bytes));
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+std::size_t DeviceFreeBytes() {
+  std::size_t free = 0, total = 0;
+  cudaMemGetInfo(&free, &total);
+  return free;
+}
+
+// Best of `reps` timings (CUDA events on `stream`) of `f`, after one warm-up run.
+// `f` returns a cudaError_t value; the first error ends the measurement.
+template <typename F>
+absl::StatusOr<double> BestDeviceSeconds(int reps, cudaStream_t stream, F&& f) {
+  MEMASCEND_RETURN_IF_ERROR(Cuda(f(), "warm-up"));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaEventCreate(&start), "cudaEventCreate"));
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaEventCreate(&stop), "cudaEventCreate"));
+  double best = 1e30;
+  absl::Status status;
+  for (int r = 0; r < reps && status.ok(); ++r) {
+    status.Update(Cuda(cudaEventRecord(start, stream), "cudaEventRecord"));
+    status.Update(Cuda(f(), "kernels"));
+    status.Update(Cuda(cudaEventRecord(stop, stream), "cudaEventRecord"));
+    status.Update(Cuda(cudaEventSynchronize(stop), "cudaEventSynchronize"));
+    float ms = 0;
+    status.Update(Cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime"));
+    best = std::min(best, static_cast<double>(ms) / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  MEMASCEND_RETURN_IF_ERROR(status);
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
+  n -= n % 16;
+  if (n < (1u << 16)) return absl::InvalidArgumentError("--elements must be at least 65536");
+  if (prim::CudaDeviceCount() == 0) {
+    const CudaInfo cuda = prim::ProbeCuda(prim::CudaDisabledByEnvironment());
+    return absl::FailedPreconditionError(
+        fmt::format("bench kernels --device cuda: no CUDA device ({})", cuda.status));
+  }
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
+  cudaDeviceProp prop{};
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties"));
+  KernelBenchResult r;
+  r.device = "cuda";
+  r.elements = n;
+  r.threads = prop.multiProcessorCount;
+  r.simd = fmt::format("{} sm_{}{}", prop.name, prop.major, prop.minor);
+  cudaStream_t stream = nullptr;
+  MEMASCEND_RETURN_IF_ERROR(
+      Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } stream_guard{stream};
+  const CudaStreamView view(stream);
+
+  // The same values as the CPU benchmark: finite gradients, small weights.
+  std::vector<float> host32(n), host_master(n);
+  std::vector<std::uint16_t> host16(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    host32[i] = static_cast<float>(static_cast<long>(i % 1999) - 999) * 1e-3f;
+    host_master[i] = static_cast<float>(i % 977) * 1e-4f;
+    host16[i] = FloatToBFloat16(host32[i]);
+  }
+  DeviceBuffer grad32, grad16, master, m, v, out16, copy_dst, flag;
+  for (auto [buffer, bytes] : {std::pair{&grad32, 4 * n},
+                               {&grad16, 2 * n},
+                               {&master, 4 * n},
+                               {&m, 4 * n},
+                               {&v, 4 * n},
+                               {&out16, 2 * n},
+                               {&copy_dst, 4 * n},
+                               {&flag, std::size_t{16}}}) {
+    MEMASCEND_RETURN_IF_ERROR(buffer->Allocate(bytes));
+  }
+  MEMASCEND_RETURN_IF_ERROR(
+      Cuda(cudaMemcpy(grad32.as<void>(), host32.data(), 4 * n, cudaMemcpyHostToDevice), "upload"));
+  MEMASCEND_RETURN_IF_ERROR(
+      Cuda(cudaMemcpy(grad16.as<void>(), host16.data(), 2 * n, cudaMemcpyHostToDevice), "upload"));
+  MEMASCEND_RETURN_IF_ERROR(Cuda(
+      cudaMemcpy(master.as<void>(), host_master.data(), 4 * n, cudaMemcpyHostToDevice), "upload"));
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemset(m.as<void>(), 0, 4 * n), "cudaMemset"));
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemset(v.as<void>(), 0, 4 * n), "cudaMemset"));
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemset(flag.as<void>(), 0, 16), "cudaMemset"));
+  auto* flag_word = flag.as<std::uint32_t>();
+  const double bytes32 = 4.0 * static_cast<double>(n);
+
+  // Ceilings.
+  MEMASCEND_ASSIGN_OR_RETURN(const double t_read, BestDeviceSeconds(reps, stream, [&] {
+                               return cuda_bench::ReadFold(grad32.as<void>(), 4 * n, flag_word + 3,
+                                                           stream);
+                             }));
+  r.read_ceiling_gbps = bytes32 / t_read / 1e9;
+  MEMASCEND_ASSIGN_OR_RETURN(
+      const double t_copy, BestDeviceSeconds(reps, stream, [&] {
+        return static_cast<int>(cudaMemcpyAsync(copy_dst.as<void>(), grad32.as<void>(), 4 * n,
+                                                cudaMemcpyDeviceToDevice, stream));
+      }));
+  r.copy_ceiling_gbps = 2 * bytes32 / t_copy / 1e9;
+
+  // Overflow check: the fused kernel (zero the flag, one launch) vs ZeRO's two
+  // boolean temporaries, each made by one kernel and reduced by another.
+  const auto fused_check = [&](const TensorView& t) {
+    return [&, t] {
+      if (const cudaError_t e = cudaMemsetAsync(flag_word, 0, 4, stream); e != cudaSuccess)
+        return static_cast<int>(e);
+      const absl::Status s = CudaHasOverflow({&t, 1}, flag_word, view);
+      return s.ok() ? 0 : static_cast<int>(cudaErrorUnknown);
+    };
+  };
+  std::size_t free_before = DeviceFreeBytes();
+  MEMASCEND_ASSIGN_OR_RETURN(
+      const double t_fused,
+      BestDeviceSeconds(reps, stream, fused_check({grad32.as<void>(), n, DType::kF32})));
+  r.overflow_fused_extra_bytes = free_before - std::min(free_before, DeviceFreeBytes());
+  r.overflow_fused_gbps = bytes32 / t_fused / 1e9;
+  MEMASCEND_ASSIGN_OR_RETURN(
+      const double t_fused16,
+      BestDeviceSeconds(reps, stream, fused_check({grad16.as<void>(), n, DType::kBF16})));
+  r.overflow_fused_bf16_gbps = 2.0 * static_cast<double>(n) / t_fused16 / 1e9;
+  {
+    free_before = DeviceFreeBytes();
+    // The temporaries, held across calls as a caching allocator holds them.
+    DeviceBuffer inf_mask, nan_mask;
+    MEMASCEND_RETURN_IF_ERROR(inf_mask.Allocate(n));
+    MEMASCEND_RETURN_IF_ERROR(nan_mask.Allocate(n));
+    MEMASCEND_ASSIGN_OR_RETURN(
+        const double t_base, BestDeviceSeconds(reps, stream, [&] {
+          int e = cuda_bench::IsInf(grad32.as<float>(), inf_mask.as<bool>(), n, stream);
+          if (e == 0) e = cuda_bench::Any(inf_mask.as<bool>(), n, flag_word + 1, stream);
+          if (e == 0) e = cuda_bench::IsNan(grad32.as<float>(), nan_mask.as<bool>(), n, stream);
+          if (e == 0) e = cuda_bench::Any(nan_mask.as<bool>(), n, flag_word + 2, stream);
+          return e;
+        }));
+    r.overflow_baseline_extra_bytes = free_before - std::min(free_before, DeviceFreeBytes());
+    r.overflow_baseline_gbps = bytes32 / t_base / 1e9;
+  }
+  std::uint32_t flags[4] = {};
+  MEMASCEND_RETURN_IF_ERROR(
+      Cuda(cudaMemcpy(flags, flag_word, sizeof(flags), cudaMemcpyDeviceToHost), "download"));
+  if (flags[0] != 0 || flags[1] != 0 || flags[2] != 0)
+    return absl::InternalError("the benchmark's gradients are finite; a check said otherwise");
+
+  // Adam: fused (bf16 gradient in, bf16 working copy out) vs one kernel per operation.
+  AdamConfig c;
+  c.weight_decay = 0.01f;
+  c.grad_multiplier = 1.0f / 1024;
+  r.adam_fused_bytes_per_element = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2;
+  MEMASCEND_ASSIGN_OR_RETURN(const double t_adam, BestDeviceSeconds(reps, stream, [&] {
+                               const absl::Status s = CudaFusedAdam(
+                                   c, master.as<float>(), m.as<float>(), v.as<float>(),
+                                   {grad16.as<void>(), n, DType::kBF16},
+                                   {out16.as<void>(), n, DType::kBF16}, n, view);
+                               return s.ok() ? 0 : static_cast<int>(cudaErrorUnknown);
+                             }));
+  r.adam_fused_gbps = r.adam_fused_bytes_per_element * static_cast<double>(n) / t_adam / 1e9;
+  const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, lr = c.lr, wd = c.weight_decay,
+              mul = c.grad_multiplier;
+  const float step_size = lr / (1 - b1), isb2 = 1.0f / std::sqrt(1 - b2), decay = 1 - lr * wd;
+  free_before = DeviceFreeBytes();
+  DeviceBuffer g;  // the unscaled fp32 gradient, held as a caching allocator holds it
+  MEMASCEND_RETURN_IF_ERROR(g.Allocate(4 * n));
+  r.adam_unfused_extra_bytes = free_before - std::min(free_before, DeviceFreeBytes());
+  MEMASCEND_ASSIGN_OR_RETURN(
+      const double t_unfused, BestDeviceSeconds(reps, stream, [&] {
+        int e = cuda_bench::Unscale(grad16.as<std::uint16_t>(), g.as<float>(), mul, n, stream);
+        if (e == 0) e = cuda_bench::Moment(m.as<float>(), g.as<float>(), b1, n, stream);
+        if (e == 0) e = cuda_bench::SecondMoment(v.as<float>(), g.as<float>(), b2, n, stream);
+        if (e == 0)
+          e = cuda_bench::Update(master.as<float>(), m.as<float>(), v.as<float>(), decay, step_size,
+                                 isb2, eps, n, stream);
+        if (e == 0)
+          e = cuda_bench::ToBf16(master.as<float>(), out16.as<std::uint16_t>(), n, stream);
+        return e;
+      }));
+  r.adam_unfused_bytes_per_element = (2 + 4) + (8 + 4) + (8 + 4) + (12 + 4) + (4 + 2);
+  r.adam_unfused_gbps = r.adam_unfused_bytes_per_element * static_cast<double>(n) / t_unfused / 1e9;
+  r.adam_fused_seconds = t_adam;
+  r.adam_unfused_seconds = t_unfused;
+  return r;
+}
+#else
+absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t, int) {
+  return absl::FailedPreconditionError(
+      "bench kernels --device cuda: no CUDA device (memascend was built without CUDA)");
+}
+#endif
 
 }  // namespace memascend::cli

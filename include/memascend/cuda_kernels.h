@@ -6,9 +6,13 @@
 //   memascend::CudaStreamView(stream)));
 //   // d_flag (device memory) is 1 once the stream reaches this point if any value was inf/NaN
 //
-// All pointers are device pointers. Nothing synchronises: errors of the kernels
-// themselves surface on the stream. kFailedPrecondition when the library was built
-// without CUDA or no device is present; kInvalidArgument for mismatched sizes.
+// All pointers are device pointers, each aligned to the size of its elements (unlike
+// the CPU kernels'). Nothing synchronises: errors of the kernels themselves surface
+// on the stream. A kernel reads its inputs when the stream reaches it: data copied
+// in on another stream (a plain cudaMemcpy runs on the legacy default stream, which
+// a cudaStreamNonBlocking stream does not wait for) must be ordered before it.
+// kFailedPrecondition when the library was built without CUDA or no device is
+// present; kInvalidArgument for mismatched sizes, null or misaligned pointers.
 // Thread-safety: as the CUDA runtime's, per stream.
 #ifndef MEMASCEND_CUDA_KERNELS_H_
 #define MEMASCEND_CUDA_KERNELS_H_

@@ -1,5 +1,6 @@
 // Host side of the CUDA kernels: validation, error mapping, no-CUDA builds.
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 
 #include "kernels/cuda_launch.h"
 #include "kernels/isa.h"
+#include "prim/cuda.h"
 
 namespace memascend {
 namespace {
@@ -29,11 +31,28 @@ absl::Status NoCuda() {
 }
 #endif
 
+// Device loads need elements aligned to their size (a misaligned one faults the
+// kernel and, with it, the stream's context).
+bool Aligned(const void* p, DType t) {
+  return reinterpret_cast<std::uintptr_t>(p) % SizeOf(t) == 0;
+}
+
 }  // namespace
 
 absl::Status CudaHasOverflow(std::span<const TensorView> device_tensors, std::uint32_t* device_flag,
                              CudaStreamView stream) {
-  if (device_flag == nullptr) return absl::InvalidArgumentError("CudaHasOverflow: null flag");
+  if (device_flag == nullptr || !Aligned(device_flag, DType::kF32)) {
+    return absl::InvalidArgumentError("CudaHasOverflow: the flag must be a 4-byte aligned word");
+  }
+  for (std::size_t i = 0; i < device_tensors.size(); ++i) {
+    const TensorView& t = device_tensors[i];
+    if (t.elements > 0 && (t.data == nullptr || !Aligned(t.data, t.dtype))) {
+      return absl::InvalidArgumentError(
+          fmt::format("CudaHasOverflow: tensor {} ({}) is null or not aligned to its {}-byte "
+                      "elements",
+                      i, ToString(t.dtype), SizeOf(t.dtype)));
+    }
+  }
 #if MEMASCEND_HAVE_CUDA
   std::vector<cuda_internal::DeviceTensor> list;
   list.reserve(device_tensors.size());
@@ -41,6 +60,7 @@ absl::Status CudaHasOverflow(std::span<const TensorView> device_tensors, std::ui
     if (t.elements > 0) list.push_back({t.data, t.elements, CodeOf(t.dtype)});
   }
   if (list.empty()) return absl::OkStatus();
+  prim::NoteCudaUse();
   return FromCuda(cuda_internal::LaunchOverflowCheck(list.data(), static_cast<int>(list.size()),
                                                      device_flag, stream.handle),
                   "overflow check launch");
@@ -64,7 +84,14 @@ absl::Status CudaFusedAdam(const AdamConfig& c, float* master, float* exp_avg, f
       !(c.eps > 0)) {
     return absl::InvalidArgumentError("CudaFusedAdam: bad config");
   }
+  if (!Aligned(master, DType::kF32) || !Aligned(exp_avg, DType::kF32) ||
+      !Aligned(exp_avg_sq, DType::kF32) || !Aligned(grad.data, grad.dtype) ||
+      (params_out.data != nullptr && !Aligned(params_out.data, params_out.dtype))) {
+    return absl::InvalidArgumentError(
+        "CudaFusedAdam: every array must be aligned to the size of its elements");
+  }
 #if MEMASCEND_HAVE_CUDA
+  prim::NoteCudaUse();
   const kernels::AdamArgs k = kernels::AdamCoefficients(c);
   cuda_internal::AdamDeviceArgs a{};
   a.master = master;
