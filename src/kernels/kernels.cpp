@@ -94,33 +94,48 @@ void ChunkedList(KernelThreads* threads, std::span<const TensorView> tensors, F&
 
 // ---- KernelThreads -------------------------------------------------------------------
 
+// Note [kernel threads]: a call's function, context and chunk counter live in a Call on
+// the caller's stack, published under `mu` with a new generation. A worker joins a call
+// only under `mu`, taking the Call's address and counting itself in `running`; the
+// caller unpublishes its Call under `mu` once `running` is back to 0. So a worker that
+// wakes late, after its call ended, finds no call (or the next one, whole) and never
+// mixes one call's counter with another's function: the bug this replaced let such a
+// worker run a chunk of the next call with the previous call's dangling lambda, which
+// showed as losses that differed now and then on a 16-core machine.
 struct KernelThreads::Impl {
+  struct Call {
+    void (*thunk)(void*, std::size_t);
+    void* ctx;
+    std::size_t chunks;
+    std::atomic<std::size_t> next{0};
+
+    void Drain() {
+      for (std::size_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+        thunk(ctx, c);
+      }
+    }
+  };
+
   std::mutex call_mu;  // one parallel call at a time
   std::mutex mu;
   std::condition_variable wake, done;
   std::vector<std::thread> workers;
-  std::uint64_t generation = 0;
+  std::uint64_t generation = 0;  // of the published call
   bool stop = false;
-  void (*thunk)(void*, std::size_t) = nullptr;
-  void* ctx = nullptr;
-  std::size_t chunks = 0;
-  std::atomic<std::size_t> next{0};
-  std::size_t running = 0;  // workers inside the current call
-
-  void Drain() {
-    for (std::size_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) thunk(ctx, c);
-  }
+  Call* call = nullptr;     // the call in progress, if any (guarded by mu)
+  std::size_t running = 0;  // workers inside `call` (guarded by mu)
 
   void Work() {
     std::uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
-      wake.wait(lock, [&] { return stop || generation != seen; });
+      wake.wait(lock, [&] { return stop || (call != nullptr && generation != seen); });
       if (stop) return;
       seen = generation;
+      Call* joined = call;
       ++running;
       lock.unlock();
-      Drain();
+      joined->Drain();
       lock.lock();
       if (--running == 0) done.notify_all();
     }
@@ -145,22 +160,21 @@ KernelThreads::~KernelThreads() {
 int KernelThreads::size() const noexcept { return static_cast<int>(impl_->workers.size()) + 1; }
 
 void KernelThreads::Run(std::size_t chunks, void (*thunk)(void*, std::size_t), void* ctx) {
-  std::lock_guard<std::mutex> call(impl_->call_mu);
+  std::lock_guard<std::mutex> serial(impl_->call_mu);
   Impl& m = *impl_;
+  Impl::Call call{thunk, ctx, chunks};
   {
     std::lock_guard<std::mutex> lock(m.mu);
-    m.thunk = thunk;
-    m.ctx = ctx;
-    m.chunks = chunks;
-    m.next.store(0, std::memory_order_relaxed);
+    m.call = &call;
     ++m.generation;
   }
   m.wake.notify_all();
-  m.Drain();  // the caller works too
+  call.Drain();  // the caller works too
   std::unique_lock<std::mutex> lock(m.mu);
-  // Every chunk has been taken; wait for workers still finishing theirs. A worker that
-  // wakes late finds nothing left and leaves at once.
+  // Every chunk has been taken; wait for the workers still finishing theirs, then
+  // unpublish the call before any other worker can join it (Note [kernel threads]).
   m.done.wait(lock, [&] { return m.running == 0; });
+  m.call = nullptr;
 }
 
 // ---- Kernels ---------------------------------------------------------------------------
