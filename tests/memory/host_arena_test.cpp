@@ -1,7 +1,6 @@
 #include <cstring>
 #include <random>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -246,11 +245,9 @@ TEST(HostArena, MlockFailureNamesTheLimitAndTheFix) {
     if ((*arena)->stats().mapped_bytes != 0) _exit(8);  // nothing left behind
     _exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step failed (3: capset, 4: setrlimit, 5: create, "
-                                       "6: mlock succeeded, 7: bad error, 8: leak)";
+  EXPECT_EQ(testing::ExitCodeOf(pid), 0)
+      << "child step failed (3: capset, 4: setrlimit, 5: create, "
+         "6: mlock succeeded, 7: bad error, 8: leak)";
 }
 
 // MEMASCEND_DISABLE_CUDA holds for the arena's automatic backing too: mlock, even
@@ -288,11 +285,9 @@ TEST(HostArena, AForkedChildOfACudaUserFallsBackToMlockAndSaysWhy) {
     std::memset(a->data, 1, a->size);
     _exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step failed (3: a device was seen, 4: no reason, "
-                                       "5: not mlock, 6: allocation failed)";
+  EXPECT_EQ(testing::ExitCodeOf(pid), 0)
+      << "child step failed (3: a device was seen, 4: no reason, "
+         "5: not mlock, 6: allocation failed)";
   EXPECT_EQ(prim::CudaUnusableReason(), "");  // the parent itself still may use CUDA
 }
 

@@ -3,7 +3,6 @@
 #include <cstring>
 #include <random>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 
@@ -297,11 +296,8 @@ TEST(TensorStore, AHostMemoryFailureSaysWhyTheBudgetCouldNotBeUsed) {
     if (message.find("ulimit -l") == std::string::npos) _exit(7);
     _exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step failed (3: open, 4: limits, 5: no error, "
-                                       "6: wrong code, 7: the reason is missing)";
+  EXPECT_EQ(testing::ExitCodeOf(pid), 0) << "child step failed (3: open, 4: limits, 5: no error, "
+                                            "6: wrong code, 7: the reason is missing)";
 }
 
 TEST(TensorStore, FlushedDurableTensorsSurviveAReopenAndScratchOnesDoNot) {
