@@ -57,6 +57,7 @@
 #include <absl/status/statusor.h>
 
 #include <memascend/cuda.h>
+#include <memascend/host_arena.h>
 #include <memascend/kernels.h>
 #include <memascend/memory_ledger.h>
 #include <memascend/volume.h>
@@ -85,6 +86,11 @@ struct TensorStoreOptions {
   // written back anyway (a training step's new states); wasteful for a tensor dirtied
   // again and again while resident.
   bool write_behind = false;
+  // How the host budget is page-locked. kAuto registers it with CUDA where a device is
+  // present, so copies to and from the GPU are true DMA. A caller that never copies to
+  // a GPU (a CPU trainer) sets kMlock: registering creates a CUDA context, about 100 MiB
+  // of host memory on an H100 machine, for nothing.
+  ArenaBacking host_backing = ArenaBacking::kAuto;
   // Device bytes of the GPU tier (Note [gpu tier]); 0: no GPU tier.
   std::size_t gpu_budget_bytes = 0;
   int gpu_device = 0;

@@ -565,6 +565,7 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(Volume* volume,
   }
   HostArenaOptions ao;
   ao.budget_bytes = options.host_budget_bytes;
+  ao.backing = options.host_backing;
   // Note [store regions]: the budget is used for the whole run, so the arena maps it in
   // few large regions: evicted blocks coalesce inside them and serve other sizes without
   // unmapping and re-locking memory, and a tight budget does not fragment across many

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memascend/system.h>
 #include <memascend/tensor_store.h>
 
 #include "storage/volume_test_util.h"
@@ -268,6 +269,31 @@ TEST(TensorStore, BudgetsAreEnforcedWithTheShortfall) {
   EXPECT_THAT(store->Register(Spec("a", 10)), StatusIs(absl::StatusCode::kAlreadyExists));
   EXPECT_THAT(store->Register(Spec("zero", 0)), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(store->Acquire(99), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The caller picks how the budget is page-locked: mlock works everywhere; CUDA
+// registration works where a device is and is refused with the reason where none is.
+TEST(TensorStore, TheHostBackingIsTheCallers) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o = Budget(4 * kMiB);
+  o.host_backing = ArenaBacking::kMlock;
+  {
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+    ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("w", kMiB)));
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+    Fill(lease, "w", 1);
+  }
+  o.host_backing = ArenaBacking::kCudaRegistered;
+  auto registered = TensorStore::Open(volume.get(), o);
+  if (ProbeSystem().cuda.device_count == 0) {
+    EXPECT_THAT(registered.status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("CUDA")));
+  } else {
+    ASSERT_OK(registered.status());
+    ASSERT_OK_AND_ASSIGN(TensorId id, (*registered)->Register(Spec("w2", kMiB)));
+    EXPECT_OK((*registered)->Acquire(id).status());
+  }
 }
 
 // Memory the budget allows but the OS refuses (here RLIMIT_MEMLOCK): the error names
