@@ -11,10 +11,15 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// A grid of 8 blocks per multiprocessor at most (the device's count read once, not in
+// the timed launches).
 int Blocks(std::size_t work) {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  static const int sms = [] {
+    int device = 0, count = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return count;
+  }();
   const std::size_t full = (work + kThreads - 1) / kThreads;
   const std::size_t cap = static_cast<std::size_t>(sms > 0 ? sms : 80) * 8;
   return static_cast<int>(full == 0 ? 1 : full < cap ? full : cap);

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <utility>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -95,6 +95,46 @@ MEMASCEND_BASELINE_CODEGEN void UpdatePass(float* p, const float* m, const float
     p[i] = p[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * isb2 + eps);
 }
 
+// The workload both benchmarks run: finite gradients, small weights, AdamW with loss
+// scaling, and the bytes each Adam variant moves per element.
+struct Workload {
+  std::vector<float> grad32, master;
+  std::vector<std::uint16_t> grad16;  // bf16
+};
+Workload MakeWorkload(std::size_t n) {
+  Workload w{std::vector<float>(n), std::vector<float>(n), std::vector<std::uint16_t>(n)};
+  for (std::size_t i = 0; i < n; ++i) {
+    w.grad32[i] = static_cast<float>(static_cast<long>(i % 1999) - 999) * 1e-3f;
+    w.master[i] = static_cast<float>(i % 977) * 1e-4f;
+    w.grad16[i] = FloatToBFloat16(w.grad32[i]);
+  }
+  return w;
+}
+AdamConfig BenchAdam() {
+  AdamConfig c;
+  c.weight_decay = 0.01f;
+  c.grad_multiplier = 1.0f / 1024;
+  return c;
+}
+// Fused: read p m v g, write p m v and the bf16 working copy. Unfused: unscale (read g16,
+// write g), m (read m g, write m), v (read v g, write v), update (read p m v, write p),
+// conversion (read p, write the copy).
+constexpr double kAdamFusedBytes = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2;
+constexpr double kAdamUnfusedBytes = (2 + 4) + (8 + 4) + (8 + 4) + (12 + 4) + (4 + 2);
+// The unfused passes' coefficients (no bias correction: step 1's is folded into lr).
+struct UnfusedAdam {
+  float b1, b2, eps, mul, step_size, inv_sqrt_bc2, decay;
+};
+UnfusedAdam Unfused(const AdamConfig& c) {
+  return {c.beta1,
+          c.beta2,
+          c.eps,
+          c.grad_multiplier,
+          c.lr / (1 - c.beta1),
+          1.0f / std::sqrt(1 - c.beta2),
+          1 - c.lr * c.weight_decay};
+}
+
 // ZeRO's check: isinf(flat).any() and isnan(flat).any(), each building a bool tensor
 // (allocated per call, as a framework allocates a fresh result tensor each step).
 bool BaselineOverflow(KernelThreads& pool, const float* x, std::size_t n) {
@@ -133,13 +173,11 @@ absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t n, int threads, int
   const kernels::Isa& isa = kernels::PickIsa(SimdLevel::kAvx512);
   r.simd = std::string(ToString(isa.level));
 
-  std::vector<float> grad32(n), master(n), m(n, 0.0f), v(n, 0.0f), copy_dst(n);
-  std::vector<std::uint16_t> grad16(n), out16(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    grad32[i] = static_cast<float>(static_cast<long>(i % 1999) - 999) * 1e-3f;
-    master[i] = static_cast<float>(i % 977) * 1e-4f;
-    grad16[i] = FloatToBFloat16(grad32[i]);
-  }
+  Workload w = MakeWorkload(n);
+  std::vector<float>&grad32 = w.grad32, &master = w.master;
+  std::vector<std::uint16_t>& grad16 = w.grad16;
+  std::vector<float> m(n, 0.0f), v(n, 0.0f), copy_dst(n);
+  std::vector<std::uint16_t> out16(n);
   const double bytes32 = 4.0 * static_cast<double>(n);
 
   // Ceilings: a vectorised read of the same bytes, and a copy (read + write).
@@ -182,11 +220,9 @@ absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t n, int threads, int
     return absl::InternalError("the benchmark's gradients are finite; a check said otherwise");
 
   // Adam: fused (bf16 grad in, bf16 working copy out) vs separate passes.
-  AdamConfig c;
-  c.weight_decay = 0.01f;
-  c.grad_multiplier = 1.0f / 1024;
+  const AdamConfig c = BenchAdam();
   absl::Status status;
-  r.adam_fused_bytes_per_element = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2;  // read p m v g; write p m v out
+  r.adam_fused_bytes_per_element = kAdamFusedBytes;
   const double t_adam = BestSeconds(reps, [&] {
     status.Update(FusedAdam(c, master, m, v, {grad16.data(), n, DType::kBF16},
                             {out16.data(), n, DType::kBF16}, opt));
@@ -194,27 +230,27 @@ absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t n, int threads, int
   MEMASCEND_RETURN_IF_ERROR(status);
   r.adam_fused_gbps = r.adam_fused_bytes_per_element * static_cast<double>(n) / t_adam / 1e9;
 
-  const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, lr = c.lr, wd = c.weight_decay,
-              mul = c.grad_multiplier;
-  const float step_size = lr / (1 - b1), isb2 = 1.0f / std::sqrt(1 - b2), decay = 1 - lr * wd;
+  const UnfusedAdam u = Unfused(c);
   before = AllocatedBytes();
   std::vector<float> g(n);  // the unscaled fp32 gradient: made once, reused (a caching allocator)
   r.adam_unfused_extra_bytes = AllocatedBytes() - before;
   const double t_unfused = BestSeconds(reps, [&] {
-    Chunks(pool, n,
-           [&](std::size_t b, std::size_t e) { UnscalePass(grad16.data(), g.data(), mul, b, e); });
-    Chunks(pool, n,
-           [&](std::size_t b, std::size_t e) { MomentPass(m.data(), g.data(), b1, b, e); });
-    Chunks(pool, n,
-           [&](std::size_t b, std::size_t e) { SecondMomentPass(v.data(), g.data(), b2, b, e); });
     Chunks(pool, n, [&](std::size_t b, std::size_t e) {
-      UpdatePass(master.data(), m.data(), v.data(), decay, step_size, isb2, eps, b, e);
+      UnscalePass(grad16.data(), g.data(), u.mul, b, e);
+    });
+    Chunks(pool, n,
+           [&](std::size_t b, std::size_t e) { MomentPass(m.data(), g.data(), u.b1, b, e); });
+    Chunks(pool, n,
+           [&](std::size_t b, std::size_t e) { SecondMomentPass(v.data(), g.data(), u.b2, b, e); });
+    Chunks(pool, n, [&](std::size_t b, std::size_t e) {
+      UpdatePass(master.data(), m.data(), v.data(), u.decay, u.step_size, u.inv_sqrt_bc2, u.eps, b,
+                 e);
     });
     MutableTensorView out{out16.data(), n, DType::kBF16};
     status.Update(Convert({master.data(), n, DType::kF32}, out, opt));
   });
   MEMASCEND_RETURN_IF_ERROR(status);
-  r.adam_unfused_bytes_per_element = (2 + 4) + (8 + 4) + (8 + 4) + (12 + 4) + (4 + 2);
+  r.adam_unfused_bytes_per_element = kAdamUnfusedBytes;
   r.adam_unfused_gbps = r.adam_unfused_bytes_per_element * static_cast<double>(n) / t_unfused / 1e9;
   r.adam_fused_seconds = t_adam;
   r.adam_unfused_seconds = t_unfused;
@@ -230,26 +266,10 @@ absl::Status Cuda(int err, std::string_view what) {
       fmt::format("{}: {}", what, cudaGetErrorString(static_cast<cudaError_t>(err))));
 }
 
-// One cudaMalloc'ed buffer (a benchmark's, freed at scope end).
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  absl::Status Allocate(std::size_t bytes) {
-    return Cuda(cudaMalloc(&p_, bytes), fmt::format("cudaMalloc of {} bytes", bytes));
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-};
+template <typename T>
+T* As(const prim::DeviceAllocation& a) {
+  return reinterpret_cast<T*>(a.data());
+}
 
 std::size_t DeviceFreeBytes() {
   std::size_t free = 0, total = 0;
@@ -309,46 +329,37 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
   } stream_guard{stream};
   const CudaStreamView view(stream);
 
-  // The same values as the CPU benchmark: finite gradients, small weights.
-  std::vector<float> host32(n), host_master(n);
-  std::vector<std::uint16_t> host16(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    host32[i] = static_cast<float>(static_cast<long>(i % 1999) - 999) * 1e-3f;
-    host_master[i] = static_cast<float>(i % 977) * 1e-4f;
-    host16[i] = FloatToBFloat16(host32[i]);
+  // The same values as the CPU benchmark.
+  const Workload w = MakeWorkload(n);
+  MEMASCEND_ASSIGN_OR_RETURN(auto grad32, prim::DeviceAllocation::Allocate(0, 4 * n));
+  MEMASCEND_ASSIGN_OR_RETURN(auto grad16, prim::DeviceAllocation::Allocate(0, 2 * n));
+  MEMASCEND_ASSIGN_OR_RETURN(auto master, prim::DeviceAllocation::Allocate(0, 4 * n));
+  MEMASCEND_ASSIGN_OR_RETURN(auto m, prim::DeviceAllocation::Allocate(0, 4 * n));
+  MEMASCEND_ASSIGN_OR_RETURN(auto v, prim::DeviceAllocation::Allocate(0, 4 * n));
+  MEMASCEND_ASSIGN_OR_RETURN(auto out16, prim::DeviceAllocation::Allocate(0, 2 * n));
+  MEMASCEND_ASSIGN_OR_RETURN(auto copy_dst, prim::DeviceAllocation::Allocate(0, 4 * n));
+  MEMASCEND_ASSIGN_OR_RETURN(auto flag, prim::DeviceAllocation::Allocate(0, 16));
+  for (auto [dst, src, bytes] :
+       {std::tuple{grad32.data(), static_cast<const void*>(w.grad32.data()), 4 * n},
+        {grad16.data(), w.grad16.data(), 2 * n},
+        {master.data(), w.master.data(), 4 * n}}) {
+    MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload"));
   }
-  DeviceBuffer grad32, grad16, master, m, v, out16, copy_dst, flag;
-  for (auto [buffer, bytes] : {std::pair{&grad32, 4 * n},
-                               {&grad16, 2 * n},
-                               {&master, 4 * n},
-                               {&m, 4 * n},
-                               {&v, 4 * n},
-                               {&out16, 2 * n},
-                               {&copy_dst, 4 * n},
-                               {&flag, std::size_t{16}}}) {
-    MEMASCEND_RETURN_IF_ERROR(buffer->Allocate(bytes));
+  for (const prim::DeviceAllocation* zeroed : {&m, &v, &flag}) {
+    MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemset(zeroed->data(), 0, zeroed->size()), "cudaMemset"));
   }
-  MEMASCEND_RETURN_IF_ERROR(
-      Cuda(cudaMemcpy(grad32.as<void>(), host32.data(), 4 * n, cudaMemcpyHostToDevice), "upload"));
-  MEMASCEND_RETURN_IF_ERROR(
-      Cuda(cudaMemcpy(grad16.as<void>(), host16.data(), 2 * n, cudaMemcpyHostToDevice), "upload"));
-  MEMASCEND_RETURN_IF_ERROR(Cuda(
-      cudaMemcpy(master.as<void>(), host_master.data(), 4 * n, cudaMemcpyHostToDevice), "upload"));
-  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemset(m.as<void>(), 0, 4 * n), "cudaMemset"));
-  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemset(v.as<void>(), 0, 4 * n), "cudaMemset"));
-  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaMemset(flag.as<void>(), 0, 16), "cudaMemset"));
-  auto* flag_word = flag.as<std::uint32_t>();
+  auto* flag_word = As<std::uint32_t>(flag);
   const double bytes32 = 4.0 * static_cast<double>(n);
 
   // Ceilings.
   MEMASCEND_ASSIGN_OR_RETURN(const double t_read, BestDeviceSeconds(reps, stream, [&] {
-                               return cuda_bench::ReadFold(grad32.as<void>(), 4 * n, flag_word + 3,
+                               return cuda_bench::ReadFold(grad32.data(), 4 * n, flag_word + 3,
                                                            stream);
                              }));
   r.read_ceiling_gbps = bytes32 / t_read / 1e9;
   MEMASCEND_ASSIGN_OR_RETURN(
       const double t_copy, BestDeviceSeconds(reps, stream, [&] {
-        return static_cast<int>(cudaMemcpyAsync(copy_dst.as<void>(), grad32.as<void>(), 4 * n,
+        return static_cast<int>(cudaMemcpyAsync(copy_dst.data(), grad32.data(), 4 * n,
                                                 cudaMemcpyDeviceToDevice, stream));
       }));
   r.copy_ceiling_gbps = 2 * bytes32 / t_copy / 1e9;
@@ -366,25 +377,24 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
   std::size_t free_before = DeviceFreeBytes();
   MEMASCEND_ASSIGN_OR_RETURN(
       const double t_fused,
-      BestDeviceSeconds(reps, stream, fused_check({grad32.as<void>(), n, DType::kF32})));
+      BestDeviceSeconds(reps, stream, fused_check({grad32.data(), n, DType::kF32})));
   r.overflow_fused_extra_bytes = free_before - std::min(free_before, DeviceFreeBytes());
   r.overflow_fused_gbps = bytes32 / t_fused / 1e9;
   MEMASCEND_ASSIGN_OR_RETURN(
       const double t_fused16,
-      BestDeviceSeconds(reps, stream, fused_check({grad16.as<void>(), n, DType::kBF16})));
+      BestDeviceSeconds(reps, stream, fused_check({grad16.data(), n, DType::kBF16})));
   r.overflow_fused_bf16_gbps = 2.0 * static_cast<double>(n) / t_fused16 / 1e9;
   {
     free_before = DeviceFreeBytes();
     // The temporaries, held across calls as a caching allocator holds them.
-    DeviceBuffer inf_mask, nan_mask;
-    MEMASCEND_RETURN_IF_ERROR(inf_mask.Allocate(n));
-    MEMASCEND_RETURN_IF_ERROR(nan_mask.Allocate(n));
+    MEMASCEND_ASSIGN_OR_RETURN(auto inf_mask, prim::DeviceAllocation::Allocate(0, n));
+    MEMASCEND_ASSIGN_OR_RETURN(auto nan_mask, prim::DeviceAllocation::Allocate(0, n));
     MEMASCEND_ASSIGN_OR_RETURN(
         const double t_base, BestDeviceSeconds(reps, stream, [&] {
-          int e = cuda_bench::IsInf(grad32.as<float>(), inf_mask.as<bool>(), n, stream);
-          if (e == 0) e = cuda_bench::Any(inf_mask.as<bool>(), n, flag_word + 1, stream);
-          if (e == 0) e = cuda_bench::IsNan(grad32.as<float>(), nan_mask.as<bool>(), n, stream);
-          if (e == 0) e = cuda_bench::Any(nan_mask.as<bool>(), n, flag_word + 2, stream);
+          int e = cuda_bench::IsInf(As<float>(grad32), As<bool>(inf_mask), n, stream);
+          if (e == 0) e = cuda_bench::Any(As<bool>(inf_mask), n, flag_word + 1, stream);
+          if (e == 0) e = cuda_bench::IsNan(As<float>(grad32), As<bool>(nan_mask), n, stream);
+          if (e == 0) e = cuda_bench::Any(As<bool>(nan_mask), n, flag_word + 2, stream);
           return e;
         }));
     r.overflow_baseline_extra_bytes = free_before - std::min(free_before, DeviceFreeBytes());
@@ -397,38 +407,33 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
     return absl::InternalError("the benchmark's gradients are finite; a check said otherwise");
 
   // Adam: fused (bf16 gradient in, bf16 working copy out) vs one kernel per operation.
-  AdamConfig c;
-  c.weight_decay = 0.01f;
-  c.grad_multiplier = 1.0f / 1024;
-  r.adam_fused_bytes_per_element = 4 + 4 + 4 + 2 + 4 + 4 + 4 + 2;
+  const AdamConfig c = BenchAdam();
+  r.adam_fused_bytes_per_element = kAdamFusedBytes;
   MEMASCEND_ASSIGN_OR_RETURN(const double t_adam, BestDeviceSeconds(reps, stream, [&] {
-                               const absl::Status s = CudaFusedAdam(
-                                   c, master.as<float>(), m.as<float>(), v.as<float>(),
-                                   {grad16.as<void>(), n, DType::kBF16},
-                                   {out16.as<void>(), n, DType::kBF16}, n, view);
+                               const absl::Status s =
+                                   CudaFusedAdam(c, As<float>(master), As<float>(m), As<float>(v),
+                                                 {grad16.data(), n, DType::kBF16},
+                                                 {out16.data(), n, DType::kBF16}, n, view);
                                return s.ok() ? 0 : static_cast<int>(cudaErrorUnknown);
                              }));
   r.adam_fused_gbps = r.adam_fused_bytes_per_element * static_cast<double>(n) / t_adam / 1e9;
-  const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, lr = c.lr, wd = c.weight_decay,
-              mul = c.grad_multiplier;
-  const float step_size = lr / (1 - b1), isb2 = 1.0f / std::sqrt(1 - b2), decay = 1 - lr * wd;
+  const UnfusedAdam u = Unfused(c);
   free_before = DeviceFreeBytes();
-  DeviceBuffer g;  // the unscaled fp32 gradient, held as a caching allocator holds it
-  MEMASCEND_RETURN_IF_ERROR(g.Allocate(4 * n));
+  // The unscaled fp32 gradient, held as a caching allocator holds it.
+  MEMASCEND_ASSIGN_OR_RETURN(auto g, prim::DeviceAllocation::Allocate(0, 4 * n));
   r.adam_unfused_extra_bytes = free_before - std::min(free_before, DeviceFreeBytes());
   MEMASCEND_ASSIGN_OR_RETURN(
       const double t_unfused, BestDeviceSeconds(reps, stream, [&] {
-        int e = cuda_bench::Unscale(grad16.as<std::uint16_t>(), g.as<float>(), mul, n, stream);
-        if (e == 0) e = cuda_bench::Moment(m.as<float>(), g.as<float>(), b1, n, stream);
-        if (e == 0) e = cuda_bench::SecondMoment(v.as<float>(), g.as<float>(), b2, n, stream);
+        int e = cuda_bench::Unscale(As<std::uint16_t>(grad16), As<float>(g), u.mul, n, stream);
+        if (e == 0) e = cuda_bench::Moment(As<float>(m), As<float>(g), u.b1, n, stream);
+        if (e == 0) e = cuda_bench::SecondMoment(As<float>(v), As<float>(g), u.b2, n, stream);
         if (e == 0)
-          e = cuda_bench::Update(master.as<float>(), m.as<float>(), v.as<float>(), decay, step_size,
-                                 isb2, eps, n, stream);
-        if (e == 0)
-          e = cuda_bench::ToBf16(master.as<float>(), out16.as<std::uint16_t>(), n, stream);
+          e = cuda_bench::Update(As<float>(master), As<float>(m), As<float>(v), u.decay,
+                                 u.step_size, u.inv_sqrt_bc2, u.eps, n, stream);
+        if (e == 0) e = cuda_bench::ToBf16(As<float>(master), As<std::uint16_t>(out16), n, stream);
         return e;
       }));
-  r.adam_unfused_bytes_per_element = (2 + 4) + (8 + 4) + (8 + 4) + (12 + 4) + (4 + 2);
+  r.adam_unfused_bytes_per_element = kAdamUnfusedBytes;
   r.adam_unfused_gbps = r.adam_unfused_bytes_per_element * static_cast<double>(n) / t_unfused / 1e9;
   r.adam_fused_seconds = t_adam;
   r.adam_unfused_seconds = t_unfused;

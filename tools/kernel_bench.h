@@ -12,8 +12,8 @@ namespace memascend::cli {
 struct KernelBenchResult {
   std::string device;  // "cpu" or "cuda"
   std::size_t elements = 0;
-  int threads = 0;     // CPU threads; streaming multiprocessors on a GPU
-  std::string simd;    // the CPU kernels' ISA; the GPU's name and architecture
+  int threads = 0;               // CPU threads; streaming multiprocessors on a GPU
+  std::string simd;              // the CPU kernels' ISA; the GPU's name and architecture
   double read_ceiling_gbps = 0;  // a vectorised read of the fp32 gradient's bytes
   double copy_ceiling_gbps = 0;  // the better of memcpy and a vector copy, bytes read + written
   double overflow_fused_gbps = 0;

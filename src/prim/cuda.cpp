@@ -23,9 +23,10 @@ namespace {
 // inherits the value and so sees another pid: Note [cuda and fork].
 std::atomic<pid_t> g_cuda_process{0};
 
-bool ForkedAfterCudaUse() noexcept {
+// The process that used CUDA before this one was forked from it, or 0.
+pid_t ForkedFrom() noexcept {
   const pid_t user = g_cuda_process.load(std::memory_order_relaxed);
-  return user != 0 && user != ::getpid();
+  return user != 0 && user != ::getpid() ? user : 0;
 }
 
 }  // namespace
@@ -37,12 +38,11 @@ void NoteCudaUse() noexcept {
   g_cuda_process.compare_exchange_strong(none, ::getpid(), std::memory_order_relaxed);
 }
 
-bool CudaUsable() noexcept { return !CudaDisabledByEnvironment() && !ForkedAfterCudaUse(); }
+bool CudaUsable() noexcept { return !CudaDisabledByEnvironment() && ForkedFrom() == 0; }
 
 std::string CudaUnusableReason() {
   if (CudaDisabledByEnvironment()) return "disabled by MEMASCEND_DISABLE_CUDA";
-  if (ForkedAfterCudaUse()) {
-    const pid_t user = g_cuda_process.load(std::memory_order_relaxed);
+  if (const pid_t user = ForkedFrom(); user != 0) {
     return fmt::format(
         "this process was forked from process {} after that one used CUDA, and the CUDA "
         "runtime does not survive fork(); use CUDA only after fork, or exec a new program",

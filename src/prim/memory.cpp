@@ -96,11 +96,9 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
       return absl::ResourceExhaustedError(
           fmt::format("cudaHostRegister: {}; {}", cudaGetErrorString(err), MemlockAdvice(bytes)));
     }
-    const std::string why = CudaUnusableReason();
     return absl::FailedPreconditionError(fmt::format(
-        "cudaHostRegister of {}: {}{}{}", util::FormatBytes(bytes), cudaGetErrorString(err),
-        err == cudaErrorInitializationError ? " (was CUDA used before fork()?)" : "",
-        why.empty() ? "" : "; " + why));
+        "cudaHostRegister of {}: {}{}", util::FormatBytes(bytes), cudaGetErrorString(err),
+        err == cudaErrorInitializationError ? " (was CUDA used before fork()?)" : ""));
   }
   return region;
 #else

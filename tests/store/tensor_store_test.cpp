@@ -389,8 +389,7 @@ void AddColdTensors(TensorStore& store, const std::string& prefix, int n, std::s
 TEST(TensorStore, PrefetchAndStreamingCountHitsAndMisses) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());
-  TensorStoreOptions o;
-  o.host_budget_bytes = 8 * 256 * kKiB;
+  const TensorStoreOptions o = Budget(8 * 256 * kKiB);
   ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
   std::vector<TensorId> layers;
   ASSERT_NO_FATAL_FAILURE(AddColdTensors(*store, "layer", 16, 256 * kKiB, &layers));
@@ -466,9 +465,7 @@ TEST(TensorStore, APrefetchNeverEvictsAnEarlierPrefetchNotYetUsed) {
 TEST(TensorStore, KeptTensorsStayResidentAcrossCyclicPasses) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());
-  TensorStoreOptions o;
-  o.host_budget_bytes = 4 * 256 * kKiB;
-  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(4 * 256 * kKiB)));
   std::vector<TensorId> t;
   ASSERT_NO_FATAL_FAILURE(AddColdTensors(*store, "t", 6, 256 * kKiB, &t));
   const auto pass = [&]() -> std::uint64_t {
