@@ -17,9 +17,10 @@
 
 namespace offload_train {
 
-// The kinds of state of a parameter group. Parameters and gradients are whole groups;
-// master weights and moments come in parts of TrainOptions::optimizer_chunk elements
-// for the MemAscend policy (the optimizer step then holds one part at a time).
+// The kinds of state of a parameter group. For the MemAscend policy every kind comes in
+// parts of TrainOptions::optimizer_chunk elements (the optimizer step then holds one
+// part of each at a time, and the passes stream a group part by part); ZeRO-Infinity's
+// rules keep each group whole (one part).
 enum class Kind { kParam, kGrad, kMaster, kExpAvg, kExpAvgSq };
 
 // What a committed step records (Note [train state versions]).
@@ -41,8 +42,7 @@ class Backend {
     float* f32() const { return reinterpret_cast<float*>(data); }
   };
   virtual ~Backend() = default;
-  // The current version of a part (next == false) or the next, already written
-  // (parameters and gradients: part 0).
+  // The current version of a part (next == false) or the next, already written.
   virtual absl::StatusOr<Buf> Read(Kind k, std::size_t group, std::size_t part, bool next) = 0;
   // Every byte is written by the caller: the current version (next == false) or the next.
   virtual absl::StatusOr<Buf> Overwrite(Kind k, std::size_t group, std::size_t part, bool next) = 0;
@@ -54,7 +54,7 @@ class Backend {
   virtual absl::Status Keep(Kind, std::size_t /*group*/, std::size_t /*part*/) {
     return absl::OkStatus();
   }
-  virtual absl::Status Discard(Kind k, std::size_t group) = 0;
+  virtual absl::Status Discard(Kind k, std::size_t group, std::size_t part) = 0;
   // Makes `c` the committed state; c.version may name the next version.
   virtual absl::Status Commit(const Checkpoint& c) = 0;
   virtual absl::StatusOr<std::optional<Checkpoint>> Load() = 0;

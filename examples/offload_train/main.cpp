@@ -30,10 +30,10 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --volume-size B    size of a file volume (default: what the run needs, doubled)
   --force            format a device or file that holds other data
   --resume           continue from the volume's last committed step
-  --host-budget B    pinned host bytes, or Fx: F times the minimum (default: 40% of the
-                     training state, at least 2x)
+  --host-budget B    pinned host bytes; Fx: F times the minimum; P%: P percent of the
+                     training state (default: 40% of the training state, at least 2x)
   --window N         layers prefetched ahead (default 1)
-  --optimizer-chunk N  elements per stored part of the optimizer state (default 1048576)
+  --optimizer-chunk N  elements per stored part of every tensor (default 1048576)
   --read-ahead B      optimizer state read ahead of the update (default: what the
                      budget leaves beyond the minimum and --keep)
   --keep B           optimizer state kept in memory across steps (default 0)
@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
   std::string data_path, timeline_path;
   bool json = false, quiet = false, scale_given = false;
   double budget_factor = 0;
+  double budget_percent = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](std::string* out) {
@@ -228,6 +229,9 @@ int main(int argc, char** argv) {
       if (ok && !v.empty() && v.back() == 'x') {  // a multiple of the minimum
         budget_factor = std::strtod(v.c_str(), nullptr);
         ok = budget_factor >= 1.0;
+      } else if (ok && !v.empty() && v.back() == '%') {  // a share of the training state
+        budget_percent = std::strtod(v.c_str(), nullptr);
+        ok = budget_percent > 0 && budget_percent <= 100;
       } else {
         ok = ok && ParseBytes(v, &bytes) && bytes > 0;
         o.host_budget = bytes;
@@ -254,6 +258,11 @@ int main(int argc, char** argv) {
     o.host_budget = static_cast<std::size_t>(budget_factor *
                                              static_cast<double>(offload_train::MinimumHostBudget(
                                                  o.model, o.dtype, o.optimizer_chunk))) /
+                    4096 * 4096;
+  } else if (budget_percent > 0) {
+    o.host_budget = static_cast<std::size_t>(
+                        budget_percent / 100.0 *
+                        static_cast<double>(offload_train::ModelStateBytes(o.model, o.dtype))) /
                     4096 * 4096;
   }
   if (o.dtype == memascend::DType::kBF16 && !scale_given) o.initial_loss_scale = 1.0f;

@@ -108,6 +108,10 @@ absl::StatusOr<Checkpoint> Decode(const std::string& text) {
   return c;
 }
 
+// What the volume's tensors are (2: every kind in parts, Note [parts] in trainer.h); a
+// volume of another layout is not resumed.
+constexpr std::uint64_t kLayoutVersion = 2;
+
 std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size_t corpus_tokens) {
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
@@ -125,14 +129,11 @@ std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size
   }
   mix(tok.Fingerprint());
   mix(corpus_tokens);
+  mix(kLayoutVersion);
   return h;
 }
 
-bool Partitioned(Kind k) {
-  return k == Kind::kMaster || k == Kind::kExpAvg || k == Kind::kExpAvgSq;
-}
-
-// [begin, end) elements of part `part` of group `g`'s optimizer state.
+// [begin, end) elements of part `part` of group `g` (every kind alike).
 std::pair<std::size_t, std::size_t> PartRange(const GptConfig& c, std::size_t g, std::size_t part,
                                               std::size_t chunk) {
   const std::size_t n = GroupParams(c, g);
@@ -141,7 +142,8 @@ std::pair<std::size_t, std::size_t> PartRange(const GptConfig& c, std::size_t g,
 
 class ReferenceBackend final : public Backend {
  public:
-  ReferenceBackend(const GptConfig& c, DType dtype, std::size_t chunk) : c_(c), chunk_(chunk) {
+  ReferenceBackend(const GptConfig& c, DType dtype, std::size_t chunk)
+      : c_(c), dtype_(dtype), chunk_(chunk) {
     for (Kind k : kKinds) {
       for (std::size_t g = 0; g < GroupCount(c); ++g)
         state_[static_cast<int>(k)].emplace_back(GroupParams(c, g) * ElementBytes(k, dtype));
@@ -157,7 +159,7 @@ class ReferenceBackend final : public Backend {
     return At(k, g, part);
   }
   void Prefetch(Kind, std::size_t, std::size_t) override {}
-  absl::Status Discard(Kind, std::size_t) override { return absl::OkStatus(); }
+  absl::Status Discard(Kind, std::size_t, std::size_t) override { return absl::OkStatus(); }
   absl::Status Commit(const Checkpoint&) override { return absl::OkStatus(); }
   absl::StatusOr<std::optional<Checkpoint>> Load() override { return std::nullopt; }
   std::uint64_t IoReadBytes() const override { return 0; }
@@ -166,17 +168,14 @@ class ReferenceBackend final : public Backend {
  private:
   Buf At(Kind k, std::size_t g, std::size_t part) {
     auto& v = state_[static_cast<int>(k)][g];
+    const auto [begin, end] = PartRange(c_, g, part, chunk_);
     Buf b;
-    b.data = v.data();
-    b.bytes = v.size();
-    if (Partitioned(k)) {
-      const auto [begin, end] = PartRange(c_, g, part, chunk_);
-      b.data += begin * 4;
-      b.bytes = (end - begin) * 4;
-    }
+    b.data = v.data() + begin * ElementBytes(k, dtype_);
+    b.bytes = (end - begin) * ElementBytes(k, dtype_);
     return b;
   }
   GptConfig c_;
+  DType dtype_;
   std::size_t chunk_;
   std::array<std::vector<std::vector<std::byte>>, kKinds.size()> state_;
 };
@@ -205,16 +204,12 @@ class OffloadBackend final : public Backend {
       auto& ids = b->ids_[static_cast<int>(k)];
       ids.resize(GroupCount(o.model));
       for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
-        const std::size_t parts =
-            Partitioned(k) ? OptimizerParts(o.model, g, o.optimizer_chunk) : 1;
+        const std::size_t parts = OptimizerParts(o.model, g, o.optimizer_chunk);
         for (std::size_t part = 0; part < parts; ++part) {
           for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
-            const auto [begin, end] =
-                Partitioned(k) ? PartRange(o.model, g, part, o.optimizer_chunk)
-                               : std::pair<std::size_t, std::size_t>{0, GroupParams(o.model, g)};
+            const auto [begin, end] = PartRange(o.model, g, part, o.optimizer_chunk);
             memascend::TensorSpec spec;
-            spec.name = fmt::format("{}.{}{}{}", GroupName(o.model, g), KindName(k),
-                                    Partitioned(k) ? fmt::format(".p{}", part) : "",
+            spec.name = fmt::format("{}.{}.p{}{}", GroupName(o.model, g), KindName(k), part,
                                     Versioned(k) ? fmt::format(".v{}", v) : "");
             spec.dtype = ElementBytes(k, o.dtype) == 4 ? DType::kF32 : o.dtype;
             spec.bytes = (end - begin) * ElementBytes(k, o.dtype);
@@ -261,8 +256,8 @@ class OffloadBackend final : public Backend {
           store_->SetRetention(Id(k, g, part, v), memascend::Retention::kKeep));
     return absl::OkStatus();
   }
-  absl::Status Discard(Kind k, std::size_t g) override {
-    return store_->Discard(Id(k, g, 0, current_));
+  absl::Status Discard(Kind k, std::size_t g, std::size_t part) override {
+    return store_->Discard(Id(k, g, part, current_));
   }
 
   absl::Status Commit(const Checkpoint& c) override {
@@ -336,8 +331,11 @@ class OffloadBackend final : public Backend {
     std::uint64_t need = 0;
     for (Kind k : kKinds) {
       for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
-        const std::uint64_t bytes = GroupParams(o.model, g) * ElementBytes(k, o.dtype);
-        need += (Versioned(k) ? 2 : 1) * ((bytes + kUnit - 1) / kUnit * kUnit);
+        for (std::size_t part = 0; part < OptimizerParts(o.model, g, o.optimizer_chunk); ++part) {
+          const auto [begin, end] = PartRange(o.model, g, part, o.optimizer_chunk);
+          const std::uint64_t bytes = (end - begin) * ElementBytes(k, o.dtype);
+          need += (Versioned(k) ? 2 : 1) * ((bytes + kUnit - 1) / kUnit * kUnit);
+        }
       }
     }
     return 2 * need + (64ull << 20);  // room to write new extents before old ones are freed
@@ -397,16 +395,16 @@ class Run {
 
   absl::Status Init(std::uint64_t fingerprint) {
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
-      const std::size_t n = GroupParams(c_, g);
       InitGroup(c_, g, o_.seed, wf_.data());
-      {
-        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param,
-                                   backend_->Overwrite(Kind::kParam, g, 0, false));
-        MEMASCEND_RETURN_IF_ERROR(memascend::Convert({wf_.data(), n, DType::kF32},
-                                                     {param.data, n, o_.dtype}, {threads_}));
-      }
       for (std::size_t part = 0; part < Parts(g); ++part) {
         const auto [begin, end] = PartRange(c_, g, part, chunk_);
+        {
+          MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param,
+                                     backend_->Overwrite(Kind::kParam, g, part, false));
+          MEMASCEND_RETURN_IF_ERROR(
+              memascend::Convert({wf_.data() + begin, end - begin, DType::kF32},
+                                 {param.data, end - begin, o_.dtype}, {threads_}));
+        }
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master,
                                    backend_->Overwrite(Kind::kMaster, g, part, false));
         std::memcpy(master.data, wf_.data() + begin, (end - begin) * 4);
@@ -460,12 +458,12 @@ class Run {
     double loss = 0;
     for (std::size_t g = 0; g < groups; ++g) {
       if (update) {
-        MEMASCEND_RETURN_IF_ERROR(Optimize(g, pending_->adam));
+        // The new parameters go to the working copy as each part is updated.
+        MEMASCEND_RETURN_IF_ERROR(Optimize(g, pending_->adam, /*to_working=*/true));
         Sample(g, "opt");
         Lap(&phases_.optimizer);
       } else {
-        for (std::size_t a = g + 1; a <= std::min(head, g + o_.window); ++a)
-          backend_->Prefetch(Kind::kParam, a, 0);
+        for (std::size_t a = g + 1; a <= std::min(head, g + o_.window); ++a) PrefetchParams(a);
       }
       if (g == head) {
         if (update) {
@@ -476,11 +474,10 @@ class Run {
         }
         // Under the head's compute: the backward pass's first parameters, then (when
         // overlapped) the next update's first reads, of the version now committed.
-        for (std::size_t a = head - 1; a >= 1 && a + o_.window >= head; --a)
-          backend_->Prefetch(Kind::kParam, a, 0);
+        for (std::size_t a = head - 1; a >= 1 && a + o_.window >= head; --a) PrefetchParams(a);
         if (overlap_) StartReadAhead(/*grads_ready=*/false);
       }
-      MEMASCEND_RETURN_IF_ERROR(LoadParams(g, update && g != head));
+      if (!update) MEMASCEND_RETURN_IF_ERROR(LoadParams(g, false));
       if (g == 0) {
         model_.Embed(wf_.data(), inputs.data());
       } else if (g < head) {
@@ -495,8 +492,7 @@ class Run {
     }
     // Backward, the blocks in reverse; the embedding needs no parameters.
     for (std::size_t g = head - 1; g >= 1; --g) {
-      for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a)
-        backend_->Prefetch(Kind::kParam, a, 0);
+      for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a) PrefetchParams(a);
       MEMASCEND_RETURN_IF_ERROR(LoadParams(g, false));
       std::fill(df_.begin(), df_.end(), 0.0f);
       model_.BlockBackward(g - 1, wf_.data(), df_.data());
@@ -521,8 +517,10 @@ class Run {
     p.skipped = !scaler_.Update(overflow_);
     p.next.scaler = scaler_.state();
     if (p.skipped) {
-      for (std::size_t g = 0; g < groups; ++g)
-        MEMASCEND_RETURN_IF_ERROR(backend_->Discard(Kind::kGrad, g));
+      for (std::size_t g = 0; g < groups; ++g) {
+        for (std::size_t part = 0; part < Parts(g); ++part)
+          MEMASCEND_RETURN_IF_ERROR(backend_->Discard(Kind::kGrad, g, part));
+      }
       Lap(&phases_.optimizer);
       pending_ = p;
       MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
@@ -554,7 +552,7 @@ class Run {
     } else {
       ContinueReadAhead();
       for (std::size_t g = 0; g < GroupCount(c_); ++g) {
-        MEMASCEND_RETURN_IF_ERROR(Optimize(g, pending_->adam));
+        MEMASCEND_RETURN_IF_ERROR(Optimize(g, pending_->adam, /*to_working=*/false));
         Sample(g, "opt");
       }
     }
@@ -626,56 +624,64 @@ class Run {
     return absl::OkStatus();
   }
 
+  // The group's parameters into the fp32 working copy, part by part.
   absl::Status LoadParams(std::size_t g, bool next) {
-    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g, 0, next));
-    return memascend::Convert({p.data, GroupParams(c_, g), o_.dtype},
-                              {wf_.data(), GroupParams(c_, g), DType::kF32}, {threads_});
+    for (std::size_t part = 0; part < Parts(g); ++part) {
+      const auto [begin, end] = PartRange(c_, g, part, chunk_);
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g, part, next));
+      MEMASCEND_RETURN_IF_ERROR(memascend::Convert({p.data, end - begin, o_.dtype},
+                                                   {wf_.data() + begin, end - begin, DType::kF32},
+                                                   {threads_}));
+    }
+    return absl::OkStatus();
+  }
+  void PrefetchParams(std::size_t g) {
+    for (std::size_t part = 0; part < Parts(g); ++part) backend_->Prefetch(Kind::kParam, g, part);
   }
 
-  // The group's fp32 gradient (scaled) into its 16-bit gradient tensor, checked for
-  // overflow and added to the norm while in hand.
+  // The group's fp32 gradient (scaled) into its 16-bit gradient tensors, part by part,
+  // each checked for overflow and added to the norm while in hand. The sum of squares
+  // runs on over every part of every group (parts are multiples of the kernels' 2^18-
+  // element tasks): the same bits in every policy, whatever its parts.
   absl::Status StoreGrad(std::size_t g) {
-    const std::size_t n = GroupParams(c_, g);
-    MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Overwrite(Kind::kGrad, g, 0, false));
-    MEMASCEND_RETURN_IF_ERROR(
-        memascend::Convert({df_.data(), n, DType::kF32}, {grad.data, n, o_.dtype}, {threads_}));
-    const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
-    if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))
-      overflow_ = true;
-    // Summed group by group in every policy, so the clip coefficient is the same.
-    if (!overflow_) sum_squares_ += memascend::SumOfSquares(view, {threads_});
+    for (std::size_t part = 0; part < Parts(g); ++part) {
+      const auto [begin, end] = PartRange(c_, g, part, chunk_);
+      const std::size_t n = end - begin;
+      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad,
+                                 backend_->Overwrite(Kind::kGrad, g, part, false));
+      MEMASCEND_RETURN_IF_ERROR(memascend::Convert({df_.data() + begin, n, DType::kF32},
+                                                   {grad.data, n, o_.dtype}, {threads_}));
+      const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
+      if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))
+        overflow_ = true;
+      if (!overflow_) sum_squares_ = memascend::SumOfSquares(view, {threads_}, sum_squares_);
+    }
     return absl::OkStatus();
   }
 
-  // Read-ahead of the optimizer state, in update order: the gradient with a group's first
-  // part, then the parts' master weights and moments, up to read_ahead_ bytes beyond the
-  // part being updated. Started under the head's compute when the update is overlapped,
-  // before the gradients exist: their reads are issued once they do.
+  // Read-ahead of the update's inputs, in update order: each part's gradient, master
+  // weights and moments, up to read_ahead_ bytes beyond the part being updated. Started
+  // under the head's compute when the update is overlapped, before the gradients exist:
+  // the window's gradients are prefetched once they do (a gradient still resident from
+  // the backward pass is then marked wanted, so the read-ahead does not evict it).
   void StartReadAhead(bool grads_ready) {
     ahead_.clear();
     ahead_bytes_ = 0;
     cursor_g_ = 0;
     cursor_part_ = 0;
     grads_ready_ = grads_ready;
-    grads_prefetched_ = 0;
     ahead_started_ = true;
     if (!grads_ready) Fill();  // part 0 of group 0 included: ReadAhead(0, 0) keeps it
   }
-  // At the update: the read-ahead started before goes on, with the gradients of the
-  // groups it has reached.
+  // At the update: the read-ahead started before goes on, with the gradients of the parts
+  // it holds.
   void ContinueReadAhead() {
     if (!ahead_started_) {
       StartReadAhead(/*grads_ready=*/true);
       return;
     }
     grads_ready_ = true;
-    PrefetchGrads(cursor_g_ + (cursor_part_ > 0 ? 1 : 0));
-  }
-  // Prefetches the gradients of the groups before `end` not prefetched yet, once they exist.
-  void PrefetchGrads(std::size_t end) {
-    if (!grads_ready_) return;
-    for (; grads_prefetched_ < std::min(end, GroupCount(c_)); ++grads_prefetched_)
-      backend_->Prefetch(Kind::kGrad, grads_prefetched_, 0);
+    for (const Ahead& a : ahead_) backend_->Prefetch(Kind::kGrad, a.g, a.part);
   }
   void ReadAhead(std::size_t g, std::size_t part) {
     while (!ahead_.empty() &&
@@ -686,25 +692,22 @@ class Run {
     if (cursor_g_ < g || (cursor_g_ == g && cursor_part_ <= part)) {
       cursor_g_ = g;
       cursor_part_ = part + 1;
-      grads_prefetched_ = std::max(grads_prefetched_, g + 1);
     }
     Fill();
   }
   void Fill() {
-    const std::size_t half = memascend::SizeOf(o_.dtype);
     while (ahead_bytes_ < read_ahead_) {
       if (cursor_part_ >= Parts(cursor_g_)) {
         cursor_part_ = 0;
         ++cursor_g_;
       }
       if (cursor_g_ >= GroupCount(c_)) return;
+      const auto [begin, end] = PartRange(c_, cursor_g_, cursor_part_, chunk_);
       // Kept parts hold their share of the budget already.
-      std::size_t bytes =
-          Kept(cursor_g_, cursor_part_) ? 0 : PartStateBytes(cursor_g_, cursor_part_);
-      if (cursor_part_ == 0) {
-        bytes += GroupParams(c_, cursor_g_) * half;
-        PrefetchGrads(cursor_g_ + 1);
-      }
+      const std::size_t bytes =
+          (end - begin) * memascend::SizeOf(o_.dtype) +
+          (Kept(cursor_g_, cursor_part_) ? 0 : PartStateBytes(cursor_g_, cursor_part_));
+      if (grads_ready_) backend_->Prefetch(Kind::kGrad, cursor_g_, cursor_part_);
       for (Kind k : {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq})
         backend_->Prefetch(k, cursor_g_, cursor_part_);
       ahead_.push_back({cursor_g_, cursor_part_, bytes});
@@ -713,32 +716,32 @@ class Run {
     }
   }
 
-  // One group: its gradient and next parameters are held while the optimizer state
-  // streams part by part, read ahead.
-  absl::Status Optimize(std::size_t g, const memascend::AdamConfig& adam) {
-    {
-      ReadAhead(g, 0);
-      // The next group's gradient too, beyond the byte window: it was evicted during the
-      // backward pass (the head's first of all) and the update stops on it otherwise.
-      PrefetchGrads(g + 2);
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, 0, false));
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param, backend_->Overwrite(Kind::kParam, g, 0, true));
-      const std::size_t parts = Parts(g);
-      for (std::size_t part = 0; part < parts; ++part) {
-        if (part > 0) ReadAhead(g, part);  // part 0's was issued before the gradient's wait
-        const auto [begin, end] = PartRange(c_, g, part, chunk_);
-        const std::size_t n = end - begin;
-        const std::size_t half = memascend::SizeOf(o_.dtype);
+  // One group, part by part: each part's gradient, next parameters and optimizer state
+  // are held together, read ahead. `to_working`: each part's new parameters also go to
+  // the fp32 working copy (the overlapped forward pass, which then reads none).
+  absl::Status Optimize(std::size_t g, const memascend::AdamConfig& adam, bool to_working) {
+    for (std::size_t part = 0; part < Parts(g); ++part) {
+      ReadAhead(g, part);
+      const auto [begin, end] = PartRange(c_, g, part, chunk_);
+      const std::size_t n = end - begin;
+      {
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, part, false));
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param,
+                                   backend_->Overwrite(Kind::kParam, g, part, true));
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Update(Kind::kMaster, g, part));
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf m, backend_->Update(Kind::kExpAvg, g, part));
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf v, backend_->Update(Kind::kExpAvgSq, g, part));
-        MEMASCEND_RETURN_IF_ERROR(
-            memascend::FusedAdam(adam, {master.f32(), n}, {m.f32(), n}, {v.f32(), n},
-                                 {grad.data + begin * half, n, o_.dtype},
-                                 {param.data + begin * half, n, o_.dtype}, {threads_}));
+        MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(adam, {master.f32(), n}, {m.f32(), n},
+                                                       {v.f32(), n}, {grad.data, n, o_.dtype},
+                                                       {param.data, n, o_.dtype}, {threads_}));
+        if (to_working) {
+          MEMASCEND_RETURN_IF_ERROR(memascend::Convert(
+              {param.data, n, o_.dtype}, {wf_.data() + begin, n, DType::kF32}, {threads_}));
+        }
       }
+      MEMASCEND_RETURN_IF_ERROR(backend_->Discard(Kind::kGrad, g, part));
     }
-    return backend_->Discard(Kind::kGrad, g);
+    return absl::OkStatus();
   }
 
   std::size_t Parts(std::size_t g) const { return OptimizerParts(c_, g, chunk_); }
@@ -783,7 +786,6 @@ class Run {
   std::size_t cursor_g_ = 0, cursor_part_ = 0;  // the next part to read ahead
   bool ahead_started_ = false;                  // by the backward pass, for the pending update
   bool grads_ready_ = false;                    // the gradients read ahead may be prefetched
-  std::size_t grads_prefetched_ = 0;            // groups whose gradient is prefetched (or in use)
 };
 
 }  // namespace
@@ -794,12 +796,11 @@ std::size_t OptimizerParts(const GptConfig& c, std::size_t group, std::size_t op
 }
 
 std::size_t MinimumHostBudget(const GptConfig& c, DType dtype, std::size_t optimizer_chunk) {
-  const std::size_t n = MaxGroupParams(c);
-  const std::size_t part = std::min(n, optimizer_chunk);
+  const std::size_t part = std::min(MaxGroupParams(c), optimizer_chunk);
   const std::size_t half = memascend::SizeOf(dtype);
-  // gradient and next parameters of the group; next master / m / v of a part (each made
-  // from the current one in place: TensorStore::AcquireCopy).
-  return 2 * RoundPage(n * half) + 3 * RoundPage(part * 4);
+  // Of one part: the gradient, the next parameters, the next master weights and moments
+  // (each made from the current one in place: TensorStore::AcquireCopy).
+  return 2 * RoundPage(part * half) + 3 * RoundPage(part * 4);
 }
 
 std::uint64_t ModelStateBytes(const GptConfig& c, DType dtype) {
@@ -841,7 +842,8 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     // Note [kept state]: what the budget leaves beyond the minimum and the kept state
     // goes to the read-ahead.
     const std::size_t spare = o.host_budget > minimum ? o.host_budget - minimum : 0;
-    const std::size_t parts = 3 * 3 * std::min(MaxGroupParams(o.model), o.optimizer_chunk) * 4;
+    const std::size_t parts = 3 * std::min(MaxGroupParams(o.model), o.optimizer_chunk) *
+                              (12 + memascend::SizeOf(o.dtype));
     if (o.policy != Policy::kMemAscend || o.mode != Mode::kOffload) o.keep_bytes = 0;
     if (o.keep_bytes > spare) {
       // Kept state beyond the spare budget would be evicted like any other: refuse it.
@@ -853,14 +855,11 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     if (o.read_ahead_bytes == 0) o.read_ahead_bytes = std::max(parts, spare - o.keep_bytes);
   }
   if (o.mode == Mode::kOffload && o.policy == Policy::kMemAscend && o.host_budget < minimum) {
-    std::size_t largest = 0;
-    for (std::size_t g = 0; g < GroupCount(o.model); ++g)
-      if (GroupParams(o.model, g) > GroupParams(o.model, largest)) largest = g;
     return absl::ResourceExhaustedError(fmt::format(
-        "host budget of {} bytes is below the {} bytes that the optimizer step of the largest "
-        "layer ('{}', {} parameters) holds at once; give --host-budget {} or more",
-        o.host_budget, minimum, GroupName(o.model, largest), GroupParams(o.model, largest),
-        minimum));
+        "host budget of {} bytes is below the {} bytes that the optimizer step holds at once "
+        "(the gradient, new parameters, master weights and moments of a part of up to {} "
+        "parameters, --optimizer-chunk); give --host-budget {} or more",
+        o.host_budget, minimum, std::min(MaxGroupParams(o.model), o.optimizer_chunk), minimum));
   }
   memascend::MemoryLedger own_ledger;
   memascend::MemoryLedger* ledger = o.ledger != nullptr ? o.ledger : &own_ledger;
@@ -871,7 +870,9 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
 
   std::unique_ptr<Backend> backend;
   if (o.mode == Mode::kReference) {
-    backend = std::make_unique<ReferenceBackend>(o.model, o.dtype, o.optimizer_chunk);
+    // Parts as the policy's (Run::chunk_): ZeRO-Infinity's rules keep groups whole.
+    backend = std::make_unique<ReferenceBackend>(
+        o.model, o.dtype, o.policy == Policy::kMemAscend ? o.optimizer_chunk : SIZE_MAX);
   } else if (o.policy == Policy::kZeroInfinity) {
     MEMASCEND_ASSIGN_OR_RETURN(backend, MakeZeroInfinityBackend(o, ledger));
   } else {

@@ -27,6 +27,16 @@
 // soon as they exist. A step is reported (StepReport, TrainSummary) when it is committed;
 // its time runs from the previous commit.
 //
+// Note [parts]: under the MemAscend policy every tensor of a group (parameters, gradient,
+// master weights, moments) is stored in parts of `optimizer_chunk` elements. The update
+// holds one part of each at a time and releases the gradient part at once, so what a
+// group needs at once is a part, not the group: the rest of the budget reads ahead. Each
+// part's new parameters also go straight into the fp32 working copy, so the overlapped
+// forward pass reads none. The passes convert and check gradients part by part; the sum
+// of squares for the clip coefficient runs on over the parts in order (SumOfSquares with a
+// running total), which gives the bits of one sum over the whole group: the losses are
+// the same for any chunk, in every policy.
+//
 // Note [kept state]: every step reads and writes the whole optimizer state in the same
 // order, so when it is larger than the budget, least-recently-used eviction keeps none of
 // it from one step to the next. `keep_bytes` of the budget beyond MinimumHostBudget()
@@ -81,7 +91,7 @@ struct TrainOptions {
   Mode mode = Mode::kOffload;
   Policy policy = Policy::kMemAscend;
   ZeroOptions zero;
-  // MemAscend: master weights and moments are stored in parts of this many elements (a
+  // MemAscend: every tensor is stored in parts of this many elements (Note [parts]; a
   // multiple of 2^18, the fused kernels' task size, so results do not depend on it).
   std::size_t optimizer_chunk = 1u << 20;
   std::size_t steps = 200;  // total, counting the steps of a run resumed from
@@ -165,9 +175,9 @@ struct TrainSummary {
   std::string sample;  // generated text
 };
 
-// The least pinned memory a MemAscend run needs: the optimizer step of the largest group
-// holds its gradient and its next parameters, and for one part of its optimizer state
-// the next master weights and moments.
+// The least pinned memory a MemAscend run needs: the optimizer step holds, for one part
+// (Note [parts]), its gradient, next parameters, next master weights and moments. A
+// budget close to it may fragment (the pool does not move blocks): twice it is safe.
 std::size_t MinimumHostBudget(const GptConfig& c, memascend::DType dtype,
                               std::size_t optimizer_chunk = 1u << 20);
 // A budget well below the training state: 40% of it, but at least twice the minimum.

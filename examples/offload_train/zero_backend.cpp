@@ -258,7 +258,7 @@ class ZeroBackend final : public Backend {
                                                       FileBytes(Kind::kParam, g), false)});
   }
 
-  absl::Status Discard(Kind, std::size_t) override { return absl::OkStatus(); }
+  absl::Status Discard(Kind, std::size_t, std::size_t) override { return absl::OkStatus(); }
   absl::Status Commit(const Checkpoint&) override { return deferred_; }
   absl::StatusOr<std::optional<Checkpoint>> Load() override { return std::nullopt; }
   std::uint64_t IoReadBytes() const override { return aio_.read_bytes(); }

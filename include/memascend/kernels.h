@@ -108,8 +108,14 @@ struct AdamConfig {
 // The clip coefficient for a global gradient norm: min(1, max_norm / (norm + 1e-6)).
 float ClipCoefficient(double global_norm, double max_norm) noexcept;
 
-// Sum of squares of all elements (in double), for the global gradient norm.
-double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options = {});
+// Sum of squares of all elements (in double), for the global gradient norm, added to
+// `total`. Each tensor is summed in tasks of 2^18 elements and the tasks' sums are added
+// to the total one by one, in order, whatever the thread count. So a caller holding a
+// gradient in slices whose boundaries are multiples of 2^18 elements can sum it slice by
+// slice, each call continuing the last one's total, and gets the bits of one call over
+// the whole.
+double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options = {},
+                    double total = 0);
 
 // Note [adam]. `master`, `exp_avg`, `exp_avg_sq` are fp32 and updated in place; `grad`
 // is fp32, fp16 or bf16; `params_out` (optional: data null) receives the updated

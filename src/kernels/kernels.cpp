@@ -200,13 +200,13 @@ bool HasOverflow(std::span<const TensorView> tensors, const KernelOptions& optio
 
 // Deterministic: chunk partials are added in chunk order (a run-to-run identical norm,
 // so offloaded and in-memory runs clip identically), in waves of a fixed stack buffer.
-double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options) {
+double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options,
+                    double total) {
   const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
   std::size_t chunks = 0;
   for (const TensorView& t : tensors) chunks += (t.elements + kChunkElements - 1) / kChunkElements;
   constexpr std::size_t kWave = 1024;
   double partial[kWave];
-  double total = 0;
   for (std::size_t base = 0; base < chunks; base += kWave) {
     const std::size_t n = std::min(kWave, chunks - base);
     const auto run = [&](std::size_t i) {

@@ -152,6 +152,37 @@ TEST(SumOfSquares, IsBitIdenticalWhateverTheThreads) {
   }
 }
 
+// A gradient held in slices at multiples of 2^18 elements (the trainer's parts) sums,
+// slice by slice with a running total, to the bits of one call over the whole.
+TEST(SumOfSquares, SlicesContinuingARunningTotalGiveTheBitsOfOneCall) {
+  std::mt19937 rng(5);
+  std::vector<float> a((std::size_t{5} << 18) + 777);
+  for (float& x : a)
+    x = std::ldexp(static_cast<float>(rng() % 1000) / 7.0f, static_cast<int>(rng() % 40) - 20);
+  std::vector<std::uint16_t> b(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) b[i] = FloatToBFloat16(a[i]);
+  KernelThreads pool(3);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const void* data = dtype == DType::kF32 ? static_cast<const void*>(a.data()) : b.data();
+    const std::size_t bytes = SizeOf(dtype);
+    const double earlier = 123.456;  // what earlier groups left in the total
+    const TensorView whole[] = {{data, a.size(), dtype}};
+    const double one = SumOfSquares(whole, {&pool}, earlier);
+    const double alone = SumOfSquares(whole, {&pool});
+    EXPECT_NEAR(one, alone + earlier, 1e-9 * alone);  // the total is really continued
+    for (std::size_t slice : {std::size_t{1} << 18, std::size_t{2} << 18, std::size_t{3} << 18}) {
+      double total = earlier;
+      bool threaded = true;  // alternately, to show the threads do not matter either
+      for (std::size_t begin = 0; begin < a.size(); begin += slice, threaded = !threaded) {
+        const TensorView part[] = {{static_cast<const std::byte*>(data) + begin * bytes,
+                                    std::min(slice, a.size() - begin), dtype}};
+        total = SumOfSquares(part, {threaded ? &pool : nullptr}, total);
+      }
+      EXPECT_EQ(total, one) << ToString(dtype) << " slices of " << slice;
+    }
+  }
+}
+
 TEST(DynamicLossScaler, BacksOffAfterHysteresisAndGrowsAfterTheInterval) {
   DynamicLossScaler::Options o;
   o.initial_scale = 1024;

@@ -220,6 +220,42 @@ TEST(Train, AWordVocabularyMakesTheEmbeddingTheLargestTensor) {
   EXPECT_THAT(Tokenizer::Build("abc", 100), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// Note [parts]: every kind of state in parts of the optimizer chunk, so the update holds
+// one part of a group at a time: a budget below one group's gradient and new parameters
+// (what the update held before) trains, to the reference's losses and ZeRO-Infinity's.
+TEST(Train, GroupsInManyPartsTrainUnderABudgetBelowOneGroup) {
+  const Data d = MakeData(16384);
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.model.vocab = 16384;
+  o.model.channels = 64;
+  o.model.layers = 1;
+  o.model.batch = 2;
+  o.steps = 6;
+  o.optimizer_chunk = kOptimizerChunkQuantum;
+  const std::size_t embedding = GroupParams(o.model, 0);
+  ASSERT_GE(OptimizerParts(o.model, 0, o.optimizer_chunk), 4u);
+  const std::size_t half = memascend::SizeOf(o.dtype);
+  // Below the embedding's gradient and new parameters and three parts of state.
+  o.host_budget = 2 * embedding * half + 2 * kOptimizerChunkQuantum * 4;
+  ASSERT_GE(o.host_budget, MinimumHostBudget(o.model, o.dtype, o.optimizer_chunk));
+  ASSERT_OK_AND_ASSIGN(TrainSummary off, Train(o, d.tokens, d.tok));
+  EXPECT_LE(off.peak_pinned_bytes, o.host_budget);
+  EXPECT_GT(off.io_read_bytes, 6 * off.params * 2);
+  o.mode = Mode::kReference;
+  ASSERT_OK_AND_ASSIGN(TrainSummary ref, Train(o, d.tokens, d.tok));
+  o.mode = Mode::kOffload;
+  o.policy = Policy::kZeroInfinity;
+  o.zero.min_swap_bytes = 0;
+  o.zero.param_buffer_size = 1000;  // raised to the largest parameter (not 1e8 elements pinned)
+  o.zero.sub_group_size = 300'000;
+  ASSERT_OK_AND_ASSIGN(TrainSummary zero, Train(o, d.tokens, d.tok));
+  ASSERT_EQ(off.losses.size(), 6u);
+  EXPECT_EQ(off.losses, ref.losses);
+  EXPECT_EQ(off.losses, zero.losses);
+  EXPECT_LT(off.final_loss, off.losses.front());
+}
+
 TEST(Train, ABudgetBelowOneLayerIsRefusedUpFront) {
   ScratchPath path("train");
   TrainOptions o = Tiny(path.path());
