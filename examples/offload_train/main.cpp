@@ -39,7 +39,7 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --keep B           optimizer state kept in memory across steps (default 0)
   --overlap-optimizer 0|1  run a step's update interleaved with the next step's forward
                      pass (default 1)
-  --io-threads N     the store's prefetch threads, reads in flight (default 4)
+  --io-threads N     the store's prefetch threads, reads in flight (default 8)
   --write-behind 0|1 write new versions back as soon as they are released (default 1)
   --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
     --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)

@@ -120,7 +120,10 @@ struct TrainOptions {
   // Run each step's optimizer update group by group interleaved with the next step's
   // forward pass (Note [optimizer overlap]); MemAscend policy, offload mode only.
   bool overlap_optimizer = true;
-  int io_threads = 4;  // the store's prefetch threads (reads in flight)
+  // The store's prefetch threads: reads (and write-behinds) in flight. With every tensor
+  // in parts (Note [parts]) the read-ahead holds many small parts; four threads, two of
+  // them often writing, left it short of reads.
+  int io_threads = 8;
   // TensorStoreOptions::write_behind: new versions are written as soon as released, so
   // the writes overlap the compute (Note [optimizer overlap]).
   bool write_behind = true;
