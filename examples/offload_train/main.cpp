@@ -122,8 +122,10 @@ int main(int argc, char** argv) {
   o.sample_tokens = 120;
   std::string data_path, timeline_path;
   bool json = false, quiet = false, scale_given = false;
+  // --host-budget Fx or P%: a factor of the minimum or of the training state, applied
+  // once the model is known.
   double budget_factor = 0;
-  double budget_percent = 0;
+  bool budget_of_state = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](std::string* out) {
@@ -230,8 +232,9 @@ int main(int argc, char** argv) {
         budget_factor = std::strtod(v.c_str(), nullptr);
         ok = budget_factor >= 1.0;
       } else if (ok && !v.empty() && v.back() == '%') {  // a share of the training state
-        budget_percent = std::strtod(v.c_str(), nullptr);
-        ok = budget_percent > 0 && budget_percent <= 100;
+        budget_factor = std::strtod(v.c_str(), nullptr) / 100;
+        budget_of_state = true;
+        ok = budget_factor > 0 && budget_factor <= 1;
       } else {
         ok = ok && ParseBytes(v, &bytes) && bytes > 0;
         o.host_budget = bytes;
@@ -255,15 +258,11 @@ int main(int argc, char** argv) {
     o.volume_path = "memascend-train.vol";  // an installed binary away from its build tree
   }
   if (budget_factor > 0) {
-    o.host_budget = static_cast<std::size_t>(budget_factor *
-                                             static_cast<double>(offload_train::MinimumHostBudget(
-                                                 o.model, o.dtype, o.optimizer_chunk))) /
-                    4096 * 4096;
-  } else if (budget_percent > 0) {
-    o.host_budget = static_cast<std::size_t>(
-                        budget_percent / 100.0 *
-                        static_cast<double>(offload_train::ModelStateBytes(o.model, o.dtype))) /
-                    4096 * 4096;
+    const std::uint64_t base =
+        budget_of_state ? offload_train::ModelStateBytes(o.model, o.dtype)
+                        : offload_train::MinimumHostBudget(o.model, o.dtype, o.optimizer_chunk);
+    o.host_budget =
+        static_cast<std::size_t>(budget_factor * static_cast<double>(base)) / 4096 * 4096;
   }
   if (o.dtype == memascend::DType::kBF16 && !scale_given) o.initial_loss_scale = 1.0f;
 
