@@ -16,14 +16,22 @@
 // least recently used first, writing dirty ones back to the volume first; the bytes it
 // holds never pass host_budget_bytes. A tensor prefetched and not used since (acquired,
 // discarded or evicted) is wanted soon: it goes only after every other unleased tensor
-// (kept ones too, Note [retention]),
-// and a prefetch never evicts one (it is dropped instead: its ticket reports
-// kResourceExhausted and stats().prefetch_dropped counts it; Acquire then reads the
-// tensor itself). So a prefetch window larger than the budget cannot evict what it
-// prefetched before it is used. When everything resident is leased, Acquire fails
+// (kept ones too, Note [retention]), and a prefetch never evicts one. A prefetch that
+// finds no other room is dropped (its ticket reports kResourceExhausted,
+// stats().prefetch_dropped counts it, and Acquire then reads the tensor itself); so a
+// prefetch window larger than the budget cannot evict what it prefetched before it is
+// used. With options.defer_prefetches it waits for room instead
+// (stats().prefetch_deferred counts it): it is tried again, earliest first, whenever a
+// lease ends or a tensor is discarded or evicted, and its ticket completes once the
+// tensor is resident, or when the tensor was used, discarded or evicted first (an
+// Acquire then read it itself). A window larger than the budget then loses none of its
+// reads: they start as the earlier tensors are used and released. A deferred prefetch
+// holds nothing, and nobody waits on it but its ticket's holder, who must not wait
+// while everything that could make room waits too (a caller that waits on tickets
+// leaves the option off). When everything resident is leased, Acquire fails
 // with kResourceExhausted saying how many bytes are missing. A tensor never written
 // reads as zeros. Durable tensors are written back as staged objects (Note [staged puts]
-// in volume.h); Flush() writes every dirty tensor and commits everything written back
+// in volume.h); Flush() writes every dirty durable tensor and commits everything written back
 // since the last Flush in one journal commit; a store reopened on the same volume then
 // finds them. After a crash, durable tensors hold what the last Flush committed.
 //
@@ -43,8 +51,8 @@
 //
 // Thread-safety: every method may be called from any thread. Several leases of one
 // tensor may be held at once (readers coordinate their writes themselves).
-// Lifetime: the volume must outlive the store; leases and prefetch tickets must not
-// outlive the store.
+// Lifetime: the volume must outlive the store; leases must not outlive the store. A
+// prefetch ticket may: one still pending when the store closes reports kCancelled.
 #ifndef MEMASCEND_TENSOR_STORE_H_
 #define MEMASCEND_TENSOR_STORE_H_
 
@@ -86,6 +94,9 @@ struct TensorStoreOptions {
   // written back anyway (a training step's new states); wasteful for a tensor dirtied
   // again and again while resident.
   bool write_behind = false;
+  // A prefetch that finds no room waits for some rather than being dropped (Note
+  // [residency]): for a caller that prefetches a window ahead and never waits on tickets.
+  bool defer_prefetches = false;
   // How the host budget is page-locked. kAuto registers it with CUDA where a device is
   // present, so copies to and from the GPU are true DMA. A caller that never copies to
   // a GPU (a CPU trainer) sets kMlock: registering creates a CUDA context, about 100 MiB
@@ -107,10 +118,11 @@ struct TensorStoreStats {
   double write_seconds = 0;
   // Acquire found the tensor resident or loading (AcquireCopy: the source resident).
   std::uint64_t prefetch_hits = 0;
-  std::uint64_t prefetch_misses = 0;   // ... had to start the read itself
-  std::uint64_t prefetch_dropped = 0;  // a Prefetch found no room (Note [residency])
-  std::uint64_t overwrites = 0;        // AcquireForOverwrite calls that skipped a read
-  std::uint64_t handovers = 0;         // AcquireCopy calls that took the source's block
+  std::uint64_t prefetch_misses = 0;    // ... had to start the read itself
+  std::uint64_t prefetch_dropped = 0;   // a Prefetch found no room (Note [residency])
+  std::uint64_t prefetch_deferred = 0;  // ... and waited for some (defer_prefetches)
+  std::uint64_t overwrites = 0;         // AcquireForOverwrite calls that skipped a read
+  std::uint64_t handovers = 0;          // AcquireCopy calls that took the source's block
   double stall_seconds = 0;  // time callers waited in Acquire, AcquireForOverwrite, AcquireCopy
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
@@ -166,7 +178,9 @@ class TensorLease {
   CudaStreamView stream_;
 };
 
-// The completion of a Prefetch().
+// The completion of a Prefetch(): OK once the tensor is resident (or was used, discarded
+// or evicted before it could be loaded); the read's error otherwise; kCancelled when the
+// store closes first.
 class PrefetchTicket {
  public:
   PrefetchTicket() = default;
@@ -237,7 +251,11 @@ class TensorStore {
   // registration. kInvalidArgument for an unknown id.
   absl::Status SetRetention(TensorId id, Retention retention);
 
-  // Writes back every dirty tensor and commits every durable write-back (Note [residency]).
+  // Writes back every dirty durable tensor and commits every durable write-back (Note
+  // [residency]). Scratch tensors are not written: nothing of them is committed, and a
+  // dirty one stays resident until its memory is needed. May run on one thread while
+  // others use the store, provided no durable tensor is written meanwhile (a lease
+  // writing one while it is written back leaves the volume with torn bytes).
   absl::Status Flush();
 
   TensorStoreStats stats() const;

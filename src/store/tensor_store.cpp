@@ -108,6 +108,9 @@ struct TensorStore::Impl {
 
   std::unique_ptr<store::DevicePool> device_pool ABSL_GUARDED_BY(mu);  // at the first GPU use
   std::deque<Job> jobs ABSL_GUARDED_BY(mu);
+  // Prefetches that found no room (Note [residency]): retried, first ones first, when a
+  // lease ends or a tensor leaves memory.
+  std::deque<Job> deferred ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::vector<std::thread> workers;
 
@@ -498,6 +501,14 @@ struct TensorStore::Impl {
     return absl::OkStatus();
   }
 
+  // Room may have appeared: the deferred prefetches go back to the head of the queue.
+  void RetryDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (!deferred.empty()) {
+      jobs.push_front(std::move(deferred.back()));
+      deferred.pop_back();
+    }
+  }
+
   void Work() {
     for (;;) {
       Job job;
@@ -521,7 +532,14 @@ struct TensorStore::Impl {
           s = GpuResidentLocked(t, job.stream, /*pin=*/false);
         } else if (t.wanted) {  // else used, discarded or evicted since: nothing to do
           s = MakeResidentLocked(t, nullptr, /*prefetch=*/true);
-          if (s.code() == absl::StatusCode::kResourceExhausted && t.state == State::kCold) {
+          if (s.code() == absl::StatusCode::kResourceExhausted && t.state == State::kCold &&
+              t.wanted) {
+            if (options.defer_prefetches) {
+              // No room but wanted tensors': wait for some (or for a use, which loads it).
+              ++counters.prefetch_deferred;
+              deferred.push_back(std::move(job));
+              continue;
+            }
             t.wanted = false;
             ++counters.prefetch_dropped;
           }
@@ -538,6 +556,7 @@ TensorStore::~TensorStore() {
   {
     absl::MutexLock lock(&impl_->mu);
     impl_->stop = true;
+    impl_->RetryDeferredLocked();
     for (Impl::Job& job : impl_->jobs)
       if (job.ticket != nullptr) job.ticket->Finish(absl::CancelledError("the store is closing"));
     impl_->jobs.clear();
@@ -859,6 +878,7 @@ absl::Status TensorStore::Evict(TensorId id) {
   t.block.Reset();
   t.state = Impl::State::kCold;
   ++m.counters.evictions;
+  m.RetryDeferredLocked();
   m.cv.SignalAll();
   return absl::OkStatus();
 }
@@ -884,6 +904,7 @@ absl::Status TensorStore::Discard(TensorId id) {
   }
   t.dirty = false;
   ++m.counters.discards;
+  m.RetryDeferredLocked();
   m.cv.SignalAll();
   return absl::OkStatus();
 }
@@ -896,13 +917,18 @@ absl::Status TensorStore::SetRetention(TensorId id, Retention retention) {
 }
 
 absl::Status TensorStore::Flush() {
-  std::size_t count;
+  // Durable tensors only: a scratch tensor's bytes are not committed and survive no
+  // crash, so writing them here would cost I/O for nothing, and could race with a
+  // holder still writing them (a Flush on another thread).
+  std::vector<TensorId> durable;
   {
     absl::MutexLock lock(&impl_->mu);
-    count = impl_->tensors.size();
+    for (TensorId id = 0; id < impl_->tensors.size(); ++id) {
+      if (impl_->tensors[id]->spec.durability == Durability::kDurable) durable.push_back(id);
+    }
   }
   absl::Status first;
-  for (TensorId id = 0; id < count; ++id) first.Update(WriteBack(id));
+  for (TensorId id : durable) first.Update(WriteBack(id));
   if (first.ok()) first = impl_->volume->Sync();  // one commit for everything written back
   return first;
 }
@@ -942,6 +968,7 @@ void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept 
   } else {
     --t.pins;
     t.last_use = ++impl_->tick;
+    if (t.pins == 0) impl_->RetryDeferredLocked();  // an evictable tensor, maybe
     if (impl_->options.write_behind && t.pins == 0 && t.dirty && t.gpu == nullptr &&
         t.spec.durability == Durability::kDurable && t.state == Impl::State::kResident) {
       impl_->jobs.push_back({id, Tier::kPinnedHost, {}, nullptr});

@@ -222,9 +222,15 @@ TEST(TensorStore, WriteBehindWritesReleasedDurableTensorsAtOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(store->stats().write_backs, 1u);
   EXPECT_EQ(store->stats().bytes_written, 64 * kKiB);  // not the scratch one
-  ASSERT_OK(store->Flush());                           // commits it, writes the scratch one
+  ASSERT_OK(store->Flush());  // commits it; the scratch one is not committed, so not written
+  EXPECT_EQ(store->stats().bytes_written, 64 * kKiB);
   ASSERT_OK_AND_ASSIGN(ObjectInfo info, volume->Stat("durable"));
   EXPECT_EQ(info.durability, Durability::kDurable);
+  // Evicted, the dirty scratch tensor is written (its bytes are still needed).
+  ASSERT_OK(store->Evict(s));
+  EXPECT_EQ(store->stats().bytes_written, 128 * kKiB);
+  ASSERT_OK_AND_ASSIGN(TensorLease b, store->Acquire(s));
+  EXPECT_TRUE(Holds(b, "scratch", 1));
 }
 
 TEST(TensorStore, DiscardDropsDirtyBytesWithoutWritingThem) {
@@ -457,6 +463,55 @@ TEST(TensorStore, APrefetchNeverEvictsAnEarlierPrefetchNotYetUsed) {
   ASSERT_OK(store->Prefetch(t[4]).Wait());
   ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[2]));
   EXPECT_TRUE(Holds(l, "t.2", 1));
+}
+
+// Note [residency]: with defer_prefetches, a prefetch waiting for room loads when a discard makes
+// some; one still waiting when the store closes is cancelled; one overtaken by a use completes.
+TEST(TensorStore, DeferredPrefetchesLoadWhenRoomAppearsAndEndWithTheStore) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 2 * 256 * kKiB;
+  o.defer_prefetches = true;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  std::vector<TensorId> t;
+  ASSERT_NO_FATAL_FAILURE(AddColdTensors(*store, "t", 5, 256 * kKiB, &t));
+  ASSERT_OK(store->Prefetch(t[0]).Wait());
+  ASSERT_OK(store->Prefetch(t[1]).Wait());
+  PrefetchTicket t2 = store->Prefetch(t[2]);
+  PrefetchTicket t3 = store->Prefetch(t[3]);
+  for (int i = 0; i < 2000 && store->stats().prefetch_deferred < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(store->stats().prefetch_deferred, 2u);
+  // t.0 discarded: the earlier of the two waiting prefetches takes its room.
+  ASSERT_OK(store->Discard(t[0]));
+  ASSERT_OK(t2.Wait());
+  EXPECT_FALSE(t3.Poll());
+  const std::uint64_t misses = store->stats().prefetch_misses;
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[2]));
+    EXPECT_TRUE(Holds(l, "t.2", 1));
+  }
+  EXPECT_EQ(store->stats().prefetch_misses, misses);
+  // t.2 used and released: t.3 loads in its place.
+  ASSERT_OK(t3.Wait());
+  // t.4 waits behind t.1 and t.3 (both wanted); used first, its prefetch completes.
+  PrefetchTicket t4 = store->Prefetch(t[4]);
+  for (int i = 0; i < 2000 && store->stats().prefetch_deferred < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(t[4]));
+    EXPECT_TRUE(Holds(l, "t.4", 1));
+  }
+  ASSERT_OK(t4.Wait());
+  // Both held again by wanted tensors, a last prefetch waits until the store closes.
+  ASSERT_OK(store->Prefetch(t[0]).Wait());
+  PrefetchTicket t2_again = store->Prefetch(t[2]);
+  for (int i = 0; i < 2000 && store->stats().prefetch_deferred < 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(t2_again.Poll());
+  store.reset();
+  EXPECT_THAT(t2_again.Wait(), StatusIs(absl::StatusCode::kCancelled));
 }
 
 // Note [retention]: a cyclic walk over more tensors than the budget holds keeps nothing
