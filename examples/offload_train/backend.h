@@ -55,8 +55,13 @@ class Backend {
     return absl::OkStatus();
   }
   virtual absl::Status Discard(Kind k, std::size_t group, std::size_t part) = 0;
-  // Makes `c` the committed state; c.version may name the next version.
+  // Makes `c` the committed state; c.version may name the next version. May return before
+  // the state is durable (Note [background commit] in trainer.h): Settle() waits. Until
+  // then the caller must not write the version that `c` makes the old one (Overwrite or
+  // Update of the next version wait for it themselves).
   virtual absl::Status Commit(const Checkpoint& c) = 0;
+  // Waits until the last Commit is durable; its error, if it failed.
+  virtual absl::Status Settle() { return absl::OkStatus(); }
   virtual absl::StatusOr<std::optional<Checkpoint>> Load() = 0;
   virtual std::uint64_t IoReadBytes() const = 0;
   virtual std::uint64_t IoWriteBytes() const = 0;

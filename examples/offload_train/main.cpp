@@ -341,10 +341,10 @@ int main(int argc, char** argv) {
       const memascend::TensorStoreStats& t = *s.store;
       store = fmt::format(
           "{{\"prefetch_hits\":{},\"prefetch_misses\":{},\"prefetch_dropped\":{},"
-          "\"stall_seconds\":{:.3f},\"read_seconds\":{:.3f},\"write_seconds\":{:.3f},"
-          "\"evictions\":{},\"write_backs\":{}}}",
-          t.prefetch_hits, t.prefetch_misses, t.prefetch_dropped, t.stall_seconds, t.read_seconds,
-          t.write_seconds, t.evictions, t.write_backs);
+          "\"prefetch_deferred\":{},\"stall_seconds\":{:.3f},\"read_seconds\":{:.3f},"
+          "\"write_seconds\":{:.3f},\"evictions\":{},\"write_backs\":{}}}",
+          t.prefetch_hits, t.prefetch_misses, t.prefetch_dropped, t.prefetch_deferred,
+          t.stall_seconds, t.read_seconds, t.write_seconds, t.evictions, t.write_backs);
     }
     fmt::print(
         "{{\"policy\":\"{}\",\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},"
@@ -377,9 +377,9 @@ int main(int argc, char** argv) {
     const memascend::TensorStoreStats& t = *s.store;
     const std::uint64_t uses = t.prefetch_hits + t.prefetch_misses;
     fmt::print(
-        "  tensor store: {} of {} uses found their tensor read ahead ({} prefetches found no "
+        "  tensor store: {} of {} uses found their tensor read ahead ({} prefetches waited for "
         "room); waited {:.2f} s for tensors\n",
-        t.prefetch_hits, uses, t.prefetch_dropped, t.stall_seconds);
+        t.prefetch_hits, uses, t.prefetch_deferred + t.prefetch_dropped, t.stall_seconds);
   }
   fmt::print("  ledger peaks by tier and use:\n");
   ForEachLedgerPeak(s.ledger, [](std::string_view tier, std::string_view use, std::int64_t peak) {

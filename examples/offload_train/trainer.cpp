@@ -194,6 +194,9 @@ class OffloadBackend final : public Backend {
     // Every new version is written back before the step commits anyway: write it at
     // once, overlapping the compute, so evictions find clean tensors.
     so.write_behind = o.write_behind;
+    // The read-ahead never waits on its tickets, and holds more than the room left while
+    // the gradients are resident (Note [gradient room]): its reads wait for room.
+    so.defer_prefetches = true;
     so.ledger = ledger;
     // This trainer computes on the CPU: its pinned memory needs no CUDA registration,
     // whose CUDA context would add about 100 MiB to the RSS on a GPU machine (as
@@ -227,6 +230,7 @@ class OffloadBackend final : public Backend {
   }
 
   ~OffloadBackend() override {
+    (void)Settle();
     store_.reset();  // before the volume
   }
 
@@ -236,6 +240,7 @@ class OffloadBackend final : public Backend {
     return Wrap(std::move(lease));
   }
   absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t part, bool next) override {
+    if (next) MEMASCEND_RETURN_IF_ERROR(Settle());  // the old version is about to be written
     MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, store_->AcquireForOverwrite(Id(
                                                       k, g, part, next ? 1 - current_ : current_)));
     return Wrap(std::move(lease));
@@ -243,6 +248,7 @@ class OffloadBackend final : public Backend {
   absl::StatusOr<Buf> Update(Kind k, std::size_t g, std::size_t part) override {
     // The current version's block becomes the next version's (read straight into it if
     // cold): one block per state, never both versions at once.
+    MEMASCEND_RETURN_IF_ERROR(Settle());
     MEMASCEND_ASSIGN_OR_RETURN(TensorLease next, store_->AcquireCopy(Id(k, g, part, current_),
                                                                      Id(k, g, part, 1 - current_)));
     return Wrap(std::move(next));
@@ -260,16 +266,30 @@ class OffloadBackend final : public Backend {
     return store_->Discard(Id(k, g, part, current_));
   }
 
+  // Note [background commit]: the new version's write-backs and the journal commit run on
+  // a thread of their own; the caller goes on computing and reading (the new version is
+  // resident or staged, so reads see it at once) and waits only before writing again.
   absl::Status Commit(const Checkpoint& c) override {
-    MEMASCEND_RETURN_IF_ERROR(store_->Flush());
-    const std::string record = Encode(c);
-    MEMASCEND_RETURN_IF_ERROR(volume_->Put(
-        kCheckpointName, {reinterpret_cast<const std::byte*>(record.data()), record.size()},
-        memascend::Durability::kDurable, "offload_train checkpoint"));
+    MEMASCEND_RETURN_IF_ERROR(Settle());
     current_ = c.version;
+    committer_ = std::thread([this, c] {
+      absl::Status s = store_->Flush();
+      if (s.ok()) {
+        const std::string record = Encode(c);
+        s = volume_->Put(kCheckpointName,
+                         {reinterpret_cast<const std::byte*>(record.data()), record.size()},
+                         memascend::Durability::kDurable, "offload_train checkpoint");
+      }
+      commit_status_ = std::move(s);
+    });
     return absl::OkStatus();
   }
+  absl::Status Settle() override {
+    if (committer_.joinable()) committer_.join();
+    return commit_status_;  // once failed, the backend stays failed
+  }
   absl::StatusOr<std::optional<Checkpoint>> Load() override {
+    MEMASCEND_RETURN_IF_ERROR(Settle());
     auto info = volume_->Stat(kCheckpointName);
     if (!info.ok()) {
       if (info.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
@@ -343,6 +363,8 @@ class OffloadBackend final : public Backend {
 
   std::unique_ptr<memascend::Volume> volume_;
   std::unique_ptr<memascend::TensorStore> store_;
+  std::thread committer_;       // the commit in progress (Note [background commit])
+  absl::Status commit_status_;  // the last commit's; written by committer_ before it ends
   std::array<std::vector<std::vector<TensorId>>, kKinds.size()>
       ids_;  // [kind][group][part, version]
   int current_ = 0;
@@ -372,7 +394,21 @@ class Run {
         keep_bytes_(o.keep_bytes),
         model_(o.model, threads),
         wf_(MaxGroupParams(o.model)),
-        df_(MaxGroupParams(o.model)) {}
+        df_(MaxGroupParams(o.model)) {
+    // Note [gradient room]: the gradients' bytes in update order, and how much of the
+    // read-ahead they may claim.
+    const std::size_t half = memascend::SizeOf(o.dtype);
+    grad_before_.push_back(0);
+    for (std::size_t g = 0; g < GroupCount(c_); ++g) {
+      part_base_.push_back(grad_before_.size() - 1);
+      for (std::size_t part = 0; part < Parts(g); ++part) {
+        const auto [begin, end] = PartRange(c_, g, part, chunk_);
+        grad_before_.push_back(grad_before_.back() + (end - begin) * half);
+      }
+    }
+    const std::size_t floor = 3 * std::min(MaxGroupParams(c_), chunk_) * (12 + half);
+    grad_room_ = overlap_ && read_ahead_ > floor ? read_ahead_ - floor : 0;
+  }
 
   // Marks the optimizer state kept across steps (Note [kept state]): the first parts in
   // update order, up to keep_bytes_.
@@ -451,7 +487,12 @@ class Run {
     const float scale = scaler_.scale();
     Lap(nullptr);
     const bool update = pending_.has_value();  // the previous step's, interleaved
-    if (update) ContinueReadAhead();
+    if (update) {
+      // The last commit is durable before the update writes the version it superseded.
+      MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
+      Lap(&phases_.commit);
+      ContinueReadAhead();
+    }
     overflow_ = false;
     sum_squares_ = 0;
     // Forward, streaming the working parameters (or taking them from the update).
@@ -523,7 +564,10 @@ class Run {
       }
       Lap(&phases_.optimizer);
       pending_ = p;
+      // Settled at once: nothing runs under this commit, and the step's report (its
+      // time) must not wait for the next update's.
       MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
+      MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
       Lap(&phases_.commit);
       return absl::OkStatus();
     }
@@ -545,7 +589,8 @@ class Run {
 
   // Runs and commits the pending update, if any (the last step's, when overlapped).
   absl::Status Finish(const CommitFn& on_commit) {
-    if (!pending_.has_value()) return absl::OkStatus();
+    if (!pending_.has_value()) return Settle(on_commit);
+    MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
     if (backend_->OwnsOptimizerStep()) {
       MEMASCEND_RETURN_IF_ERROR(backend_->OptimizerStep(pending_->adam, threads_));
       Sample(GroupCount(c_) - 1, "opt");
@@ -558,6 +603,7 @@ class Run {
     }
     Lap(&phases_.optimizer);
     MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
+    MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
     Lap(&phases_.commit);
     return absl::OkStatus();
   }
@@ -610,8 +656,11 @@ class Run {
     mark_ = now;
   }
 
+  // Starts committing the pending step (Note [background commit]); it is reported once
+  // durable, by Settle().
   absl::Status CommitPending(const CommitFn& on_commit) {
     ahead_started_ = false;
+    MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
     MEMASCEND_RETURN_IF_ERROR(backend_->Commit(pending_->next));
     ck_ = pending_->next;
     Committed c;
@@ -619,8 +668,18 @@ class Run {
     c.loss = pending_->loss;
     c.skipped = pending_->skipped;
     c.loss_scale = scaler_.scale();
+    committing_ = c;
     pending_.reset();
-    if (on_commit) on_commit(c);
+    return absl::OkStatus();
+  }
+  // Waits for the commit in progress, if any, and reports its step.
+  absl::Status Settle(const CommitFn& on_commit) {
+    MEMASCEND_RETURN_IF_ERROR(backend_->Settle());
+    if (committing_.has_value()) {
+      const Committed c = *committing_;
+      committing_.reset();
+      if (on_commit) on_commit(c);
+    }
     return absl::OkStatus();
   }
 
@@ -647,14 +706,20 @@ class Run {
     for (std::size_t part = 0; part < Parts(g); ++part) {
       const auto [begin, end] = PartRange(c_, g, part, chunk_);
       const std::size_t n = end - begin;
-      MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad,
-                                 backend_->Overwrite(Kind::kGrad, g, part, false));
-      MEMASCEND_RETURN_IF_ERROR(memascend::Convert({df_.data() + begin, n, DType::kF32},
-                                                   {grad.data, n, o_.dtype}, {threads_}));
-      const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
-      if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))
-        overflow_ = true;
-      if (!overflow_) sum_squares_ = memascend::SumOfSquares(view, {threads_}, sum_squares_);
+      {
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad,
+                                   backend_->Overwrite(Kind::kGrad, g, part, false));
+        MEMASCEND_RETURN_IF_ERROR(memascend::Convert({df_.data() + begin, n, DType::kF32},
+                                                     {grad.data, n, o_.dtype}, {threads_}));
+        const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
+        if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))
+          overflow_ = true;
+        if (!overflow_) sum_squares_ = memascend::SumOfSquares(view, {threads_}, sum_squares_);
+      }
+      // Note [gradient room]: a gradient the budget has room for stays until the update
+      // (marked wanted, so neither eviction nor the read-ahead takes it first).
+      if (grad_before_[part_base_[g] + part + 1] <= grad_room_)
+        backend_->Prefetch(Kind::kGrad, g, part);
     }
     return absl::OkStatus();
   }
@@ -696,12 +761,16 @@ class Run {
     Fill();
   }
   void Fill() {
-    while (ahead_bytes_ < read_ahead_) {
+    for (;;) {
       if (cursor_part_ >= Parts(cursor_g_)) {
         cursor_part_ = 0;
         ++cursor_g_;
       }
       if (cursor_g_ >= GroupCount(c_)) return;
+      // The gradients beyond the cursor keep their room (Note [gradient room]).
+      const std::size_t grads_beyond =
+          grad_before_.back() - grad_before_[part_base_[cursor_g_] + cursor_part_];
+      if (ahead_bytes_ + std::min(grads_beyond, grad_room_) >= read_ahead_) return;
       const auto [begin, end] = PartRange(c_, cursor_g_, cursor_part_, chunk_);
       // Kept parts hold their share of the budget already.
       const std::size_t bytes =
@@ -768,6 +837,11 @@ class Run {
   std::size_t chunk_;
   bool overlap_;            // Note [optimizer overlap]
   std::size_t read_ahead_;  // bytes of optimizer state read ahead
+  // Note [gradient room]: part_base_[g] is group g's first part in update order;
+  // grad_before_[i] the gradient bytes of the parts before part i; grad_room_ what of the
+  // read-ahead the gradients may hold.
+  std::vector<std::size_t> part_base_, grad_before_;
+  std::size_t grad_room_ = 0;
   std::size_t keep_bytes_;  // of optimizer state kept resident across steps
   std::pair<std::size_t, std::size_t> keep_end_{0, 0};  // the first part not kept
   Gpt<float> model_;
@@ -778,6 +852,7 @@ class Run {
   Clock::time_point mark_ = Clock::now();
   Checkpoint ck_;
   std::optional<Pending> pending_;
+  std::optional<Committed> committing_;  // committed, not yet known durable nor reported
   struct Ahead {
     std::size_t g, part, bytes;
   };
