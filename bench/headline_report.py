@@ -118,13 +118,14 @@ def table(rows, sizes):
                                                               r["store"]["prefetch_misses"]))
         store_rows.append(
             f"| {size} | {100 * hits:.0f}% | {med(lambda r: r['store']['prefetch_misses'] / r['steps']):.0f} "
-            f"| {med(lambda r: r['store']['prefetch_dropped'] / r['steps']):.0f} "
+            f"| {med(lambda r: (r['store']['prefetch_dropped'] + r['store'].get('prefetch_deferred', 0)) / r['steps']):.1f} "
             f"| {med(lambda r: r['store']['stall_seconds'] / r['steps']):.3f} s |")
     if store_rows:
         out.append("")
         out.append("memascend's tensor store (medians over repeats, per step): the share of uses that "
                    "found their tensor read ahead, the tensors the trainer read itself, the prefetches "
-                   "that found no room, and the time the trainer waited for tensors:")
+                   "that found no room at first (dropped, or waiting for room), and the time the "
+                   "trainer waited for tensors:")
         out.append("")
         out.append("| model | read ahead | read by the trainer | prefetches without room | waited |")
         out.append("|---|---|---|---|---|")

@@ -24,8 +24,8 @@
 // 1 - v, is committed). The head's compute and the backward pass read little, so the
 // disk would idle under them: the backward pass's first parameters and the next update's
 // first optimizer state (the version just committed) are read there, the gradients as
-// soon as they exist. A step is reported (StepReport, TrainSummary) when it is committed;
-// its time runs from the previous commit.
+// soon as they exist. A step is reported (StepReport, TrainSummary) once its commit is
+// durable (Note [background commit]); its time runs from the previous report.
 //
 // Note [parts]: under the MemAscend policy every tensor of a group (parameters, gradient,
 // master weights, moments) is stored in parts of `optimizer_chunk` elements. The update
