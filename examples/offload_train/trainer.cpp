@@ -378,6 +378,11 @@ std::size_t MaxGroupParams(const GptConfig& c) {
 
 std::size_t RoundPage(std::size_t b) { return (b + 4095) / 4096 * 4096; }
 
+// The least read-ahead: three parts' gradients, master weights and moments.
+std::size_t MinimumReadAhead(const GptConfig& c, DType dtype, std::size_t chunk) {
+  return 3 * std::min(MaxGroupParams(c), chunk) * (12 + memascend::SizeOf(dtype));
+}
+
 // Mixed-precision training over a backend.
 class Run {
  public:
@@ -406,7 +411,7 @@ class Run {
         grad_before_.push_back(grad_before_.back() + (end - begin) * half);
       }
     }
-    const std::size_t floor = 3 * std::min(MaxGroupParams(c_), chunk_) * (12 + half);
+    const std::size_t floor = MinimumReadAhead(c_, o.dtype, chunk_);
     grad_room_ = overlap_ && read_ahead_ > floor ? read_ahead_ - floor : 0;
   }
 
@@ -589,8 +594,8 @@ class Run {
 
   // Runs and commits the pending update, if any (the last step's, when overlapped).
   absl::Status Finish(const CommitFn& on_commit) {
-    if (!pending_.has_value()) return Settle(on_commit);
     MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
+    if (!pending_.has_value()) return absl::OkStatus();
     if (backend_->OwnsOptimizerStep()) {
       MEMASCEND_RETURN_IF_ERROR(backend_->OptimizerStep(pending_->adam, threads_));
       Sample(GroupCount(c_) - 1, "opt");
@@ -718,8 +723,7 @@ class Run {
       }
       // Note [gradient room]: a gradient the budget has room for stays until the update
       // (marked wanted, so neither eviction nor the read-ahead takes it first).
-      if (grad_before_[part_base_[g] + part + 1] <= grad_room_)
-        backend_->Prefetch(Kind::kGrad, g, part);
+      if (GradBytesBefore(g, part + 1) <= grad_room_) backend_->Prefetch(Kind::kGrad, g, part);
     }
     return absl::OkStatus();
   }
@@ -769,7 +773,7 @@ class Run {
       if (cursor_g_ >= GroupCount(c_)) return;
       // The gradients beyond the cursor keep their room (Note [gradient room]).
       const std::size_t grads_beyond =
-          grad_before_.back() - grad_before_[part_base_[cursor_g_] + cursor_part_];
+          grad_before_.back() - GradBytesBefore(cursor_g_, cursor_part_);
       if (ahead_bytes_ + std::min(grads_beyond, grad_room_) >= read_ahead_) return;
       const auto [begin, end] = PartRange(c_, cursor_g_, cursor_part_, chunk_);
       // Kept parts hold their share of the budget already.
@@ -814,6 +818,11 @@ class Run {
   }
 
   std::size_t Parts(std::size_t g) const { return OptimizerParts(c_, g, chunk_); }
+  // Gradient bytes of the parts before part `part` of group `g`, in update order (`part`
+  // may be Parts(g): the group's whole gradient counts).
+  std::size_t GradBytesBefore(std::size_t g, std::size_t part) const {
+    return grad_before_[part_base_[g] + part];
+  }
   // Bytes of a part's master weights and two moments (fp32).
   std::size_t PartStateBytes(std::size_t g, std::size_t part) const {
     const auto [begin, end] = PartRange(c_, g, part, chunk_);
@@ -917,8 +926,6 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     // Note [kept state]: what the budget leaves beyond the minimum and the kept state
     // goes to the read-ahead.
     const std::size_t spare = o.host_budget > minimum ? o.host_budget - minimum : 0;
-    const std::size_t parts = 3 * std::min(MaxGroupParams(o.model), o.optimizer_chunk) *
-                              (12 + memascend::SizeOf(o.dtype));
     if (o.policy != Policy::kMemAscend || o.mode != Mode::kOffload) o.keep_bytes = 0;
     if (o.keep_bytes > spare) {
       // Kept state beyond the spare budget would be evicted like any other: refuse it.
@@ -927,7 +934,9 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
                       "optimizer step needs ({} bytes); keep less or raise --host-budget",
                       o.keep_bytes, o.host_budget, minimum, spare));
     }
-    if (o.read_ahead_bytes == 0) o.read_ahead_bytes = std::max(parts, spare - o.keep_bytes);
+    if (o.read_ahead_bytes == 0)
+      o.read_ahead_bytes =
+          std::max(MinimumReadAhead(o.model, o.dtype, o.optimizer_chunk), spare - o.keep_bytes);
   }
   if (o.mode == Mode::kOffload && o.policy == Policy::kMemAscend && o.host_budget < minimum) {
     return absl::ResourceExhaustedError(fmt::format(
