@@ -413,6 +413,12 @@ class Run {
     }
     const std::size_t floor = MinimumReadAhead(c_, o.dtype, chunk_);
     grad_room_ = overlap_ && read_ahead_ > floor ? read_ahead_ - floor : 0;
+    if (overlap_) {
+      // Note [derived parameters]: one part's 16-bit parameters of the embedding or the head.
+      const std::size_t head = GroupCount(c_) - 1;
+      derived_.resize(std::min(chunk_, std::max(GroupParams(c_, 0), GroupParams(c_, head))) *
+                      half);
+    }
   }
 
   // Marks the optimizer state kept across steps (Note [kept state]): the first parts in
@@ -439,7 +445,7 @@ class Run {
       InitGroup(c_, g, o_.seed, wf_.data());
       for (std::size_t part = 0; part < Parts(g); ++part) {
         const auto [begin, end] = PartRange(c_, g, part, chunk_);
-        {
+        if (!Derived(g)) {
           MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param,
                                      backend_->Overwrite(Kind::kParam, g, part, false));
           MEMASCEND_RETURN_IF_ERROR(
@@ -688,20 +694,32 @@ class Run {
     return absl::OkStatus();
   }
 
-  // The group's parameters into the fp32 working copy, part by part.
+  // The group's parameters into the fp32 working copy, part by part (of a derived group,
+  // rounded from the master weights: Note [derived parameters]).
   absl::Status LoadParams(std::size_t g, bool next) {
     for (std::size_t part = 0; part < Parts(g); ++part) {
       const auto [begin, end] = PartRange(c_, g, part, chunk_);
+      const std::size_t n = end - begin;
+      const memascend::MutableTensorView to{wf_.data() + begin, n, DType::kF32};
+      if (Derived(g)) {
+        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf m, backend_->Read(Kind::kMaster, g, part, next));
+        const memascend::MutableTensorView half{derived_.data(), n, o_.dtype};
+        MEMASCEND_RETURN_IF_ERROR(memascend::Convert({m.data, n, DType::kF32}, half, {threads_}));
+        MEMASCEND_RETURN_IF_ERROR(memascend::Convert({half.data, n, o_.dtype}, to, {threads_}));
+        continue;
+      }
       MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf p, backend_->Read(Kind::kParam, g, part, next));
-      MEMASCEND_RETURN_IF_ERROR(memascend::Convert({p.data, end - begin, o_.dtype},
-                                                   {wf_.data() + begin, end - begin, DType::kF32},
-                                                   {threads_}));
+      MEMASCEND_RETURN_IF_ERROR(memascend::Convert({p.data, n, o_.dtype}, to, {threads_}));
     }
     return absl::OkStatus();
   }
   void PrefetchParams(std::size_t g) {
-    for (std::size_t part = 0; part < Parts(g); ++part) backend_->Prefetch(Kind::kParam, g, part);
+    const Kind k = Derived(g) ? Kind::kMaster : Kind::kParam;
+    for (std::size_t part = 0; part < Parts(g); ++part) backend_->Prefetch(k, g, part);
   }
+  // Note [derived parameters]: the embedding's and the head's 16-bit parameters are not
+  // stored when the update is overlapped.
+  bool Derived(std::size_t g) const { return overlap_ && (g == 0 || g + 1 == GroupCount(c_)); }
 
   // The group's fp32 gradient (scaled) into its 16-bit gradient tensors, part by part,
   // each checked for overflow and added to the norm while in hand. The sum of squares
@@ -799,14 +817,22 @@ class Run {
       const std::size_t n = end - begin;
       {
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad, backend_->Read(Kind::kGrad, g, part, false));
-        MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf param,
-                                   backend_->Overwrite(Kind::kParam, g, part, true));
+        // A derived group's new parameters go to the working copy only (Note [derived
+        // parameters]), if anywhere.
+        Backend::Buf param;
+        if (!Derived(g)) {
+          MEMASCEND_ASSIGN_OR_RETURN(param, backend_->Overwrite(Kind::kParam, g, part, true));
+        } else if (to_working) {
+          param.data = derived_.data();
+        }
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Update(Kind::kMaster, g, part));
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf m, backend_->Update(Kind::kExpAvg, g, part));
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf v, backend_->Update(Kind::kExpAvgSq, g, part));
+        const memascend::MutableTensorView out{param.data, param.data != nullptr ? n : 0,
+                                               o_.dtype};
         MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(adam, {master.f32(), n}, {m.f32(), n},
-                                                       {v.f32(), n}, {grad.data, n, o_.dtype},
-                                                       {param.data, n, o_.dtype}, {threads_}));
+                                                       {v.f32(), n}, {grad.data, n, o_.dtype}, out,
+                                                       {threads_}));
         if (to_working) {
           MEMASCEND_RETURN_IF_ERROR(memascend::Convert(
               {param.data, n, o_.dtype}, {wf_.data() + begin, n, DType::kF32}, {threads_}));
@@ -855,6 +881,7 @@ class Run {
   std::pair<std::size_t, std::size_t> keep_end_{0, 0};  // the first part not kept
   Gpt<float> model_;
   std::vector<float> wf_, df_;  // one group's parameters and gradient in fp32
+  std::vector<std::byte> derived_;  // Note [derived parameters]: one part's, 16-bit
   bool overflow_ = false;
   double sum_squares_ = 0;
   PhaseSeconds phases_;
@@ -979,6 +1006,9 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     MEMASCEND_RETURN_IF_ERROR(run.Resume(*ck));
   } else {
     MEMASCEND_RETURN_IF_ERROR(run.Init(fingerprint));
+    // The initial state is durable before the clock starts, as under ZeRO-Infinity's rules
+    // (written synchronously): the first step's time is a step's, in every policy.
+    MEMASCEND_RETURN_IF_ERROR(backend->Settle());
   }
 
   TrainSummary summary;

@@ -8,7 +8,10 @@
 #include <thread>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <memascend/volume.h>
 
 #include "data.h"
 #include "storage/volume_test_util.h"
@@ -131,6 +134,45 @@ TEST(Train, TheOverlappedUpdateTrainsAsTheSequentialOne) {
   }
   EXPECT_EQ(runs[0].losses, runs[1].losses);
   EXPECT_EQ(runs[0].step_skipped, runs[1].step_skipped);
+}
+
+// Note [derived parameters]: with the update overlapped, the embedding's and the head's
+// 16-bit parameters are never stored; the steps after skipped ones and sampling make
+// them from the master weights, to the same bits as the reference's stored ones.
+TEST(Train, TheEmbeddingAndHeadParametersAreDerivedNotStored) {
+  const Data d = MakeData(256);
+  std::vector<TrainSummary> runs;
+  for (Mode mode : {Mode::kOffload, Mode::kReference}) {
+    ScratchPath path("train");
+    TrainOptions o = Tiny(path.path());
+    o.mode = mode;
+    o.steps = 8;
+    o.initial_loss_scale = 1u << 22;  // skipped steps: forward passes with no update
+    o.sample_tokens = 12;
+    ASSERT_OK_AND_ASSIGN(TrainSummary s, Train(o, d.tokens, d.tok));
+    ASSERT_GT(s.skipped_steps, 0);
+    if (mode == Mode::kOffload) {
+      ASSERT_OK_AND_ASSIGN(auto volume, memascend::Volume::Open(path.path(), {}));
+      const std::size_t head = GroupCount(o.model) - 1;
+      int versions = 0;
+      for (int v = 0; v < 2; ++v) {
+        // Each version written holds the blocks' parameters, not the embedding's nor the head's.
+        if (!volume->Stat(fmt::format("block.0.master.p0.v{}", v)).ok()) continue;
+        ++versions;
+        EXPECT_OK(volume->Stat(fmt::format("block.0.param.p0.v{}", v)));
+        for (std::size_t g : {std::size_t{0}, head}) {
+          const std::string name = fmt::format("{}.param.p0.v{}", GroupName(o.model, g), v);
+          EXPECT_THAT(volume->Stat(name).status(), StatusIs(absl::StatusCode::kNotFound)) << name;
+          EXPECT_OK(volume->Stat(fmt::format("{}.master.p0.v{}", GroupName(o.model, g), v)));
+        }
+      }
+      EXPECT_GT(versions, 0);
+    }
+    runs.push_back(std::move(s));
+  }
+  EXPECT_EQ(runs[0].losses, runs[1].losses);
+  EXPECT_FALSE(runs[0].sample.empty());
+  EXPECT_EQ(runs[0].sample, runs[1].sample);
 }
 
 // Note [kept state]: optimizer state kept resident across steps changes what is read,
