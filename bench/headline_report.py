@@ -22,12 +22,20 @@ def load(path):
 
 def steady(r, applied=True):
     """Step times of a run's steps that applied the update (or were skipped for overflow),
-    leaving out the first step (warm-up) and the last (with the optimizer overlapped, it
-    has no next forward pass to overlap)."""
+    leaving out the first step (warm-up), the last (with the optimizer overlapped, it has
+    no next forward pass to overlap) and, of the applied steps, each that follows a skipped
+    one (with the optimizer overlapped, its time also holds a forward and backward pass
+    that no update ran under: a step and a half). The same rule for every run."""
     flags = r.get("step_skipped") or [False] * len(r["step_seconds"])
     times = r["step_seconds"]
     return [t for i, (t, skip) in enumerate(zip(times, flags))
-            if 0 < i < len(times) - 1 and skip != applied]
+            if 0 < i < len(times) - 1 and skip != applied and not (applied and flags[i - 1])]
+
+
+def per_step(r):
+    """A run's whole time over its steps: warm-up, skipped steps and all, whatever the
+    step each piece of work is counted in."""
+    return r["seconds"] / r["steps"]
 
 
 def summarise(results):
@@ -39,6 +47,7 @@ def summarise(results):
         "step": statistics.median(steps) if steps else float("nan"),
         "steps": len(steps),
         "skipped_step": statistics.median(skipped) if skipped else float("nan"),
+        "run_step": statistics.median(per_step(r) for r in results),
         "io": statistics.median((r["io_read_bytes"] + r["io_write_bytes"]) / r["steps"] for r in results),
         "params": results[0]["params"],
         "state": results[0]["model_state_bytes"],
@@ -56,9 +65,9 @@ def seconds(x):
 
 def table(rows, sizes):
     out = []
-    out.append("| model | run | peak RSS | peak pinned | step time | skipped-step time | I/O per step "
-               "| RSS ratio | step ratio |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("| model | run | peak RSS | peak pinned | step time | skipped-step time | run time per step "
+               "| I/O per step | RSS ratio | step ratio | run-time ratio |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
         s = {run: summarise(rows[(size, run)]) for run in RUNS if rows.get((size, run))}
         if "memascend" not in s:
@@ -71,18 +80,22 @@ def table(rows, sizes):
             label = f"{size} ({x['params'] / 1e6:.1f} M params, state {x['state'] / MIB:.0f} MiB)"
             rss_ratio = "" if run == "memascend" else f"{m['rss'] / x['rss']:.2f}"
             step_ratio = "" if run == "memascend" else f"{m['step'] / x['step']:.2f}"
+            run_ratio = "" if run == "memascend" else f"{m['run_step'] / x['run_step']:.2f}"
             out.append(f"| {label} | {run} | {x['rss'] / MIB:.0f} MiB | {x['pinned'] / MIB:.0f} MiB | "
                        f"{x['step']:.2f} s ({x['steps']}) | {seconds(x['skipped_step'])} | "
-                       f"{x['io'] / MIB:.0f} MiB | {rss_ratio} | {step_ratio} |")
+                       f"{x['run_step']:.2f} s | {x['io'] / MIB:.0f} MiB | {rss_ratio} | {step_ratio} "
+                       f"| {run_ratio} |")
         same = all(l == s["memascend"]["losses"][0] for run in s for l in s[run]["losses"])
         out.append(f"| | losses equal step by step across runs and repeats: **{'yes' if same else 'NO'}** "
-                   f"| | | | | | | |")
+                   f"| | | | | | | | | |")
     out.append("")
     out.append("Step time: the median over every repeat's steps that applied the update, but the "
-               "first and the last (in brackets: how many); skipped-step time: the same over steps "
-               "skipped for overflow (no update). I/O per step: read and written by the run, its "
-               "initial state included, over its steps. RSS ratio and step ratio: memascend / that "
-               "row (lower is better for memascend).")
+               "first, the last and each that follows a skipped step (in brackets: how many); "
+               "skipped-step time: the same over steps skipped for overflow (no update). Run time "
+               "per step: the median over repeats of a run's whole time (from its first step, its "
+               "initial state durable) over its steps, skipped ones included. I/O per step: read "
+               "and written by the run, its initial state included, over its steps. Ratios: "
+               "memascend / that row (lower is better for memascend).")
     out.append("")
     out.append("Where memascend's memory goes (ledger peaks, largest model):")
     out.append("")
