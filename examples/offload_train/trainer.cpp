@@ -108,9 +108,10 @@ absl::StatusOr<Checkpoint> Decode(const std::string& text) {
   return c;
 }
 
-// What the volume's tensors are (2: every kind in parts, Note [parts] in trainer.h); a
-// volume of another layout is not resumed.
-constexpr std::uint64_t kLayoutVersion = 2;
+// What the volume's tensors are (2: every kind in parts, Note [parts] in trainer.h; 3: no
+// 16-bit parameters of the embedding and the head, Note [derived parameters]); a volume
+// of another layout is not resumed.
+constexpr std::uint64_t kLayoutVersion = 3;
 
 std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size_t corpus_tokens) {
   std::uint64_t h = 1469598103934665603ull;
@@ -395,6 +396,7 @@ class Run {
         ledger_(ledger),
         chunk_(o.policy == Policy::kMemAscend ? o.optimizer_chunk : SIZE_MAX),
         overlap_(o.overlap_optimizer && o.policy == Policy::kMemAscend && o.mode == Mode::kOffload),
+        derive_(o.policy == Policy::kMemAscend && o.mode == Mode::kOffload),
         read_ahead_(o.read_ahead_bytes),
         keep_bytes_(o.keep_bytes),
         model_(o.model, threads),
@@ -413,7 +415,7 @@ class Run {
     }
     const std::size_t floor = MinimumReadAhead(c_, o.dtype, chunk_);
     grad_room_ = overlap_ && read_ahead_ > floor ? read_ahead_ - floor : 0;
-    if (overlap_) {
+    if (derive_) {
       // Note [derived parameters]: one part's 16-bit parameters of the embedding or the head.
       const std::size_t head = GroupCount(c_) - 1;
       derived_.resize(std::min(chunk_, std::max(GroupParams(c_, 0), GroupParams(c_, head))) *
@@ -718,8 +720,8 @@ class Run {
     for (std::size_t part = 0; part < Parts(g); ++part) backend_->Prefetch(k, g, part);
   }
   // Note [derived parameters]: the embedding's and the head's 16-bit parameters are not
-  // stored when the update is overlapped.
-  bool Derived(std::size_t g) const { return overlap_ && (g == 0 || g + 1 == GroupCount(c_)); }
+  // stored on a MemAscend volume.
+  bool Derived(std::size_t g) const { return derive_ && (g == 0 || g + 1 == GroupCount(c_)); }
 
   // The group's fp32 gradient (scaled) into its 16-bit gradient tensors, part by part,
   // each checked for overflow and added to the norm while in hand. The sum of squares
@@ -871,6 +873,7 @@ class Run {
   }()};
   std::size_t chunk_;
   bool overlap_;            // Note [optimizer overlap]
+  bool derive_;             // Note [derived parameters]
   std::size_t read_ahead_;  // bytes of optimizer state read ahead
   // Note [gradient room]: part_base_[g] is group g's first part in update order;
   // grad_before_[i] the gradient bytes of the parts before part i; grad_room_ what of the

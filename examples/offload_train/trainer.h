@@ -55,14 +55,16 @@
 // Note [derived parameters]: with the update overlapped, the 16-bit parameters of the
 // embedding and the head are never read back: the forward pass takes them from the
 // update (Note [parts]), the head's backward pass runs in the same call as its forward
-// pass, and the embedding's needs none. So they are not stored: the update writes them
-// only to the working copy, and where they are needed otherwise (a forward pass with no
-// update before it: a run's first step, the step after a skipped one, sampling) they
-// are made from the master weights, which they round (FusedAdam and Convert round the
-// same way, to nearest even), so the bits are those that would have been stored. Every
-// step then writes 2 bytes per parameter of the two largest groups less (small model at
-// a quarter of the state: 8 of 182 MiB); a forward pass without an update reads their
-// master weights, twice the bytes.
+// pass, and the embedding's needs none. So a MemAscend volume does not store them: the
+// update writes them only to the working copy, and where they are needed otherwise (a
+// forward pass with no update before it: a run's first step, the step after a skipped
+// one, every step with the update not overlapped; sampling) they are made from the
+// master weights, which they round (FusedAdam and Convert round the same way, to nearest
+// even), so the bits are those that would have been stored. The layout is the same
+// whether the update is overlapped or not, so a run may be resumed either way. Every
+// overlapped step writes 2 bytes per parameter of the two largest groups less (small
+// model at a quarter of the state: 8 of 183 MiB); a forward pass without an update reads
+// their master weights, twice the bytes.
 //
 // Note [kept state]: every step reads and writes the whole optimizer state in the same
 // order, so when it is larger than the budget, least-recently-used eviction keeps none of

@@ -173,6 +173,23 @@ TEST(Train, TheEmbeddingAndHeadParametersAreDerivedNotStored) {
   EXPECT_EQ(runs[0].losses, runs[1].losses);
   EXPECT_FALSE(runs[0].sample.empty());
   EXPECT_EQ(runs[0].sample, runs[1].sample);
+
+  // The layout does not depend on the overlap: an overlapped run resumed without it (its
+  // forward passes then derive those parameters every step) reaches the reference's losses.
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.steps = 4;
+  ASSERT_OK(Train(o, d.tokens, d.tok).status());
+  o.resume = true;
+  o.overlap_optimizer = false;
+  o.steps = 8;
+  ASSERT_OK_AND_ASSIGN(TrainSummary resumed, Train(o, d.tokens, d.tok));
+  o.resume = false;
+  o.mode = Mode::kReference;
+  ASSERT_OK_AND_ASSIGN(TrainSummary whole, Train(o, d.tokens, d.tok));
+  ASSERT_EQ(resumed.first_step, 5u);
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 4, whole.losses.end()));
 }
 
 // Note [kept state]: optimizer state kept resident across steps changes what is read,
