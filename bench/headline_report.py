@@ -136,8 +136,9 @@ def table(rows, sizes):
     if store_rows:
         out.append("")
         out.append("memascend's tensor store (medians over repeats, per step): the share of uses that "
-                   "found their tensor read ahead, the tensors the trainer read itself, the prefetches "
-                   "that found no room at first (dropped, or waiting for room), and the time the "
+                   "found their tensor read ahead, the tensors the trainer read itself, the times a "
+                   "prefetch found no room (dropped, or set to wait for room, again at each retry "
+                   "that found none), and the time the "
                    "trainer waited for tensors:")
         out.append("")
         out.append("| model | read ahead | read by the trainer | prefetches without room | waited |")

@@ -50,6 +50,11 @@ const char* KindName(Kind k) {
   return "?";
 }
 bool Versioned(Kind k) { return k != Kind::kGrad; }
+// Whether a MemAscend volume holds this kind of group `g`: not the 16-bit parameters of
+// the embedding and the head (Note [derived parameters] in trainer.h).
+bool Stored(const GptConfig& c, Kind k, std::size_t g) {
+  return k != Kind::kParam || (g != 0 && g + 1 != GroupCount(c));
+}
 std::size_t ElementBytes(Kind k, DType dtype) {
   return (k == Kind::kParam || k == Kind::kGrad) ? memascend::SizeOf(dtype) : 4;
 }
@@ -208,6 +213,7 @@ class OffloadBackend final : public Backend {
       auto& ids = b->ids_[static_cast<int>(k)];
       ids.resize(GroupCount(o.model));
       for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
+        if (!Stored(o.model, k, g)) continue;
         const std::size_t parts = OptimizerParts(o.model, g, o.optimizer_chunk);
         for (std::size_t part = 0; part < parts; ++part) {
           for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
@@ -352,6 +358,7 @@ class OffloadBackend final : public Backend {
     std::uint64_t need = 0;
     for (Kind k : kKinds) {
       for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
+        if (!Stored(o.model, k, g)) continue;
         for (std::size_t part = 0; part < OptimizerParts(o.model, g, o.optimizer_chunk); ++part) {
           const auto [begin, end] = PartRange(o.model, g, part, o.optimizer_chunk);
           const std::uint64_t bytes = (end - begin) * ElementBytes(k, o.dtype);
@@ -418,8 +425,7 @@ class Run {
     if (derive_) {
       // Note [derived parameters]: one part's 16-bit parameters of the embedding or the head.
       const std::size_t head = GroupCount(c_) - 1;
-      derived_.resize(std::min(chunk_, std::max(GroupParams(c_, 0), GroupParams(c_, head))) *
-                      half);
+      derived_.resize(std::min(chunk_, std::max(GroupParams(c_, 0), GroupParams(c_, head))) * half);
     }
   }
 
@@ -721,7 +727,7 @@ class Run {
   }
   // Note [derived parameters]: the embedding's and the head's 16-bit parameters are not
   // stored on a MemAscend volume.
-  bool Derived(std::size_t g) const { return derive_ && (g == 0 || g + 1 == GroupCount(c_)); }
+  bool Derived(std::size_t g) const { return derive_ && !Stored(c_, Kind::kParam, g); }
 
   // The group's fp32 gradient (scaled) into its 16-bit gradient tensors, part by part,
   // each checked for overflow and added to the norm while in hand. The sum of squares
@@ -830,11 +836,9 @@ class Run {
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf master, backend_->Update(Kind::kMaster, g, part));
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf m, backend_->Update(Kind::kExpAvg, g, part));
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf v, backend_->Update(Kind::kExpAvgSq, g, part));
-        const memascend::MutableTensorView out{param.data, param.data != nullptr ? n : 0,
-                                               o_.dtype};
         MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(adam, {master.f32(), n}, {m.f32(), n},
-                                                       {v.f32(), n}, {grad.data, n, o_.dtype}, out,
-                                                       {threads_}));
+                                                       {v.f32(), n}, {grad.data, n, o_.dtype},
+                                                       {param.data, n, o_.dtype}, {threads_}));
         if (to_working) {
           MEMASCEND_RETURN_IF_ERROR(memascend::Convert(
               {param.data, n, o_.dtype}, {wf_.data() + begin, n, DType::kF32}, {threads_}));
@@ -883,7 +887,7 @@ class Run {
   std::size_t keep_bytes_;  // of optimizer state kept resident across steps
   std::pair<std::size_t, std::size_t> keep_end_{0, 0};  // the first part not kept
   Gpt<float> model_;
-  std::vector<float> wf_, df_;  // one group's parameters and gradient in fp32
+  std::vector<float> wf_, df_;      // one group's parameters and gradient in fp32
   std::vector<std::byte> derived_;  // Note [derived parameters]: one part's, 16-bit
   bool overflow_ = false;
   double sum_squares_ = 0;

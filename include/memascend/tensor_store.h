@@ -118,12 +118,14 @@ struct TensorStoreStats {
   double write_seconds = 0;
   // Acquire found the tensor resident or loading (AcquireCopy: the source resident).
   std::uint64_t prefetch_hits = 0;
-  std::uint64_t prefetch_misses = 0;    // ... had to start the read itself
-  std::uint64_t prefetch_dropped = 0;   // a Prefetch found no room (Note [residency])
-  std::uint64_t prefetch_deferred = 0;  // ... and waited for some (defer_prefetches)
-  std::uint64_t overwrites = 0;         // AcquireForOverwrite calls that skipped a read
-  std::uint64_t handovers = 0;          // AcquireCopy calls that took the source's block
-  double stall_seconds = 0;  // time callers waited in Acquire, AcquireForOverwrite, AcquireCopy
+  std::uint64_t prefetch_misses = 0;   // ... had to start the read itself
+  std::uint64_t prefetch_dropped = 0;  // a Prefetch found no room (Note [residency])
+  // A Prefetch found no room and waits for some (defer_prefetches); each retry that
+  // finds none counts again.
+  std::uint64_t prefetch_deferred = 0;
+  std::uint64_t overwrites = 0;  // AcquireForOverwrite calls that skipped a read
+  std::uint64_t handovers = 0;   // AcquireCopy calls that took the source's block
+  double stall_seconds = 0;      // time callers waited in Acquire, AcquireForOverwrite, AcquireCopy
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
   std::uint64_t discards = 0;

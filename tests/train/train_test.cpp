@@ -136,9 +136,9 @@ TEST(Train, TheOverlappedUpdateTrainsAsTheSequentialOne) {
   EXPECT_EQ(runs[0].step_skipped, runs[1].step_skipped);
 }
 
-// Note [derived parameters]: with the update overlapped, the embedding's and the head's
-// 16-bit parameters are never stored; the steps after skipped ones and sampling make
-// them from the master weights, to the same bits as the reference's stored ones.
+// Note [derived parameters]: the embedding's and the head's 16-bit parameters are never
+// stored on a MemAscend volume; the steps after skipped ones and sampling make them from
+// the master weights, to the same bits as the reference's stored ones.
 TEST(Train, TheEmbeddingAndHeadParametersAreDerivedNotStored) {
   const Data d = MakeData(256);
   std::vector<TrainSummary> runs;
