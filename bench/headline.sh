@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 TRAIN=build/release/examples/offload_train/memascend-train
 DIR=${TMPDIR:-/tmp}/memascend-headline
 STEPS=20
-REPS=3
+REPS=5
 SETTLE=3  # seconds between runs
 SIZES="small medium large"
 while [[ $# -gt 0 ]]; do
