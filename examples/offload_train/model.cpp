@@ -169,7 +169,7 @@ Gpt<T>::Gpt(const GptConfig& config, memascend::KernelThreads* threads)
   lnf_mean_.resize(rows_);
   lnf_rstd_.resize(rows_);
   logits_.resize(rows_ * c_.vocab);
-  dlogits_.resize(rows_ * c_.vocab);
+  dlnf_wb_.resize(2 * ch);
   row_loss_.resize(rows_);
   scratch_a_.resize(rows_ * 4 * ch);
   scratch_b_.resize(rows_ * 4 * ch);
@@ -209,8 +209,7 @@ void Gpt<T>::Block(std::size_t layer, const T* params) {
 }
 
 template <typename T>
-double Gpt<T>::HeadForwardBackward(const T* params, T* dparams, const std::int32_t* targets,
-                                   T grad_scale) {
+double Gpt<T>::Head(const T* params, const std::int32_t* targets, T grad_scale, bool backward) {
   const std::size_t ch = c_.channels;
   const T* lnf_w = params;
   const T* lnf_b = params + ch;
@@ -219,18 +218,39 @@ double Gpt<T>::HeadForwardBackward(const T* params, T* dparams, const std::int32
                         rows_, ch, threads_);
   ops::MatmulForward(logits_.data(), lnf_.data(), lm, static_cast<const T*>(nullptr), rows_, ch,
                      c_.vocab, threads_);
-  const double loss = ops::CrossEntropy(
-      dparams != nullptr ? dlogits_.data() : static_cast<T*>(nullptr), logits_.data(), targets,
-      rows_, c_.vocab, grad_scale, threads_, row_loss_.data());
-  if (dparams == nullptr) return loss;
+  // With `backward`, the logits become their gradient in place (row by row, each read
+  // whole before it is written).
+  const double loss =
+      ops::CrossEntropy(backward ? logits_.data() : static_cast<T*>(nullptr), logits_.data(),
+                        targets, rows_, c_.vocab, grad_scale, threads_, row_loss_.data());
+  if (!backward) return loss;
   std::vector<T>& dlnf = scratch_c_;
   std::fill(dlnf.begin(), dlnf.end(), T(0));
-  ops::MatmulBackward(dlnf.data(), dparams + 2 * ch, static_cast<T*>(nullptr), dlogits_.data(),
-                      lnf_.data(), lm, rows_, ch, c_.vocab, threads_);
+  ops::MatmulBackwardInput(dlnf.data(), logits_.data(), lm, rows_, ch, c_.vocab, threads_);
   std::vector<T> dx(rows_ * ch, T(0));
-  ops::LayerNormBackward(dx.data(), dparams, dparams + ch, dlnf.data(), x_.data(), lnf_w,
-                         lnf_mean_.data(), lnf_rstd_.data(), rows_, ch, threads_);
+  std::fill(dlnf_wb_.begin(), dlnf_wb_.end(), T(0));
+  ops::LayerNormBackward(dx.data(), dlnf_wb_.data(), dlnf_wb_.data() + ch, dlnf.data(), x_.data(),
+                         lnf_w, lnf_mean_.data(), lnf_rstd_.data(), rows_, ch, threads_);
   x_ = std::move(dx);  // from here on x_ holds the gradient of the residual stream
+  return loss;
+}
+
+template <typename T>
+void Gpt<T>::HeadGradient(T* out, std::size_t begin, std::size_t end) const {
+  const std::size_t norm = dlnf_wb_.size();  // the final layer norm's gain and bias first
+  std::fill(out, out + (end - begin), T(0));
+  for (std::size_t k = begin; k < std::min(end, norm); ++k) out[k - begin] = dlnf_wb_[k];
+  if (end <= norm) return;
+  const std::size_t lo = std::max(begin, norm);
+  ops::MatmulWeightGradientRange(out + (lo - begin), logits_.data(), lnf_.data(), rows_,
+                                 c_.channels, c_.vocab, lo - norm, end - norm, threads_);
+}
+
+template <typename T>
+double Gpt<T>::HeadForwardBackward(const T* params, T* dparams, const std::int32_t* targets,
+                                   T grad_scale) {
+  const double loss = Head(params, targets, grad_scale, dparams != nullptr);
+  if (dparams != nullptr) HeadGradient(dparams, 0, GroupParams(c_, c_.layers + 1));
   return loss;
 }
 
@@ -275,9 +295,15 @@ void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
 }
 
 template <typename T>
+void Gpt<T>::EmbedGradient(T* out, std::size_t begin, std::size_t end) const {
+  std::fill(out, out + (end - begin), T(0));
+  ops::EmbeddingGradientRange(out, x_.data(), tokens_.data(), rows_, c_.seq, c_.vocab, c_.channels,
+                              begin, end);
+}
+
+template <typename T>
 void Gpt<T>::EmbedBackward(T* dparams) {
-  ops::EmbeddingBackward(dparams, dparams + c_.vocab * c_.channels, x_.data(), tokens_.data(),
-                         rows_, c_.seq, c_.channels, threads_);
+  EmbedGradient(dparams, 0, GroupParams(c_, 0));
 }
 
 template <typename T>
@@ -288,7 +314,7 @@ const T* Gpt<T>::Logits(std::size_t b, std::size_t t) const {
 template <typename T>
 std::size_t Gpt<T>::ActivationBytes() const {
   std::size_t n = x_.size() + lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() +
-                  dlogits_.size() + row_loss_.size() + scratch_a_.size() + scratch_b_.size() +
+                  dlnf_wb_.size() + row_loss_.size() + scratch_a_.size() + scratch_b_.size() +
                   scratch_c_.size();
   for (const BlockActs& a : acts_) {
     n += a.in.size() + a.ln1.size() + a.ln1_mean.size() + a.ln1_rstd.size() + a.qkv.size() +

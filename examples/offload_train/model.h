@@ -57,19 +57,29 @@ class Gpt {
  public:
   Gpt(const GptConfig& config, memascend::KernelThreads* threads);
 
-  // Forward: Embed, then every Block in order, then HeadForwardBackward, which also
+  // Forward: Embed, then every Block in order, then Head, which with `backward` also
   // starts the backward pass (the head is last forward and first backward, so its
-  // parameters are used once). `tokens` and `targets` are [batch * seq].
+  // parameters are used once): it leaves the gradient of the residual stream for
+  // BlockBackward, and the head's own gradient, scaled by grad_scale, for HeadGradient.
+  // Returns the mean loss. `tokens` and `targets` are [batch * seq].
   void Embed(const T* params, const std::int32_t* tokens);
   void Block(std::size_t layer, const T* params);
-  // Returns the mean loss. With dparams non-null: accumulates the head's gradient, scaled
-  // by grad_scale, and leaves the gradient of the residual stream for BlockBackward.
+  double Head(const T* params, const std::int32_t* targets, T grad_scale, bool backward);
+  // Elements [begin, end) of the head's flat gradient into out[0, end - begin), after Head
+  // with `backward` and before the next Head. Range by range, the bits of the whole.
+  void HeadGradient(T* out, std::size_t begin, std::size_t end) const;
+  void BlockBackward(std::size_t layer, const T* params, T* dparams);
+  // Elements [begin, end) of the embeddings' flat gradient into out[0, end - begin), after
+  // the BlockBackward of layer 0. Range by range, the bits of the whole.
+  void EmbedGradient(T* out, std::size_t begin, std::size_t end) const;
+  // The whole gradients at once: Head then HeadGradient over the group (dparams may be
+  // null: no backward pass); EmbedGradient over the group.
   double HeadForwardBackward(const T* params, T* dparams, const std::int32_t* targets,
                              T grad_scale);
-  void BlockBackward(std::size_t layer, const T* params, T* dparams);
   void EmbedBackward(T* dparams);
 
-  // The last logits row of sequence `b` (after HeadForwardBackward), for sampling.
+  // The last logits row of sequence `b`, for sampling: after Head without `backward` (the
+  // backward pass turns the logits into their gradient in place).
   const T* Logits(std::size_t b, std::size_t t) const;
   std::size_t ActivationBytes() const;
   const GptConfig& config() const { return c_; }
@@ -85,7 +95,8 @@ class Gpt {
   std::vector<std::int32_t> tokens_;
   std::vector<T> x_;  // the residual stream, then its gradient
   std::vector<BlockActs> acts_;
-  std::vector<T> lnf_, lnf_mean_, lnf_rstd_, logits_, dlogits_, row_loss_;
+  std::vector<T> lnf_, lnf_mean_, lnf_rstd_, logits_, row_loss_;
+  std::vector<T> dlnf_wb_;  // the gradient of the final layer norm's gain and bias
   std::vector<T> scratch_a_, scratch_b_, scratch_c_;  // gradients inside a block
 };
 

@@ -58,21 +58,22 @@ void EmbeddingForward(T* out, const std::int32_t* tokens, const T* wte, const T*
   }
 }
 
-// Accumulates into dwte, dwpe. Parallel over channels (rows share token rows).
+// The embeddings' gradient (EmbeddingForward's) for elements [begin, end) of their flat
+// [wte; wpe] (vocab rows of wte, then seq rows of wpe), added into out[0, end - begin).
+// Each element sums over the rows in order, so range by range gives the bits of one
+// whole.
 template <typename T>
-void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
-                       std::size_t rows, std::size_t seq, std::size_t channels,
-                       memascend::KernelThreads* threads) {
-  ParallelRange(threads, channels, 16, [&](std::size_t c0, std::size_t c1) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      T* te = dwte + static_cast<std::size_t>(tokens[r]) * channels;
-      T* pe = dwpe + (r % seq) * channels;
-      for (std::size_t c = c0; c < c1; ++c) {
-        te[c] += dout[r * channels + c];
-        pe[c] += dout[r * channels + c];
-      }
-    }
-  });
+void EmbeddingGradientRange(T* out, const T* dout, const std::int32_t* tokens, std::size_t rows,
+                            std::size_t seq, std::size_t vocab, std::size_t channels,
+                            std::size_t begin, std::size_t end) {
+  auto add = [&](std::size_t at, const T* src) {  // one row of `channels` at flat index `at`
+    const std::size_t lo = std::max(begin, at), hi = std::min(end, at + channels);
+    for (std::size_t k = lo; k < hi; ++k) out[k - begin] += src[k - at];
+  };
+  for (std::size_t r = 0; r < rows; ++r) {
+    add(static_cast<std::size_t>(tokens[r]) * channels, dout + r * channels);
+    add((vocab + r % seq) * channels, dout + r * channels);
+  }
 }
 
 constexpr double kLayerNormEps = 1e-5;
@@ -146,10 +147,10 @@ void MatmulForward(T* out, const T* in, const T* w, const T* b, std::size_t rows
   });
 }
 
-// din += dout . w; dw += dout^T . in; db += column sums of dout (db may be null).
+// din += dout . w.
 template <typename T>
-void MatmulBackward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, std::size_t rows,
-                    std::size_t in_f, std::size_t out_f, memascend::KernelThreads* threads) {
+void MatmulBackwardInput(T* din, const T* dout, const T* w, std::size_t rows, std::size_t in_f,
+                         std::size_t out_f, memascend::KernelThreads* threads) {
   ParallelRange(threads, rows, 8, [&](std::size_t r0, std::size_t r1) {
     for (std::size_t r = r0; r < r1; ++r) {
       T* dx = din + r * in_f;
@@ -160,17 +161,45 @@ void MatmulBackward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w
       }
     }
   });
-  ParallelRange(threads, out_f, 4, [&](std::size_t o0, std::size_t o1) {
-    for (std::size_t o = o0; o < o1; ++o) {
-      T* dwo = dw + o * in_f;
-      T bsum = 0;
+}
+
+// dw[k - begin] += (dout^T . in) at flat index k of [out_f, in_f], for k in [begin, end): a
+// range of the weight's gradient, which need not start or end on a row. Each element
+// sums over the rows in order, as MatmulBackward does, so a gradient made range by range
+// has the bits of one made whole.
+template <typename T>
+void MatmulWeightGradientRange(T* dw, const T* dout, const T* in, std::size_t rows,
+                               std::size_t in_f, std::size_t out_f, std::size_t begin,
+                               std::size_t end, memascend::KernelThreads* threads) {
+  end = std::min(end, out_f * in_f);
+  if (begin >= end) return;
+  const std::size_t o_first = begin / in_f, o_last = (end - 1) / in_f;
+  ParallelRange(threads, o_last - o_first + 1, 4, [&](std::size_t j0, std::size_t j1) {
+    for (std::size_t o = o_first + j0; o < o_first + j1; ++o) {
+      const std::size_t i0 = std::max(begin, o * in_f) - o * in_f;
+      const std::size_t i1 = std::min(end, (o + 1) * in_f) - o * in_f;
+      T* dwo = dw + (o * in_f + i0 - begin);
       for (std::size_t r = 0; r < rows; ++r) {
         const T d = dout[r * out_f + o];
-        bsum += d;
-        const T* x = in + r * in_f;
-        for (std::size_t i = 0; i < in_f; ++i) dwo[i] += d * x[i];
+        const T* x = in + r * in_f + i0;
+        for (std::size_t i = 0; i < i1 - i0; ++i) dwo[i] += d * x[i];
       }
-      if (db != nullptr) db[o] += bsum;
+    }
+  });
+}
+
+// din += dout . w; dw += dout^T . in; db += column sums of dout (db may be null).
+template <typename T>
+void MatmulBackward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, std::size_t rows,
+                    std::size_t in_f, std::size_t out_f, memascend::KernelThreads* threads) {
+  MatmulBackwardInput(din, dout, w, rows, in_f, out_f, threads);
+  MatmulWeightGradientRange(dw, dout, in, rows, in_f, out_f, 0, out_f * in_f, threads);
+  if (db == nullptr) return;
+  ParallelRange(threads, out_f, 64, [&](std::size_t o0, std::size_t o1) {
+    for (std::size_t o = o0; o < o1; ++o) {
+      T bsum = 0;
+      for (std::size_t r = 0; r < rows; ++r) bsum += dout[r * out_f + o];
+      db[o] += bsum;
     }
   });
 }

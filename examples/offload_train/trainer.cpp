@@ -384,6 +384,14 @@ std::size_t MaxGroupParams(const GptConfig& c) {
   return n;
 }
 
+// Note [gradient parts]: the fp32 gradient in hand: a whole block's (its backward pass makes it
+// at once), one part of the embeddings' or the head's (made part by part).
+std::size_t GradientScratchParams(const GptConfig& c, std::size_t chunk) {
+  std::size_t n = std::min(chunk, MaxGroupParams(c));
+  for (std::size_t g = 1; g + 1 < GroupCount(c); ++g) n = std::max(n, GroupParams(c, g));
+  return n;
+}
+
 std::size_t RoundPage(std::size_t b) { return (b + 4095) / 4096 * 4096; }
 
 // The least read-ahead: three parts' gradients, master weights and moments.
@@ -408,7 +416,7 @@ class Run {
         keep_bytes_(o.keep_bytes),
         model_(o.model, threads),
         wf_(MaxGroupParams(o.model)),
-        df_(MaxGroupParams(o.model)) {
+        df_(GradientScratchParams(o.model, chunk_)) {
     // Note [gradient room]: the gradients' bytes in update order, and how much of the
     // read-ahead they may claim.
     const std::size_t half = memascend::SizeOf(o.dtype);
@@ -543,8 +551,7 @@ class Run {
       } else if (g < head) {
         model_.Block(g - 1, wf_.data());
       } else {
-        std::fill(df_.begin(), df_.end(), 0.0f);
-        loss = model_.HeadForwardBackward(wf_.data(), df_.data(), targets.data(), scale);
+        loss = model_.Head(wf_.data(), targets.data(), scale, /*backward=*/true);
         MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       }
       Sample(g, "fwd");
@@ -554,14 +561,12 @@ class Run {
     for (std::size_t g = head - 1; g >= 1; --g) {
       for (std::size_t a = g - 1; a >= 1 && a + o_.window >= g; --a) PrefetchParams(a);
       MEMASCEND_RETURN_IF_ERROR(LoadParams(g, false));
-      std::fill(df_.begin(), df_.end(), 0.0f);
+      std::fill_n(df_.begin(), GroupParams(c_, g), 0.0f);
       model_.BlockBackward(g - 1, wf_.data(), df_.data());
       MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       Sample(g, "bwd");
       Lap(&phases_.backward);
     }
-    std::fill(df_.begin(), df_.end(), 0.0f);
-    model_.EmbedBackward(df_.data());
     MEMASCEND_RETURN_IF_ERROR(StoreGrad(0));
     Sample(0, "bwd");
     Lap(&phases_.backward);
@@ -641,7 +646,7 @@ class Run {
       } else if (g + 1 < groups) {
         model.Block(g - 1, wf_.data());
       } else {
-        model.HeadForwardBackward(wf_.data(), nullptr, window.data(), 1.0f);
+        model.Head(wf_.data(), window.data(), 1.0f, /*backward=*/false);
       }
     }
     const float* logits = model.Logits(0, n - 1);
@@ -738,10 +743,20 @@ class Run {
       const auto [begin, end] = PartRange(c_, g, part, chunk_);
       const std::size_t n = end - begin;
       {
+        // Note [gradient parts]: a block's gradient is whole in df_; the embeddings' and the
+        // head's are made here, a part at a time.
+        const float* from = df_.data() + begin;
+        if (KindOf(c_, g) != GroupKind::kBlock) {
+          from = df_.data();
+          if (KindOf(c_, g) == GroupKind::kHead)
+            model_.HeadGradient(df_.data(), begin, end);
+          else
+            model_.EmbedGradient(df_.data(), begin, end);
+        }
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad,
                                    backend_->Overwrite(Kind::kGrad, g, part, false));
-        MEMASCEND_RETURN_IF_ERROR(memascend::Convert({df_.data() + begin, n, DType::kF32},
-                                                     {grad.data, n, o_.dtype}, {threads_}));
+        MEMASCEND_RETURN_IF_ERROR(
+            memascend::Convert({from, n, DType::kF32}, {grad.data, n, o_.dtype}, {threads_}));
         const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
         if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))
           overflow_ = true;
@@ -887,7 +902,8 @@ class Run {
   std::size_t keep_bytes_;  // of optimizer state kept resident across steps
   std::pair<std::size_t, std::size_t> keep_end_{0, 0};  // the first part not kept
   Gpt<float> model_;
-  std::vector<float> wf_, df_;      // one group's parameters and gradient in fp32
+  std::vector<float> wf_;           // one group's parameters in fp32
+  std::vector<float> df_;           // a gradient in fp32 (Note [gradient parts])
   std::vector<std::byte> derived_;  // Note [derived parameters]: one part's, 16-bit
   bool overflow_ = false;
   double sum_squares_ = 0;

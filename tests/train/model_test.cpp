@@ -2,6 +2,7 @@
 // finite differences, in double precision.
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -160,9 +161,11 @@ TEST(Gradients, GeluAndCrossEntropyAndEmbedding) {
       ops::EmbeddingForward(y.data(), tokens.data(), wte.data(), wpe.data(), rows, seq, ch);
       return Weighted(y, upstream);
     };
-    Vec dwte(wte.size()), dwpe(wpe.size());
-    ops::EmbeddingBackward(dwte.data(), dwpe.data(), upstream.data(), tokens.data(), rows, seq, ch,
-                           nullptr);
+    Vec flat(wte.size() + wpe.size());  // [wte; wpe], as the embeddings' group lays them out
+    ops::EmbeddingGradientRange(flat.data(), upstream.data(), tokens.data(), rows, seq, vocab, ch,
+                                0, flat.size());
+    const Vec dwte(flat.begin(), flat.begin() + static_cast<std::ptrdiff_t>(wte.size()));
+    const Vec dwpe(flat.begin() + static_cast<std::ptrdiff_t>(wte.size()), flat.end());
     ExpectClose(dwte, Numeric(wte, loss), "wte");
     ExpectClose(dwpe, Numeric(wpe, loss), "wpe");
   }
@@ -230,6 +233,95 @@ TEST(Gradients, WholeModelEveryGroup) {
       }
     }
   }
+}
+
+// Note [gradient parts] (trainer.h): the embeddings' and the head's gradients made range by
+// range, the ranges cutting rows anywhere, have the bits of the whole, in float; so do
+// the logits' gradient made in place and the split matrix product.
+TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
+  GptConfig c;
+  c.vocab = 37;
+  c.seq = 5;
+  c.channels = 12;
+  c.layers = 1;
+  c.heads = 2;
+  c.batch = 3;
+  memascend::KernelThreads threads(2);
+  Gpt<float> model(c, &threads);
+  std::vector<std::vector<float>> params(GroupCount(c));
+  for (std::size_t g = 0; g < GroupCount(c); ++g) {
+    params[g].resize(GroupParams(c, g));
+    InitGroup(c, g, 3, params[g].data());
+  }
+  std::vector<std::int32_t> tokens(c.batch * c.seq), targets(c.batch * c.seq);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>((i * 11 + 2) % c.vocab);
+    targets[i] = static_cast<std::int32_t>((i * 3 + 1) % c.vocab);
+  }
+  const std::size_t head = GroupCount(c) - 1;
+  model.Embed(params[0].data(), tokens.data());
+  model.Block(0, params[1].data());
+  std::vector<float> whole_head(GroupParams(c, head), -1.0f);
+  model.HeadForwardBackward(params[head].data(), whole_head.data(), targets.data(), 1024.0f);
+  std::vector<float> block(GroupParams(c, 1), 0.0f);
+  model.BlockBackward(0, params[1].data(), block.data());
+  std::vector<float> whole_embed(GroupParams(c, 0), -1.0f);
+  model.EmbedBackward(whole_embed.data());
+  // The same backward pass's gradients again, in ranges of 7 and of 50 elements.
+  for (const std::size_t step : {7u, 50u}) {
+    std::vector<float> part(step);
+    for (std::size_t b = 0; b < whole_head.size(); b += step) {
+      const std::size_t e = std::min(whole_head.size(), b + step);
+      std::fill(part.begin(), part.end(), 9.0f);  // overwritten, not added to
+      model.HeadGradient(part.data(), b, e);
+      for (std::size_t k = b; k < e; ++k) ASSERT_EQ(part[k - b], whole_head[k]) << "head " << k;
+    }
+    for (std::size_t b = 0; b < whole_embed.size(); b += step) {
+      const std::size_t e = std::min(whole_embed.size(), b + step);
+      std::fill(part.begin(), part.end(), 9.0f);
+      model.EmbedGradient(part.data(), b, e);
+      for (std::size_t k = b; k < e; ++k) ASSERT_EQ(part[k - b], whole_embed[k]) << "embed " << k;
+    }
+  }
+  // The gradient is a real one: not all zero, and the embeddings' rows of tokens never
+  // seen are zero.
+  EXPECT_NE(std::count(whole_head.begin(), whole_head.end(), 0.0f),
+            static_cast<std::ptrdiff_t>(whole_head.size()));
+  std::vector<bool> seen(c.vocab, false);
+  for (std::int32_t t : tokens) seen[static_cast<std::size_t>(t)] = true;
+  for (std::size_t v = 0; v < c.vocab; ++v) {
+    if (seen[v]) continue;
+    for (std::size_t k = 0; k < c.channels; ++k) EXPECT_EQ(whole_embed[v * c.channels + k], 0.0f);
+  }
+
+  // The split product against the fused one, and the logits' gradient in place.
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> n01;
+  const std::size_t rows = 9, in_f = 10, out_f = 7;
+  std::vector<float> dout(rows * out_f), in(rows * in_f), w(out_f * in_f);
+  for (auto* v : {&dout, &in, &w}) {
+    for (float& x : *v) x = n01(rng);
+  }
+  std::vector<float> din(rows * in_f, 0.0f), dw(out_f * in_f, 0.0f), db(out_f, 0.0f);
+  ops::MatmulBackward(din.data(), dw.data(), db.data(), dout.data(), in.data(), w.data(), rows,
+                      in_f, out_f, &threads);
+  std::vector<float> din2(rows * in_f, 0.0f), dw2(out_f * in_f, 0.0f);
+  ops::MatmulBackwardInput(din2.data(), dout.data(), w.data(), rows, in_f, out_f, &threads);
+  for (std::size_t b = 0; b < dw2.size(); b += 13)
+    ops::MatmulWeightGradientRange(dw2.data() + b, dout.data(), in.data(), rows, in_f, out_f, b,
+                                   b + 13, &threads);
+  EXPECT_EQ(din, din2);
+  EXPECT_EQ(dw, dw2);
+  std::vector<float> logits(rows * out_f), scratch(rows);
+  for (float& x : logits) x = 3.0f * n01(rng);
+  const std::vector<std::int32_t> y = {0, 6, 2, 2, 5, 1, 3, 4, 0};
+  std::vector<float> d(logits.size());
+  const double loss = ops::CrossEntropy(d.data(), logits.data(), y.data(), rows, out_f, 8.0f,
+                                        &threads, scratch.data());
+  EXPECT_EQ(ops::CrossEntropy(logits.data(), logits.data(), y.data(), rows, out_f, 8.0f, &threads,
+                              scratch.data()),
+            loss);
+  EXPECT_EQ(logits, d);
 }
 
 TEST(Model, LayoutAndInitialisation) {
