@@ -38,12 +38,12 @@ model() {  # vocab channels layers heads: the embedding and head are the largest
   esac
 }
 budget() {  # memascend's host budget on a size
+  # The largest multiple of 5% of the training state whose peak RSS stays under 0.57x the
+  # tuned row's (the target is 0.60x): 0.55, 0.56 and 0.53 (docs/benchmarks.md).
   case "$1" in
-    # memascend-train's default, 40% of the training state, where the peak RSS stays well
-    # within 0.60x the tuned row's (0.57 and 0.54); on the large model 40% would not
-    # (0.70), and 30% does (0.56). docs/benchmarks.md has the ledger.
-    small | medium) echo "40%" ;;
-    large) echo "30%" ;;
+    small) echo "35%" ;;
+    medium) echo "40%" ;;
+    large) echo "25%" ;;
   esac
 }
 policy() {  # policy size

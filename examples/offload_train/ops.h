@@ -307,7 +307,8 @@ void GeluBackward(T* din, const T* dout, const T* in, std::size_t n) {
 }
 
 // Softmax cross-entropy over rows of logits: returns the mean loss (in double, summed in
-// row order); with dlogits non-null writes (softmax - onehot) * grad_scale / rows.
+// row order); with dlogits non-null writes (softmax - onehot) * grad_scale / rows. dlogits
+// may be logits: each row is read whole before it is written.
 template <typename T>
 double CrossEntropy(T* dlogits, const T* logits, const std::int32_t* targets, std::size_t rows,
                     std::size_t vocab, T grad_scale, memascend::KernelThreads* threads,

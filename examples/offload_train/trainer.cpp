@@ -384,10 +384,10 @@ std::size_t MaxGroupParams(const GptConfig& c) {
   return n;
 }
 
-// Note [gradient parts]: the fp32 gradient in hand: a whole block's (its backward pass makes it
-// at once), one part of the embeddings' or the head's (made part by part).
-std::size_t GradientScratchParams(const GptConfig& c, std::size_t chunk) {
-  std::size_t n = std::min(chunk, MaxGroupParams(c));
+// Note [gradient parts]: the fp32 gradient in hand, a block's (its backward pass makes it
+// whole); the embeddings' and the head's are made a block's size at a time.
+std::size_t GradientScratchParams(const GptConfig& c) {
+  std::size_t n = 0;
   for (std::size_t g = 1; g + 1 < GroupCount(c); ++g) n = std::max(n, GroupParams(c, g));
   return n;
 }
@@ -416,7 +416,7 @@ class Run {
         keep_bytes_(o.keep_bytes),
         model_(o.model, threads),
         wf_(MaxGroupParams(o.model)),
-        df_(GradientScratchParams(o.model, chunk_)) {
+        df_(GradientScratchParams(o.model)) {
     // Note [gradient room]: the gradients' bytes in update order, and how much of the
     // read-ahead they may claim.
     const std::size_t half = memascend::SizeOf(o.dtype);
@@ -743,20 +743,26 @@ class Run {
       const auto [begin, end] = PartRange(c_, g, part, chunk_);
       const std::size_t n = end - begin;
       {
-        // Note [gradient parts]: a block's gradient is whole in df_; the embeddings' and the
-        // head's are made here, a part at a time.
-        const float* from = df_.data() + begin;
-        if (KindOf(c_, g) != GroupKind::kBlock) {
-          from = df_.data();
-          if (KindOf(c_, g) == GroupKind::kHead)
-            model_.HeadGradient(df_.data(), begin, end);
-          else
-            model_.EmbedGradient(df_.data(), begin, end);
-        }
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad,
                                    backend_->Overwrite(Kind::kGrad, g, part, false));
-        MEMASCEND_RETURN_IF_ERROR(
-            memascend::Convert({from, n, DType::kF32}, {grad.data, n, o_.dtype}, {threads_}));
+        if (KindOf(c_, g) == GroupKind::kBlock) {
+          MEMASCEND_RETURN_IF_ERROR(memascend::Convert({df_.data() + begin, n, DType::kF32},
+                                                       {grad.data, n, o_.dtype}, {threads_}));
+        } else {
+          // Note [gradient parts]: the embeddings' and the head's are made here, df_'s
+          // size at a time.
+          for (std::size_t at = begin; at < end; at += df_.size()) {
+            const std::size_t to = std::min(end, at + df_.size());
+            if (KindOf(c_, g) == GroupKind::kHead)
+              model_.HeadGradient(df_.data(), at, to);
+            else
+              model_.EmbedGradient(df_.data(), at, to);
+            MEMASCEND_RETURN_IF_ERROR(memascend::Convert(
+                {df_.data(), to - at, DType::kF32},
+                {grad.data + (at - begin) * memascend::SizeOf(o_.dtype), to - at, o_.dtype},
+                {threads_}));
+          }
+        }
         const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
         if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))
           overflow_ = true;

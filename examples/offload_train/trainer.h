@@ -53,11 +53,12 @@
 // version the commit superseded, and a step is reported (StepReport) only once durable.
 //
 // Note [gradient parts]: the embeddings' and the head's fp32 gradients are never whole in
-// memory: StoreGrad makes each part from the activations (Gpt::EmbedGradient,
-// Gpt::HeadGradient) just before converting it, so the trainer's fp32 gradient buffer holds
-// a block's gradient or one part, not the largest group (which these two are, with a large
-// vocabulary). Each element sums over the batch's rows in the order of the whole
-// computation, so the bits do not depend on the parts.
+// memory: StoreGrad makes them from the activations (Gpt::EmbedGradient,
+// Gpt::HeadGradient) a block's size at a time, converting each range to 16 bits at once,
+// so the trainer's fp32 gradient buffer holds a block's gradient, not the largest group
+// (which these two are, with a large vocabulary). Each element sums over the batch's rows
+// in the order of the whole computation, so the bits do not depend on the ranges. Every
+// policy does the same: the buffer is the trainer's, not a storage rule.
 //
 // Note [derived parameters]: with the update overlapped, the 16-bit parameters of the
 // embedding and the head are never read back: the forward pass takes them from the
