@@ -174,13 +174,7 @@ TEST(Gradients, GeluAndCrossEntropyAndEmbedding) {
 // The whole model: every group's gradient from the streamed backward pass against
 // finite differences of the loss, over a sample of each group's parameters.
 TEST(Gradients, WholeModelEveryGroup) {
-  GptConfig c;
-  c.vocab = 13;
-  c.seq = 6;
-  c.channels = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.batch = 2;
+  const GptConfig c{.vocab = 13, .seq = 6, .channels = 8, .layers = 2, .heads = 2, .batch = 2};
   memascend::KernelThreads threads(2);
   Gpt<double> model(c, &threads);
   std::vector<Vec> params(GroupCount(c));
@@ -239,13 +233,7 @@ TEST(Gradients, WholeModelEveryGroup) {
 // range, the ranges cutting rows anywhere, have the bits of the whole, in float; so do
 // the logits' gradient made in place and the split matrix product.
 TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
-  GptConfig c;
-  c.vocab = 37;
-  c.seq = 5;
-  c.channels = 12;
-  c.layers = 1;
-  c.heads = 2;
-  c.batch = 3;
+  const GptConfig c{.vocab = 37, .seq = 5, .channels = 12, .layers = 1, .heads = 2, .batch = 3};
   memascend::KernelThreads threads(2);
   Gpt<float> model(c, &threads);
   std::vector<std::vector<float>> params(GroupCount(c));
