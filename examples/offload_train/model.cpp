@@ -247,14 +247,6 @@ void Gpt<T>::HeadGradient(T* out, std::size_t begin, std::size_t end) const {
 }
 
 template <typename T>
-double Gpt<T>::HeadForwardBackward(const T* params, T* dparams, const std::int32_t* targets,
-                                   T grad_scale) {
-  const double loss = Head(params, targets, grad_scale, dparams != nullptr);
-  if (dparams != nullptr) HeadGradient(dparams, 0, GroupParams(c_, c_.layers + 1));
-  return loss;
-}
-
-template <typename T>
 void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   const BlockParams p(c_.channels);
   const std::size_t ch = c_.channels;
@@ -299,11 +291,6 @@ void Gpt<T>::EmbedGradient(T* out, std::size_t begin, std::size_t end) const {
   std::fill(out, out + (end - begin), T(0));
   ops::EmbeddingGradientRange(out, x_.data(), tokens_.data(), rows_, c_.seq, c_.vocab, c_.channels,
                               begin, end);
-}
-
-template <typename T>
-void Gpt<T>::EmbedBackward(T* dparams) {
-  EmbedGradient(dparams, 0, GroupParams(c_, 0));
 }
 
 template <typename T>

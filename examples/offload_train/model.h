@@ -72,12 +72,6 @@ class Gpt {
   // Elements [begin, end) of the embeddings' flat gradient into out[0, end - begin), after
   // the BlockBackward of layer 0. Range by range, the bits of the whole.
   void EmbedGradient(T* out, std::size_t begin, std::size_t end) const;
-  // The whole gradients at once: Head then HeadGradient over the group (dparams may be
-  // null: no backward pass); EmbedGradient over the group.
-  double HeadForwardBackward(const T* params, T* dparams, const std::int32_t* targets,
-                             T grad_scale);
-  void EmbedBackward(T* dparams);
-
   // The last logits row of sequence `b`, for sampling: after Head without `backward` (the
   // backward pass turns the logits into their gradient in place).
   const T* Logits(std::size_t b, std::size_t t) const;

@@ -745,23 +745,17 @@ class Run {
       {
         MEMASCEND_ASSIGN_OR_RETURN(Backend::Buf grad,
                                    backend_->Overwrite(Kind::kGrad, g, part, false));
-        if (KindOf(c_, g) == GroupKind::kBlock) {
-          MEMASCEND_RETURN_IF_ERROR(memascend::Convert({df_.data() + begin, n, DType::kF32},
-                                                       {grad.data, n, o_.dtype}, {threads_}));
-        } else {
-          // Note [gradient parts]: the embeddings' and the head's are made here, df_'s
-          // size at a time.
-          for (std::size_t at = begin; at < end; at += df_.size()) {
-            const std::size_t to = std::min(end, at + df_.size());
-            if (KindOf(c_, g) == GroupKind::kHead)
-              model_.HeadGradient(df_.data(), at, to);
-            else
-              model_.EmbedGradient(df_.data(), at, to);
-            MEMASCEND_RETURN_IF_ERROR(memascend::Convert(
-                {df_.data(), to - at, DType::kF32},
-                {grad.data + (at - begin) * memascend::SizeOf(o_.dtype), to - at, o_.dtype},
-                {threads_}));
-          }
+        // A block's gradient is whole in df_ (one range); the embeddings' and the head's
+        // are made here, df_'s size at a time (Note [gradient parts]).
+        const bool block = KindOf(c_, g) == GroupKind::kBlock;
+        for (std::size_t at = begin; at < end; at += block ? n : df_.size()) {
+          const std::size_t to = block ? end : std::min(end, at + df_.size());
+          if (KindOf(c_, g) == GroupKind::kHead) model_.HeadGradient(df_.data(), at, to);
+          if (KindOf(c_, g) == GroupKind::kEmbed) model_.EmbedGradient(df_.data(), at, to);
+          MEMASCEND_RETURN_IF_ERROR(memascend::Convert(
+              {df_.data() + (block ? at : 0), to - at, DType::kF32},
+              {grad.data + (at - begin) * memascend::SizeOf(o_.dtype), to - at, o_.dtype},
+              {threads_}));
         }
         const memascend::TensorView view[] = {{grad.data, n, o_.dtype}};
         if (!backend_->ChecksOverflowAfterBackward() && memascend::HasOverflow(view, {threads_}))

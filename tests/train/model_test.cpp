@@ -196,13 +196,12 @@ TEST(Gradients, WholeModelEveryGroup) {
   auto forward = [&](std::vector<Vec>* grads) {
     model.Embed(params[0].data(), tokens.data());
     for (std::size_t l = 0; l < c.layers; ++l) model.Block(l, params[l + 1].data());
-    const double loss = model.HeadForwardBackward(
-        params[head].data(), grads != nullptr ? (*grads)[head].data() : nullptr, targets.data(),
-        1.0);
+    const double loss = model.Head(params[head].data(), targets.data(), 1.0, grads != nullptr);
     if (grads != nullptr) {
+      model.HeadGradient((*grads)[head].data(), 0, (*grads)[head].size());
       for (std::size_t l = c.layers; l-- > 0;)
         model.BlockBackward(l, params[l + 1].data(), (*grads)[l + 1].data());
-      model.EmbedBackward((*grads)[0].data());
+      model.EmbedGradient((*grads)[0].data(), 0, (*grads)[0].size());
     }
     return loss;
   };
@@ -250,11 +249,12 @@ TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
   model.Embed(params[0].data(), tokens.data());
   model.Block(0, params[1].data());
   std::vector<float> whole_head(GroupParams(c, head), -1.0f);
-  model.HeadForwardBackward(params[head].data(), whole_head.data(), targets.data(), 1024.0f);
+  model.Head(params[head].data(), targets.data(), 1024.0f, /*backward=*/true);
+  model.HeadGradient(whole_head.data(), 0, whole_head.size());
   std::vector<float> block(GroupParams(c, 1), 0.0f);
   model.BlockBackward(0, params[1].data(), block.data());
   std::vector<float> whole_embed(GroupParams(c, 0), -1.0f);
-  model.EmbedBackward(whole_embed.data());
+  model.EmbedGradient(whole_embed.data(), 0, whole_embed.size());
   // The same backward pass's gradients again, in ranges of 7 and of 50 elements.
   for (const std::size_t step : {7u, 50u}) {
     std::vector<float> part(step);
@@ -290,16 +290,32 @@ TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
   for (auto* v : {&dout, &in, &w}) {
     for (float& x : *v) x = n01(rng);
   }
+  // The reference: the fused loops MatmulBackward had, each element summed in row order.
+  std::vector<float> din_ref(rows * in_f, 0.0f), dw_ref(out_f * in_f, 0.0f), db_ref(out_f, 0.0f);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t o = 0; o < out_f; ++o) {
+      for (std::size_t i = 0; i < in_f; ++i)
+        din_ref[r * in_f + i] += dout[r * out_f + o] * w[o * in_f + i];
+    }
+  }
+  for (std::size_t o = 0; o < out_f; ++o) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      db_ref[o] += dout[r * out_f + o];
+      for (std::size_t i = 0; i < in_f; ++i)
+        dw_ref[o * in_f + i] += dout[r * out_f + o] * in[r * in_f + i];
+    }
+  }
   std::vector<float> din(rows * in_f, 0.0f), dw(out_f * in_f, 0.0f), db(out_f, 0.0f);
   ops::MatmulBackward(din.data(), dw.data(), db.data(), dout.data(), in.data(), w.data(), rows,
                       in_f, out_f, &threads);
-  std::vector<float> din2(rows * in_f, 0.0f), dw2(out_f * in_f, 0.0f);
-  ops::MatmulBackwardInput(din2.data(), dout.data(), w.data(), rows, in_f, out_f, &threads);
+  EXPECT_EQ(din, din_ref);
+  EXPECT_EQ(dw, dw_ref);
+  EXPECT_EQ(db, db_ref);
+  std::vector<float> dw2(out_f * in_f, 0.0f);
   for (std::size_t b = 0; b < dw2.size(); b += 13)
     ops::MatmulWeightGradientRange(dw2.data() + b, dout.data(), in.data(), rows, in_f, out_f, b,
                                    b + 13, &threads);
-  EXPECT_EQ(din, din2);
-  EXPECT_EQ(dw, dw2);
+  EXPECT_EQ(dw2, dw_ref);
   std::vector<float> logits(rows * out_f), scratch(rows);
   for (float& x : logits) x = 3.0f * n01(rng);
   const std::vector<std::int32_t> y = {0, 6, 2, 2, 5, 1, 3, 4, 0};
