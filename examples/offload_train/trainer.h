@@ -4,53 +4,12 @@
 // ordinary memory (Mode::kReference). Both run the same operations in the same order, so
 // their losses agree bit for bit.
 //
-// Note [train state versions]: parameters, master weights and moments exist in two
-// versions on the volume. Step s reads version v and writes version 1 - v; only after
-// every tensor of the new version is durable (TensorStore::Flush) is the checkpoint
-// record (step, version, loss scaler, Adam step) committed, as one journaled object. A
-// run killed at any moment therefore resumes from the last committed step with a
-// consistent state, and reaches the same losses as a run never interrupted. Gradients
-// are scratch: written in the backward pass, read by the optimizer, then discarded.
-//
-// Note [optimizer overlap]: the update of step s and the forward pass of step s + 1 visit
-// the groups in the same order, and the forward pass of group g needs only the new
-// parameters of group g. So the MemAscend policy runs them interleaved: update group g,
-// then the forward pass of group g, whose parameters are still in the budget. The
-// optimizer's reads ahead and its write-backs overlap the forward pass's compute, and
-// the forward pass reads nothing. The arithmetic and its order are those of the
-// sequential loop, so the losses are the same bit for bit. Step s is committed after
-// its last group (the head) is updated, before the head's compute (Note [train state
-// versions] holds: nothing of version v is overwritten before step s, which made version
-// 1 - v, is committed). The head's compute and the backward pass read little, so the
-// disk would idle under them: the backward pass's first parameters and the next update's
-// first optimizer state (the version just committed) are read there, the gradients as
-// soon as they exist. A step is reported (StepReport, TrainSummary) once its commit is
-// durable (Note [background commit]); its time runs from the previous report.
-//
-// Note [parts]: under the MemAscend policy every tensor of a group (parameters, gradient,
-// master weights, moments) is stored in parts of `optimizer_chunk` elements. The update
-// holds one part of each at a time and releases the gradient part at once, so what a
-// group needs at once is a part, not the group: the rest of the budget reads ahead. Each
-// part's new parameters also go straight into the fp32 working copy, so the overlapped
-// forward pass reads none. The passes convert and check gradients part by part; the sum
-// of squares for the clip coefficient runs on over the parts in order (SumOfSquares with a
-// running total), which gives the bits of one sum over the whole group: the losses are
-// the same for any chunk, in every policy.
-//
-// Note [gradient room]: the backward pass writes every gradient before the update reads
-// the first. A gradient evicted in between costs a write and a read that a resident one
-// does not (small model at a quarter of the state: 16 of 200 MiB a step). So the read-ahead started
-// under the head's compute leaves room for the gradients still to come: it holds at most the
-// read-ahead budget less the gradient bytes of the parts beyond its cursor (no less than 3 parts),
-// and each gradient that fits is marked wanted when written, so eviction takes the used parameters
-// and the written-back state first. As the update discards each gradient part, the read-ahead takes
-// its room. Prefetches beyond the room that remains wait for it rather than being dropped
-// (TensorStore Note [residency]).
-//
-// Note [background commit]: a commit (TensorStore::Flush, then the checkpoint record)
-// runs on a thread of its own while the head's compute and the backward pass go on; they
-// write no durable tensor. The next update waits for it before its first write of the
-// version the commit superseded, and a step is reported (StepReport) only once durable.
+// The machinery of an offloaded step is the SDK's: the versioned training state and its
+// commits (memascend/training_state.h: Note [train state versions], [background commit],
+// [state layout]) and the offloaded optimizer with its parameter streams
+// (memascend/offloaded_optimizer.h: Note [parts], [optimizer overlap], [read-ahead],
+// [gradient room], [kept state], [derived parameters]). This file is the model's side:
+// which groups, which parameters are derived, the loop, the reports.
 //
 // Note [gradient parts]: the embeddings' and the head's fp32 gradients are never whole in
 // memory: StoreGrad makes them from the activations (Gpt::EmbedGradient,
@@ -61,27 +20,13 @@
 // policy does the same: the buffer is the trainer's, not a storage rule.
 //
 // Note [derived parameters]: with the update overlapped, the 16-bit parameters of the
-// embedding and the head are never read back: the forward pass takes them from the
-// update (Note [parts]), the head's backward pass runs in the same call as its forward
-// pass, and the embedding's needs none. So a MemAscend volume does not store them: the
-// update writes them only to the working copy, and where they are needed otherwise (a
-// forward pass with no update before it: a run's first step, the step after a skipped
-// one, every step with the update not overlapped; sampling) they are made from the
-// master weights, which they round (FusedAdam and Convert round the same way, to nearest
-// even), so the bits are those that would have been stored. The layout is the same
-// whether the update is overlapped or not, so a run may be resumed either way. Every
-// overlapped step writes 2 bytes per parameter of the two largest groups less (small
-// model at a quarter of the state: 8 of 183 MiB); a forward pass without an update reads
-// their master weights, twice the bytes.
-//
-// Note [kept state]: every step reads and writes the whole optimizer state in the same
-// order, so when it is larger than the budget, least-recently-used eviction keeps none of
-// it from one step to the next. `keep_bytes` of the budget beyond MinimumHostBudget()
-// go to a fixed set of optimizer parts, the first in update order, marked kept
-// (TensorStore Note [retention]): read once, then served from memory each step (still
-// written back each step, as the commit needs); the rest goes to the read-ahead. Off by
-// default: at twice the minimum budget the smaller read-ahead cost more time than the
-// reads saved (docs/benchmarks.md).
+// embedding and the head are never read back: the forward pass takes them from the update,
+// the head's backward pass runs in the same call as its forward pass, and the embedding's
+// needs none. So a MemAscend volume does not store them (StateGroup::store_parameters
+// false): where they are needed otherwise (a forward pass with no update before it, every
+// step with the update not overlapped, sampling) the optimizer rounds them from the
+// master weights, to the bits that would have been stored. The layout is the same whether
+// the update is overlapped or not, so a run may be resumed either way.
 //
 // Thread-safety: one Train() call at a time per volume.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_

@@ -180,9 +180,11 @@ Layout MakeLayout(const TrainOptions& o) {
 
 class ZeroBackend final : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<ZeroBackend>> Create(const TrainOptions& o,
-                                                             memascend::MemoryLedger* ledger) {
+  static absl::StatusOr<std::unique_ptr<ZeroBackend>> Create(
+      const TrainOptions& o, const memascend::StateLayout& state_layout,
+      memascend::MemoryLedger* ledger) {
     auto b = std::unique_ptr<ZeroBackend>(new ZeroBackend(o, ledger));
+    b->state_layout_ = state_layout;
     MEMASCEND_RETURN_IF_ERROR(b->Init());
     return b;
   }
@@ -202,9 +204,9 @@ class ZeroBackend final : public Backend {
 
   absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t, bool) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
-    if (k == Kind::kGrad) return GradView(g);
-    if (k != Kind::kParam) return absl::UnimplementedError("zero-infinity reads states itself");
-    if (!Swapped(Kind::kParam, g)) return MemoryView(Kind::kParam, g);
+    if (k == Kind::kGradient) return GradView(g);
+    if (k != Kind::kParameters) return absl::UnimplementedError("zero-infinity reads states itself");
+    if (!Swapped(Kind::kParameters, g)) return MemoryView(Kind::kParameters, g);
     auto it = prefetched_.find(g);
     if (it != prefetched_.end()) {
       Pending p = std::move(it->second);
@@ -214,7 +216,7 @@ class ZeroBackend final : public Backend {
     }
     MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
     auto op =
-        aio_.Submit(Path(Kind::kParam, g), ParamSlot(slot), FileBytes(Kind::kParam, g), false);
+        aio_.Submit(Path(Kind::kParameters, g), ParamSlot(slot), FileBytes(Kind::kParameters, g), false);
     absl::Status s = Aio::Wait(op);
     if (!s.ok()) {
       param_busy_[slot] = false;
@@ -225,11 +227,11 @@ class ZeroBackend final : public Backend {
 
   absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t, bool next) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
-    if (k == Kind::kGrad) return GradView(g);
+    if (k == Kind::kGradient) return GradView(g);
     if (next) return absl::UnimplementedError("zero-infinity writes new states itself");
     // Initialisation: fill, then swap out when released.
     if (!Swapped(k, g)) return MemoryView(k, g);
-    if (k == Kind::kParam) {
+    if (k == Kind::kParameters) {
       MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
       return ParamSlotBuf(slot, g, /*write_on_release=*/true);
     }
@@ -249,20 +251,24 @@ class ZeroBackend final : public Backend {
   }
 
   void Prefetch(Kind k, std::size_t g, std::size_t) override {
-    if (k != Kind::kParam || !Swapped(Kind::kParam, g) || prefetched_.contains(g)) return;
+    if (k != Kind::kParameters || !Swapped(Kind::kParameters, g) || prefetched_.contains(g)) return;
     // A prefetch never takes the last free buffer: the layer about to run needs one.
     if (std::count(param_busy_.begin(), param_busy_.end(), false) < 2) return;
     auto slot = TakeParamSlot();
     if (!slot.ok()) return;  // every buffer busy: it is read when needed
-    prefetched_.emplace(g, Pending{*slot, aio_.Submit(Path(Kind::kParam, g), ParamSlot(*slot),
-                                                      FileBytes(Kind::kParam, g), false)});
+    prefetched_.emplace(g, Pending{*slot, aio_.Submit(Path(Kind::kParameters, g), ParamSlot(*slot),
+                                                      FileBytes(Kind::kParameters, g), false)});
   }
 
   absl::Status Discard(Kind, std::size_t, std::size_t) override { return absl::OkStatus(); }
-  absl::Status Commit(const Checkpoint&) override { return deferred_; }
-  absl::StatusOr<std::optional<Checkpoint>> Load() override { return std::nullopt; }
-  std::uint64_t IoReadBytes() const override { return aio_.read_bytes(); }
-  std::uint64_t IoWriteBytes() const override { return aio_.write_bytes(); }
+  // ZeRO-Infinity keeps no crash-consistent state: nothing to commit or resume.
+  absl::Status Commit(const memascend::CommitRecord&) override { return deferred_; }
+  absl::StatusOr<std::optional<memascend::CommitRecord>> Resume(std::uint64_t) override {
+    return std::nullopt;
+  }
+  std::uint64_t io_read_bytes() const override { return aio_.read_bytes(); }
+  std::uint64_t io_write_bytes() const override { return aio_.write_bytes(); }
+  const memascend::StateLayout& layout() const override { return state_layout_; }
 
   bool ChecksOverflowAfterBackward() const override { return true; }
 
@@ -289,9 +295,9 @@ class ZeroBackend final : public Backend {
     return false;
   }
 
-  bool OwnsOptimizerStep() const override { return true; }
+  bool OwnsUpdate() const override { return true; }
 
-  absl::Status OptimizerStep(const memascend::AdamConfig& adam,
+  absl::Status UpdateAll(const memascend::AdamConfig& adam,
                              memascend::KernelThreads* threads) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
     const std::size_t half = memascend::SizeOf(o_.dtype);
@@ -325,11 +331,11 @@ class ZeroBackend final : public Backend {
       for (std::size_t g : sub) {
         const std::size_t n = numel(g);
         Buf param;
-        if (Swapped(Kind::kParam, g)) {
+        if (Swapped(Kind::kParameters, g)) {
           MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
           param = ParamSlotBuf(slot, g, /*write_on_release=*/true);
         } else {
-          param = MemoryView(Kind::kParam, g);
+          param = MemoryView(Kind::kParameters, g);
         }
         MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(
             adam, {reinterpret_cast<float*>(state[0] + off * 4), n},
@@ -405,13 +411,13 @@ class ZeroBackend final : public Backend {
     MEMASCEND_ASSIGN_OR_RETURN(
         flat_grads_, pool_->Allocate(layout_.total * memascend::SizeOf(o_.dtype), Use::kGradients));
     // Tensors under min_swap_bytes stay in pageable memory.
-    for (Kind k : {Kind::kParam, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) {
+    for (Kind k : {Kind::kParameters, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) {
       auto& mem = memory_[static_cast<int>(k)];
       mem.resize(layout_.groups);
       for (std::size_t g = 0; g < layout_.groups; ++g) {
         if (Swapped(k, g)) continue;
         mem[g].resize(numel(g) * Element(k));
-        Account(k == Kind::kParam ? Use::kParameters : Use::kOptimizerState,
+        Account(k == Kind::kParameters ? Use::kParameters : Use::kOptimizerState,
                 static_cast<std::int64_t>(mem[g].size()));
       }
     }
@@ -420,7 +426,7 @@ class ZeroBackend final : public Backend {
 
   std::size_t numel(std::size_t g) const { return layout_.numel[g]; }
   std::size_t Element(Kind k) const {
-    return k == Kind::kParam || k == Kind::kGrad ? memascend::SizeOf(o_.dtype) : 4;
+    return k == Kind::kParameters || k == Kind::kGradient ? memascend::SizeOf(o_.dtype) : 4;
   }
   bool Swapped(Kind k, std::size_t g) const {
     return numel(g) * Element(k) >= o_.zero.min_swap_bytes;
@@ -428,7 +434,7 @@ class ZeroBackend final : public Backend {
   std::size_t FileBytes(Kind k, std::size_t g) const { return Round4k(numel(g) * Element(k)); }
   std::string Path(Kind k, std::size_t g) const {
     switch (k) {
-      case Kind::kParam:
+      case Kind::kParameters:
         return fmt::format("{}/params/rank0/{}_param.tensor.swp", root_, g);
       case Kind::kMaster:
         return fmt::format("{}/optimizer/rank0/{}_fp32_param.tensor.swp", root_, g);
@@ -457,8 +463,8 @@ class ZeroBackend final : public Backend {
     b.bytes = numel(g) * memascend::SizeOf(o_.dtype);
     b.hold = std::shared_ptr<void>(b.data, [this, slot, g, write_on_release](void* p) {
       if (write_on_release) {
-        Note(Aio::Wait(aio_.Submit(Path(Kind::kParam, g), static_cast<std::byte*>(p),
-                                   FileBytes(Kind::kParam, g), true)));
+        Note(Aio::Wait(aio_.Submit(Path(Kind::kParameters, g), static_cast<std::byte*>(p),
+                                   FileBytes(Kind::kParameters, g), true)));
       }
       param_busy_[slot] = false;
     });
@@ -488,6 +494,7 @@ class ZeroBackend final : public Backend {
   TrainOptions o_;
   memascend::MemoryLedger* ledger_;
   Layout layout_;
+  memascend::StateLayout state_layout_;
   Aio aio_;
   std::string root_;
   std::unique_ptr<memascend::HostArena> arena_;
@@ -512,8 +519,9 @@ std::uint64_t ZeroPinnedBytes(const TrainOptions& o) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(const TrainOptions& options,
+                                                                 const memascend::StateLayout& state_layout,
                                                                  memascend::MemoryLedger* ledger) {
-  MEMASCEND_ASSIGN_OR_RETURN(auto b, ZeroBackend::Create(options, ledger));
+  MEMASCEND_ASSIGN_OR_RETURN(auto b, ZeroBackend::Create(options, state_layout, ledger));
   return std::unique_ptr<Backend>(std::move(b));
 }
 

@@ -42,6 +42,7 @@ namespace offload_train {
 // than param_buffer_size after the rule raised it cannot happen; fewer than four
 // optimizer buffers or one parameter buffer can).
 absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(const TrainOptions& options,
+                                                                 const memascend::StateLayout& state_layout,
                                                                  memascend::MemoryLedger* ledger);
 
 // The pinned bytes the ZeRO-Infinity rules allocate for this model (after pow2 rounding).

@@ -1,0 +1,251 @@
+// memascend/offloaded_optimizer.h: Adam/AdamW whose fp32 master weights and moments live
+// in a TrainingStateStorage (on NVMe through a TensorStore, Note [train state versions]),
+// updated part by part with the state read ahead under a byte budget; and a parameter
+// stream that reads groups' parameters ahead in a window, forward or in reverse.
+//
+//   MEMASCEND_ASSIGN_OR_RETURN(auto adam,
+//       memascend::OffloadedAdam::Create(state.get(), options, &threads));
+//   for (g ...) MEMASCEND_RETURN_IF_ERROR(adam->Initialize(g, initial_fp32_weights));
+//   MEMASCEND_RETURN_IF_ERROR(adam->Commit(0));
+//   for each step:
+//     adam->BeginBackward();                       // then, as each gradient is made:
+//     MEMASCEND_RETURN_IF_ERROR(adam->SetGradient(g, part, grad_part_fp32_times_scale));
+//     MEMASCEND_ASSIGN_OR_RETURN(auto plan, adam->EndBackward());   // skipped on overflow
+//     for (g ...) MEMASCEND_RETURN_IF_ERROR(adam->UpdateGroup(g, new_params_out));
+//     MEMASCEND_RETURN_IF_ERROR(adam->Commit(step));                // durable in background
+//
+// Note [parts]: every kind of state of a group is stored in parts (StateLayout). The
+// update holds one part's gradient, next parameters, master weights and moments at a
+// time and releases the gradient part at once, so what the update needs at once is a
+// part, not a group: MinimumHostBudget(). Each part's new parameters go straight to the
+// caller's buffer (UpdateGroup's `params_out`), so a forward pass interleaved with the
+// update (Note [optimizer overlap]) reads none. Gradients are converted and checked part
+// by part; the sum of squares for the clip coefficient runs on over the parts in order
+// (SumOfSquares with a running total), which gives the bits of one sum over the group
+// when parts are multiples of 2^18 elements (the kernels' task): the results do not
+// depend on the part size.
+//
+// Note [optimizer overlap]: the update of step s and the forward pass of step s + 1 can
+// visit the groups in the same order, and the forward pass of group g needs only the new
+// parameters of group g. UpdateGroup is therefore one call per group, for a caller to
+// interleave with its forward pass; the arithmetic and its order are those of a
+// sequential update. Commit(step) after the last group makes the step durable in the
+// background (Note [background commit] in training_state.h).
+//
+// Note [read-ahead]: the update reads each part's gradient, master weights and moments
+// ahead of its use, in update order, up to options.read_ahead_bytes beyond the part in
+// hand. ReadAheadForUpdate() starts it before the gradients exist (under compute that
+// reads little, such as the loss); their reads are added as they are written.
+//
+// Note [gradient room]: the backward pass writes every gradient before the update reads
+// the first, and a gradient evicted in between costs a write and a read. With
+// options.gradient_room, the read-ahead started before the update leaves room for the
+// gradients still to come: it holds at most the read-ahead budget less the gradient bytes
+// of the parts beyond its cursor (no less than three parts), and each gradient that fits
+// is marked wanted when written (TensorStore Note [residency]). As the update discards
+// each gradient part, the read-ahead takes its room.
+//
+// Note [kept state]: when the optimizer state is larger than the budget, least-recently-
+// used eviction keeps none of it from one step to the next. options.keep_bytes of state,
+// the first parts in update order, are marked kept (TensorStore Note [retention]): read
+// once, then served from memory each step (still written back, as commits need).
+//
+// Note [derived parameters]: a group whose layout does not store its parameters gets them
+// from its master weights, rounded to the parameter dtype (FusedAdam and Convert round to
+// nearest even alike), so the bits are those that would have been stored.
+//
+// Thread-safety: one thread drives an optimizer (its kernels use `threads`).
+// Lifetime: the storage and the threads must outlive the optimizer.
+#ifndef MEMASCEND_OFFLOADED_OPTIMIZER_H_
+#define MEMASCEND_OFFLOADED_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <absl/status/statusor.h>
+
+#include <memascend/kernels.h>
+#include <memascend/training_state.h>
+
+namespace memascend {
+
+struct AdamGroupOptions {
+  float lr = 1e-3f;
+  float weight_decay = 0.0f;
+};
+
+struct OffloadedAdamOptions {
+  float lr = 1e-3f;  // every group's, unless `groups` says otherwise
+  float weight_decay = 0.0f;
+  std::vector<AdamGroupOptions> groups;  // empty, or one per layout group
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  bool adamw = true;        // decoupled weight decay (AdamW) or L2 (Adam)
+  float max_grad_norm = 0;  // clip the global norm to this; 0: no clipping
+  // Dynamic loss scaling; a run without it sets initial_scale 1 and growth_interval huge.
+  DynamicLossScaler::Options scaler;
+  std::uint64_t fingerprint = 0;  // the caller's: committed, and checked by Resume()
+  // Optimizer state read ahead of the part being updated, in bytes (Note [read-ahead]);
+  // at least MinimumReadAhead() is used.
+  std::size_t read_ahead_bytes = 0;
+  std::size_t keep_bytes = 0;  // Note [kept state]
+  bool gradient_room = false;  // Note [gradient room]
+};
+
+// What EndBackward() decided for the step.
+struct StepPlan {
+  bool skipped = false;  // overflow: no update; the gradients were discarded
+  double grad_norm = 0;  // global, unscaled (0 when skipped)
+  float loss_scale = 0;  // the scale the gradients were made with
+  AdamConfig adam;       // group 0's (lr and weight decay differ per group)
+};
+
+class OffloadedAdam {
+ public:
+  // kInvalidArgument for a bad layout, hyper-parameter or group count.
+  static absl::StatusOr<std::unique_ptr<OffloadedAdam>> Create(TrainingStateStorage* storage,
+                                                               const OffloadedAdamOptions& options,
+                                                               KernelThreads* threads);
+
+  // The least pinned memory a run over a TensorStore needs: one part's gradient, next
+  // parameters, next master weights and moments (each made from the current one in
+  // place). A budget close to it may fragment: twice it is safe.
+  static std::size_t MinimumHostBudget(const StateLayout& layout);
+  // The least read-ahead: three parts' gradients, master weights and moments.
+  static std::size_t MinimumReadAhead(const StateLayout& layout);
+
+  const StateLayout& layout() const { return storage_->layout(); }
+  TrainingStateStorage* storage() const { return storage_; }
+
+  // ---- the state
+  // Writes group g's current version from fp32 weights (group size): parameters rounded
+  // (if stored), master weights, zero moments. For a new run, before the first Commit.
+  absl::Status Initialize(std::size_t group, std::span<const float> weights);
+  // The last committed step's record, its scaler and Adam step restored; nullopt for a
+  // state never committed. kFailedPrecondition for another run's state.
+  absl::StatusOr<std::optional<CommitRecord>> Resume();
+  // Commits the current state as `step` (after a whole update, or a skipped step, or the
+  // initial state): version, Adam step, scaler, fingerprint and `user` bytes.
+  // kFailedPrecondition with an update begun and not finished.
+  absl::Status Commit(std::uint64_t step, std::string_view user = {});
+  absl::Status Settle() { return storage_->Settle(); }  // the commit durable
+
+  // ---- the gradients
+  // Starts a step's gradients: the overflow flag and the norm are reset. May be called
+  // while the previous step's update is still to run (Note [optimizer overlap]).
+  void BeginBackward();
+  // Part `part` of group g's gradient (its elements, scaled by loss_scale()), converted
+  // to the layout's gradient dtype, checked for overflow, added to the norm.
+  absl::Status SetGradient(std::size_t group, std::size_t part, TensorView gradient);
+  // The same, for a caller that writes the gradient in place: `fill` gets the part's
+  // stored gradient to write every element of.
+  absl::Status WriteGradient(std::size_t group, std::size_t part,
+                             const std::function<absl::Status(MutableTensorView)>& fill);
+  // After every part's gradient: the overflow check (one, for a storage that checks
+  // after the backward pass), the loss scaler's update, and the step's plan; a skipped
+  // step discards the gradients. `lr_factor` scales every group's lr (a schedule).
+  absl::StatusOr<StepPlan> EndBackward(double lr_factor = 1.0);
+  float loss_scale() const noexcept { return scaler_.scale(); }
+  const DynamicLossScaler& scaler() const noexcept { return scaler_; }
+  std::int64_t adam_step() const noexcept { return adam_step_; }
+  bool update_pending() const noexcept { return pending_.has_value(); }
+
+  // ---- the update
+  // Starts the read-ahead before the gradients exist (Note [read-ahead]); optional.
+  void ReadAheadForUpdate();
+  // Updates group g part by part (Note [parts]); the new parameters also go to
+  // `params_out` (the group's elements, any dtype; empty: none). Groups in order, once
+  // each. kFailedPrecondition without a planned update.
+  absl::Status UpdateGroup(std::size_t group, MutableTensorView params_out = {});
+  // Every group in order (or the storage's own update), calling `after_group` after each.
+  absl::Status UpdateAll(const std::function<void(std::size_t)>& after_group = {});
+  // Sets a group's lr and weight decay for the steps planned after this call.
+  absl::Status SetGroupOptions(std::size_t group, const AdamGroupOptions& options);
+
+  // ---- the parameters
+  // Group g's current parameters into `out` (its elements, any dtype), part by part (of a
+  // derived group, rounded from the master weights).
+  absl::Status LoadParameters(std::size_t group, MutableTensorView out);
+  void PrefetchParameters(std::size_t group);
+
+ private:
+  OffloadedAdam(TrainingStateStorage* storage, const OffloadedAdamOptions& options,
+                KernelThreads* threads);
+  absl::Status KeepState();
+  bool Kept(std::size_t g, std::size_t part) const;
+  std::size_t GradBytesBefore(std::size_t g, std::size_t part) const;
+  std::size_t PartStateBytes(std::size_t g, std::size_t part) const;
+  absl::Status FinishGradient(std::size_t g, std::size_t part, const StateBuffer& grad);
+  void StartReadAhead(bool grads_ready);
+  void ContinueReadAhead();
+  void ReadAhead(std::size_t g, std::size_t part);
+  void Fill();
+  KernelOptions K() const { return {threads_}; }
+
+  TrainingStateStorage* storage_;
+  OffloadedAdamOptions o_;
+  KernelThreads* threads_;
+  DynamicLossScaler scaler_;
+  std::vector<AdamGroupOptions> groups_;
+  int version_ = 0;  // the committed version
+  std::int64_t adam_step_ = 0;
+  // Gradients of the step in progress.
+  float scale_ = 1;
+  bool overflow_ = false;
+  double sum_squares_ = 0;
+  // The update planned by EndBackward: its Adam step, lr factor and multiplier.
+  struct Pending {
+    AdamConfig adam;
+    double lr_factor = 1;
+    std::size_t next_group = 0;  // groups updated so far
+  };
+  std::optional<Pending> pending_;
+  bool skipped_ = false;  // the last plan was a skipped step, not yet committed
+  std::size_t read_ahead_;
+  std::size_t grad_room_ = 0;
+  std::vector<std::size_t> part_base_, grad_before_;    // Note [gradient room]
+  std::pair<std::size_t, std::size_t> keep_end_{0, 0};  // the first part not kept
+  std::vector<std::byte> derived_;  // one part's parameters, for a derived group
+  struct Ahead {
+    std::size_t g, part, bytes;
+  };
+  std::deque<Ahead> ahead_;
+  std::size_t ahead_bytes_ = 0;
+  std::size_t cursor_g_ = 0, cursor_part_ = 0;  // the next part to read ahead
+  bool ahead_started_ = false;
+  bool grads_ready_ = false;
+};
+
+// Streams groups' parameters in a window: loading group g first prefetches the next
+// `window` groups in the walk's direction, within [first, last).
+// Thread-safety: one thread at a time. Lifetime: the optimizer must outlive the stream.
+class ParameterStream {
+ public:
+  enum class Direction { kForward, kReverse };
+  ParameterStream(OffloadedAdam* optimizer, std::size_t first, std::size_t last,
+                  std::size_t window);
+  // Prefetches the window after `group` in `direction`, then loads `group` into `out`.
+  absl::Status Load(std::size_t group, MutableTensorView out, Direction direction);
+  // Prefetches the window after `group` (which is not loaded).
+  void PrefetchAfter(std::size_t group, Direction direction);
+  // A stored part of the group's current parameters on the GPU tier (its copy queued on
+  // `stream`): kFailedPrecondition without a GPU tier, kNotFound for derived parameters.
+  absl::StatusOr<TensorLease> AcquireOnDevice(std::size_t group, std::size_t part,
+                                              CudaStreamView stream);
+
+ private:
+  OffloadedAdam* optimizer_;
+  std::size_t first_, last_, window_;
+};
+
+}  // namespace memascend
+
+#endif  // MEMASCEND_OFFLOADED_OPTIMIZER_H_

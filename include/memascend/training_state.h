@@ -1,0 +1,245 @@
+// memascend/training_state.h: a model's training state (16-bit parameters, gradients,
+// fp32 master weights and Adam moments), group by group and part by part, kept either in
+// ordinary memory or in a TensorStore on a volume in two versions with crash-safe commits.
+//
+//   memascend::StateLayout layout;
+//   layout.groups = {{"embed", 4'194'304}, {"block.0", 786'432}, {"head", 4'194'304}};
+//   layout.param_dtype = layout.grad_dtype = memascend::DType::kBF16;
+//   layout.part_elements = 1 << 20;                // the optimizer holds one part at a time
+//   MEMASCEND_ASSIGN_OR_RETURN(auto state,
+//       memascend::VersionedTrainingState::Open(store.get(), volume.get(), layout));
+//   MEMASCEND_ASSIGN_OR_RETURN(auto last, state->Resume(my_fingerprint));   // nullopt: new
+//
+// Note [train state versions]: parameters, master weights and moments exist in two
+// versions on the volume. A step reads version v and writes version 1 - v; only after
+// every tensor of the new version is durable (TensorStore::Flush) is the commit record
+// (step, version, Adam step, loss scaler, the caller's fingerprint and bytes) written, as
+// one journaled object. A process killed at any moment therefore resumes from the last
+// committed step with a consistent state. Gradients are scratch: written in the backward
+// pass, read by the optimizer, then discarded; never committed.
+//
+// Note [background commit]: Commit() starts the write-backs and the journal commit on a
+// thread of its own and returns; the caller goes on computing and reading (the new
+// version is resident or staged, so reads see it at once). Settle() waits for it.
+// Writing the version the commit supersedes (Overwrite or Update of the next version)
+// settles first by itself.
+//
+// Note [state layout]: a group of `elements` parameters is stored in parts of
+// `part_elements` (the last part shorter); each kind of state has the same parts. A group
+// with store_parameters false has no stored 16-bit parameters: they are derived from its
+// master weights by rounding (the optimizer's update writes them only to the caller's
+// buffer), which saves their writes when the caller needs them only after an update.
+//
+// Thread-safety: one thread drives a state; Commit's background work is internal.
+// Lifetime: the store and the volume must outlive the state; a StateBuffer must be
+// released before the state is destroyed.
+#ifndef MEMASCEND_TRAINING_STATE_H_
+#define MEMASCEND_TRAINING_STATE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <absl/status/statusor.h>
+
+#include <memascend/kernels.h>
+#include <memascend/tensor_store.h>
+#include <memascend/volume.h>
+
+namespace memascend {
+
+enum class StateKind : std::uint8_t { kParameters, kGradient, kMaster, kExpAvg, kExpAvgSq };
+std::string_view ToString(StateKind k) noexcept;
+
+struct StateGroup {
+  std::string name;  // [A-Za-z0-9_.-]+, unique
+  std::size_t elements = 0;
+  bool store_parameters = true;  // Note [state layout]
+};
+
+struct StateLayout {
+  std::vector<StateGroup> groups;
+  DType param_dtype = DType::kF16;  // the stored parameters (the master weights are fp32)
+  DType grad_dtype = DType::kF16;
+  std::size_t part_elements = SIZE_MAX;  // SIZE_MAX: every group is one part
+
+  // kInvalidArgument for no groups, an empty group, a bad or repeated name, or a zero
+  // part size.
+  absl::Status Validate() const;
+  std::size_t Parts(std::size_t group) const;
+  // Elements [begin, end) of the group that `part` covers.
+  std::pair<std::size_t, std::size_t> PartRange(std::size_t group, std::size_t part) const;
+  std::size_t ElementBytes(StateKind k) const;
+  bool Stored(StateKind k, std::size_t group) const;  // false for derived parameters
+  std::size_t MaxGroupElements() const;
+  std::size_t MaxPartElements() const;
+  std::uint64_t TotalElements() const;
+  // What identifies the layout (names, sizes, dtypes, parts): a state of another layout
+  // is refused on resume.
+  std::uint64_t Fingerprint() const;
+};
+
+// What one commit makes durable with the state (Note [train state versions]).
+struct CommitRecord {
+  std::uint64_t step = 0;  // steps completed
+  int version = 0;         // the version that holds the state after `step`
+  std::int64_t adam_step = 0;
+  DynamicLossScaler::State scaler;
+  std::uint64_t fingerprint = 0;  // the caller's: of the model, data and hyper-parameters
+  std::uint64_t layout = 0;       // StateLayout::Fingerprint(), set by the storage
+  std::string user;               // the caller's bytes (at most 1 MiB)
+};
+// The record as stored, checksummed; and back. kDataLoss for anything but a whole record.
+std::string EncodeCommitRecord(const CommitRecord& r);
+absl::StatusOr<CommitRecord> DecodeCommitRecord(std::string_view bytes);
+
+// A part in hand: its bytes stay valid until the buffer is destroyed (a store lease, or
+// a backend's own buffer, kept by `hold`). Move-only in effect: copies share the hold.
+struct StateBuffer {
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  std::shared_ptr<void> hold;
+  template <typename T>
+  std::span<T> as() const noexcept {
+    return {reinterpret_cast<T*>(data), bytes / sizeof(T)};
+  }
+};
+
+// Where an optimizer's state lives. The SDK's are VersionedTrainingState (a tensor store
+// on a volume) and InMemoryTrainingState (ordinary memory, one version: the reference);
+// a caller may supply its own, such as a comparison baseline with its own buffers.
+class TrainingStateStorage {
+ public:
+  virtual ~TrainingStateStorage() = default;
+  virtual const StateLayout& layout() const = 0;
+
+  // The current version of a part (next == false) or the next one, already written.
+  virtual absl::StatusOr<StateBuffer> Read(StateKind k, std::size_t group, std::size_t part,
+                                           bool next) = 0;
+  // The caller writes every byte: of the current version (next == false) or the next.
+  virtual absl::StatusOr<StateBuffer> Overwrite(StateKind k, std::size_t group, std::size_t part,
+                                                bool next) = 0;
+  // The next version, starting as a copy of the current one.
+  virtual absl::StatusOr<StateBuffer> Update(StateKind k, std::size_t group, std::size_t part) = 0;
+  // Starts reading the current version ahead of a Read; a hint.
+  virtual void Prefetch(StateKind k, std::size_t group, std::size_t part) = 0;
+  // Both versions stay resident from one step to the next when the budget allows; a hint.
+  virtual absl::Status Keep(StateKind, std::size_t /*group*/, std::size_t /*part*/) {
+    return absl::OkStatus();
+  }
+  // Drops a part's bytes without writing them (a gradient once used).
+  virtual absl::Status Discard(StateKind k, std::size_t group, std::size_t part) = 0;
+  // The current version of a stored part on the GPU tier, its copy queued on `stream`.
+  virtual absl::StatusOr<TensorLease> ReadOnDevice(StateKind, std::size_t, std::size_t,
+                                                   CudaStreamView) {
+    return absl::FailedPreconditionError("this training state has no GPU tier");
+  }
+
+  // Makes `r` the committed state (r.version may name the next version). May return
+  // before it is durable (Note [background commit]); Settle() waits and returns the
+  // commit's error. Once a commit failed, the storage stays failed.
+  virtual absl::Status Commit(const CommitRecord& r) = 0;
+  virtual absl::Status Settle() { return absl::OkStatus(); }
+  // The last committed record; nullopt when nothing was committed. kFailedPrecondition
+  // when the record carries another fingerprint or layout (another run's state).
+  virtual absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) = 0;
+
+  virtual std::uint64_t io_read_bytes() const { return 0; }
+  virtual std::uint64_t io_write_bytes() const { return 0; }
+  virtual std::optional<TensorStoreStats> store_stats() const { return std::nullopt; }
+
+  // For a storage that runs the update its own way (ZeRO-Infinity's sub-groups and
+  // swap buffers, in the example's baseline): the optimizer calls these instead.
+  virtual bool ChecksOverflowAfterBackward() const { return false; }
+  virtual absl::StatusOr<bool> CheckOverflow() { return false; }
+  virtual bool OwnsUpdate() const { return false; }
+  virtual absl::Status UpdateAll(const AdamConfig&, KernelThreads*) {
+    return absl::UnimplementedError("UpdateAll");
+  }
+};
+
+// One version in ordinary memory, updated in place; commits nothing. The reference that
+// offloaded runs are compared with.
+class InMemoryTrainingState final : public TrainingStateStorage {
+ public:
+  static absl::StatusOr<std::unique_ptr<InMemoryTrainingState>> Create(const StateLayout& layout);
+  const StateLayout& layout() const override { return layout_; }
+  absl::StatusOr<StateBuffer> Read(StateKind k, std::size_t g, std::size_t part, bool) override;
+  absl::StatusOr<StateBuffer> Overwrite(StateKind k, std::size_t g, std::size_t part,
+                                        bool) override;
+  absl::StatusOr<StateBuffer> Update(StateKind k, std::size_t g, std::size_t part) override;
+  void Prefetch(StateKind, std::size_t, std::size_t) override {}
+  absl::Status Discard(StateKind, std::size_t, std::size_t) override { return absl::OkStatus(); }
+  absl::Status Commit(const CommitRecord& r) override;
+  absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) override;
+
+ private:
+  explicit InMemoryTrainingState(StateLayout layout);
+  absl::StatusOr<StateBuffer> At(StateKind k, std::size_t g, std::size_t part);
+  StateLayout layout_;
+  std::vector<std::vector<std::vector<std::byte>>> state_;  // [kind][group]
+  std::optional<CommitRecord> committed_;
+};
+
+struct VersionedTrainingStateOptions {
+  // The journaled object that holds the commit record.
+  std::string record_name = "memascend.train_state";
+  // Prefixed to every tensor's name ("<prefix><group>.<kind>.p<part>.v<version>").
+  std::string tensor_prefix;
+};
+
+// Two versions in a TensorStore (Note [train state versions], [background commit]).
+class VersionedTrainingState final : public TrainingStateStorage {
+ public:
+  // Registers every part's tensors (of a volume that holds them, their stored bytes).
+  // kAlreadyExists when the store already has tensors of these names.
+  static absl::StatusOr<std::unique_ptr<VersionedTrainingState>> Open(
+      TensorStore* store, Volume* volume, const StateLayout& layout,
+      const VersionedTrainingStateOptions& options = {});
+  ~VersionedTrainingState() override;  // settles a commit in progress
+
+  const StateLayout& layout() const override { return layout_; }
+  int current_version() const noexcept { return current_; }
+  // The tensor of a part in a version (0 or 1; gradients have one); kNotFound for a
+  // part not stored.
+  absl::StatusOr<TensorId> Tensor(StateKind k, std::size_t group, std::size_t part,
+                                  int version) const;
+
+  absl::StatusOr<StateBuffer> Read(StateKind k, std::size_t g, std::size_t part,
+                                   bool next) override;
+  absl::StatusOr<StateBuffer> Overwrite(StateKind k, std::size_t g, std::size_t part,
+                                        bool next) override;
+  absl::StatusOr<StateBuffer> Update(StateKind k, std::size_t g, std::size_t part) override;
+  void Prefetch(StateKind k, std::size_t g, std::size_t part) override;
+  absl::Status Keep(StateKind k, std::size_t g, std::size_t part) override;
+  absl::Status Discard(StateKind k, std::size_t g, std::size_t part) override;
+  absl::StatusOr<TensorLease> ReadOnDevice(StateKind k, std::size_t g, std::size_t part,
+                                           CudaStreamView stream) override;
+  absl::Status Commit(const CommitRecord& r) override;
+  absl::Status Settle() override;
+  absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) override;
+  std::uint64_t io_read_bytes() const override;
+  std::uint64_t io_write_bytes() const override;
+  std::optional<TensorStoreStats> store_stats() const override;
+
+  // Volume bytes the layout needs: every stored part in both versions, rounded to the
+  // volume's 64 KiB extents (gradients once).
+  static std::uint64_t StoredBytes(const StateLayout& layout);
+
+ private:
+  struct Impl;
+  explicit VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout);
+  StateLayout layout_;
+  std::unique_ptr<Impl> impl_;
+  int current_ = 0;
+};
+
+}  // namespace memascend
+
+#endif  // MEMASCEND_TRAINING_STATE_H_

@@ -1,0 +1,487 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include <memascend/offloaded_optimizer.h>
+#include <memascend/status.h>
+
+namespace memascend {
+namespace {
+
+std::size_t RoundPage(std::size_t b) { return (b + 4095) / 4096 * 4096; }
+
+constexpr StateKind kStateKinds[] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
+
+// `from` into `to`, converting unless the dtypes agree.
+absl::Status CopyOrConvert(TensorView from, MutableTensorView to, const KernelOptions& k) {
+  if (from.dtype == to.dtype && from.elements == to.elements) {
+    std::memcpy(to.data, from.data, from.elements * SizeOf(from.dtype));
+    return absl::OkStatus();
+  }
+  return Convert(from, to, k);
+}
+
+}  // namespace
+
+std::size_t OffloadedAdam::MinimumHostBudget(const StateLayout& layout) {
+  const std::size_t part = layout.MaxPartElements();
+  return RoundPage(part * layout.ElementBytes(StateKind::kGradient)) +
+         RoundPage(part * layout.ElementBytes(StateKind::kParameters)) + 3 * RoundPage(part * 4);
+}
+
+std::size_t OffloadedAdam::MinimumReadAhead(const StateLayout& layout) {
+  return 3 * layout.MaxPartElements() * (12 + layout.ElementBytes(StateKind::kGradient));
+}
+
+OffloadedAdam::OffloadedAdam(TrainingStateStorage* storage, const OffloadedAdamOptions& options,
+                             KernelThreads* threads)
+    : storage_(storage), o_(options), threads_(threads), scaler_(options.scaler) {}
+
+absl::StatusOr<std::unique_ptr<OffloadedAdam>> OffloadedAdam::Create(
+    TrainingStateStorage* storage, const OffloadedAdamOptions& options, KernelThreads* threads) {
+  if (storage == nullptr) return absl::InvalidArgumentError("offloaded adam: null storage");
+  const StateLayout& layout = storage->layout();
+  MEMASCEND_RETURN_IF_ERROR(layout.Validate());
+  const std::size_t groups = layout.groups.size();
+  if (!options.groups.empty() && options.groups.size() != groups) {
+    return absl::InvalidArgumentError(
+        fmt::format("offloaded adam: {} group options for a layout of {} groups",
+                    options.groups.size(), groups));
+  }
+  if (!(options.max_grad_norm >= 0) || !std::isfinite(options.max_grad_norm))
+    return absl::InvalidArgumentError(fmt::format(
+        "offloaded adam: max_grad_norm {} is not a finite value >= 0", options.max_grad_norm));
+  auto adam = std::unique_ptr<OffloadedAdam>(new OffloadedAdam(storage, options, threads));
+  adam->groups_ = options.groups.empty()
+                      ? std::vector<AdamGroupOptions>(groups, {options.lr, options.weight_decay})
+                      : options.groups;
+  for (std::size_t g = 0; g < groups; ++g)
+    MEMASCEND_RETURN_IF_ERROR(adam->SetGroupOptions(g, adam->groups_[g]));
+  {
+    AdamConfig probe;
+    probe.beta1 = options.beta1;
+    probe.beta2 = options.beta2;
+    probe.eps = options.eps;
+    if (!(probe.beta1 >= 0 && probe.beta1 < 1) || !(probe.beta2 >= 0 && probe.beta2 < 1) ||
+        !(probe.eps > 0) || !std::isfinite(probe.eps)) {
+      return absl::InvalidArgumentError(
+          fmt::format("offloaded adam: betas ({}, {}) must be in [0, 1) and eps {} finite and > 0",
+                      probe.beta1, probe.beta2, probe.eps));
+    }
+  }
+  // Note [gradient room]: the gradients' bytes in update order, and how much of the
+  // read-ahead they may claim.
+  const std::size_t grad_bytes = layout.ElementBytes(StateKind::kGradient);
+  adam->grad_before_.push_back(0);
+  for (std::size_t g = 0; g < groups; ++g) {
+    adam->part_base_.push_back(adam->grad_before_.size() - 1);
+    for (std::size_t part = 0; part < layout.Parts(g); ++part) {
+      const auto [begin, end] = layout.PartRange(g, part);
+      adam->grad_before_.push_back(adam->grad_before_.back() + (end - begin) * grad_bytes);
+    }
+  }
+  const std::size_t floor = MinimumReadAhead(layout);
+  adam->read_ahead_ = std::max(options.read_ahead_bytes, floor);
+  adam->grad_room_ =
+      options.gradient_room && adam->read_ahead_ > floor ? adam->read_ahead_ - floor : 0;
+  std::size_t derived = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    if (!layout.Stored(StateKind::kParameters, g))
+      derived = std::max(derived, std::min(layout.part_elements, layout.groups[g].elements));
+  }
+  adam->derived_.resize(derived * layout.ElementBytes(StateKind::kParameters));
+  MEMASCEND_RETURN_IF_ERROR(adam->KeepState());
+  return adam;
+}
+
+absl::Status OffloadedAdam::SetGroupOptions(std::size_t group, const AdamGroupOptions& options) {
+  if (group >= groups_.size())
+    return absl::OutOfRangeError(fmt::format("adam: no group {}", group));
+  if (!(options.lr >= 0) || !std::isfinite(options.lr) || !(options.weight_decay >= 0) ||
+      !std::isfinite(options.weight_decay)) {
+    return absl::InvalidArgumentError(
+        fmt::format("adam: group {}'s lr {} and weight decay {} must be finite and >= 0", group,
+                    options.lr, options.weight_decay));
+  }
+  groups_[group] = options;
+  return absl::OkStatus();
+}
+
+// Note [kept state]: the first parts in update order, up to keep_bytes.
+absl::Status OffloadedAdam::KeepState() {
+  std::size_t kept = 0;
+  const StateLayout& l = layout();
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    for (std::size_t part = 0; part < l.Parts(g); ++part) {
+      if (kept + PartStateBytes(g, part) > o_.keep_bytes) return absl::OkStatus();
+      kept += PartStateBytes(g, part);
+      for (StateKind k : kStateKinds) MEMASCEND_RETURN_IF_ERROR(storage_->Keep(k, g, part));
+      keep_end_ = {g, part + 1};
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool OffloadedAdam::Kept(std::size_t g, std::size_t part) const {
+  return g < keep_end_.first || (g == keep_end_.first && part < keep_end_.second);
+}
+std::size_t OffloadedAdam::GradBytesBefore(std::size_t g, std::size_t part) const {
+  return grad_before_[part_base_[g] + part];
+}
+std::size_t OffloadedAdam::PartStateBytes(std::size_t g, std::size_t part) const {
+  const auto [begin, end] = layout().PartRange(g, part);
+  return 3 * (end - begin) * 4;
+}
+
+// ---- the state --------------------------------------------------------------------------
+
+absl::Status OffloadedAdam::Initialize(std::size_t g, std::span<const float> weights) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size()) return absl::OutOfRangeError(fmt::format("adam: no group {}", g));
+  if (weights.size() != l.groups[g].elements) {
+    return absl::InvalidArgumentError(fmt::format("adam: group '{}' has {} elements, not {}",
+                                                  l.groups[g].name, l.groups[g].elements,
+                                                  weights.size()));
+  }
+  for (std::size_t part = 0; part < l.Parts(g); ++part) {
+    const auto [begin, end] = l.PartRange(g, part);
+    const std::size_t n = end - begin;
+    if (l.Stored(StateKind::kParameters, g)) {
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer param,
+                                 storage_->Overwrite(StateKind::kParameters, g, part, false));
+      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({weights.data() + begin, n, DType::kF32},
+                                              {param.data, n, l.param_dtype}, K()));
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master,
+                               storage_->Overwrite(StateKind::kMaster, g, part, false));
+    std::memcpy(master.data, weights.data() + begin, n * 4);
+    for (StateKind k : {StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer st, storage_->Overwrite(k, g, part, false));
+      std::memset(st.data, 0, st.bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<CommitRecord>> OffloadedAdam::Resume() {
+  MEMASCEND_ASSIGN_OR_RETURN(std::optional<CommitRecord> r, storage_->Resume(o_.fingerprint));
+  if (!r.has_value()) return r;
+  MEMASCEND_RETURN_IF_ERROR(scaler_.Restore(r->scaler));
+  if (r->adam_step < 0)
+    return absl::DataLossError(fmt::format("commit record: adam step {}", r->adam_step));
+  adam_step_ = r->adam_step;
+  version_ = r->version;
+  pending_.reset();
+  skipped_ = false;
+  return r;
+}
+
+absl::Status OffloadedAdam::Commit(std::uint64_t step, std::string_view user) {
+  const bool update = pending_.has_value();
+  if (update && pending_->next_group < layout().groups.size()) {
+    return absl::FailedPreconditionError(fmt::format("adam: commit with {} of {} groups updated",
+                                                     pending_->next_group, layout().groups.size()));
+  }
+  ahead_started_ = false;
+  CommitRecord r;
+  r.step = step;
+  r.version = update ? 1 - version_ : version_;
+  r.adam_step = update ? pending_->adam.step : adam_step_;
+  r.scaler = scaler_.state();
+  r.fingerprint = o_.fingerprint;
+  r.user.assign(user.data(), user.size());
+  MEMASCEND_RETURN_IF_ERROR(storage_->Commit(r));
+  version_ = r.version;
+  adam_step_ = r.adam_step;
+  pending_.reset();
+  skipped_ = false;
+  return absl::OkStatus();
+}
+
+// ---- the gradients ----------------------------------------------------------------------
+
+void OffloadedAdam::BeginBackward() {
+  overflow_ = false;
+  sum_squares_ = 0;
+  scale_ = scaler_.scale();
+}
+
+absl::Status OffloadedAdam::FinishGradient(std::size_t g, std::size_t part,
+                                           const StateBuffer& grad) {
+  const StateLayout& l = layout();
+  const auto [begin, end] = l.PartRange(g, part);
+  const TensorView view[] = {{grad.data, end - begin, l.grad_dtype}};
+  if (!storage_->ChecksOverflowAfterBackward() && HasOverflow(view, K())) overflow_ = true;
+  if (!overflow_) sum_squares_ = SumOfSquares(view, K(), sum_squares_);
+  return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::WriteGradient(
+    std::size_t g, std::size_t part, const std::function<absl::Status(MutableTensorView)>& fill) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size() || part >= l.Parts(g))
+    return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
+  const auto [begin, end] = l.PartRange(g, part);
+  {
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer grad,
+                               storage_->Overwrite(StateKind::kGradient, g, part, false));
+    MEMASCEND_RETURN_IF_ERROR(fill({grad.data, end - begin, l.grad_dtype}));
+    MEMASCEND_RETURN_IF_ERROR(FinishGradient(g, part, grad));
+  }
+  // Note [gradient room]: a gradient the budget has room for stays until the update
+  // (marked wanted, so neither eviction nor the read-ahead takes it first).
+  if (GradBytesBefore(g, part + 1) <= grad_room_) storage_->Prefetch(StateKind::kGradient, g, part);
+  return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::SetGradient(std::size_t g, std::size_t part, TensorView gradient) {
+  return WriteGradient(g, part, [&](MutableTensorView to) -> absl::Status {
+    if (gradient.elements != to.elements) {
+      return absl::InvalidArgumentError(
+          fmt::format("adam: group {} part {} has {} elements, the gradient {}", g, part,
+                      to.elements, gradient.elements));
+    }
+    return CopyOrConvert(gradient, to, K());
+  });
+}
+
+absl::StatusOr<StepPlan> OffloadedAdam::EndBackward(double lr_factor) {
+  if (pending_.has_value())
+    return absl::FailedPreconditionError("adam: the previous step's update has not run");
+  if (!(lr_factor >= 0) || !std::isfinite(lr_factor))
+    return absl::InvalidArgumentError(fmt::format("adam: lr factor {}", lr_factor));
+  if (storage_->ChecksOverflowAfterBackward()) {
+    MEMASCEND_ASSIGN_OR_RETURN(overflow_, storage_->CheckOverflow());
+  }
+  StepPlan plan;
+  plan.loss_scale = scale_;
+  plan.skipped = !scaler_.Update(overflow_);
+  if (plan.skipped) {
+    const StateLayout& l = layout();
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      for (std::size_t part = 0; part < l.Parts(g); ++part)
+        MEMASCEND_RETURN_IF_ERROR(storage_->Discard(StateKind::kGradient, g, part));
+    }
+    skipped_ = true;
+    return plan;
+  }
+  plan.grad_norm = std::sqrt(sum_squares_) / static_cast<double>(scale_);
+  Pending p;
+  p.adam.beta1 = o_.beta1;
+  p.adam.beta2 = o_.beta2;
+  p.adam.eps = o_.eps;
+  p.adam.adamw = o_.adamw;
+  p.adam.lr = static_cast<float>(static_cast<double>(groups_[0].lr) * lr_factor);
+  p.adam.weight_decay = groups_[0].weight_decay;
+  p.adam.step = adam_step_ + 1;
+  p.adam.grad_multiplier = ClipCoefficient(plan.grad_norm, o_.max_grad_norm) / scale_;
+  p.lr_factor = lr_factor;
+  plan.adam = p.adam;
+  pending_ = p;
+  return plan;
+}
+
+// ---- the read-ahead (Note [read-ahead]) -------------------------------------------------
+
+void OffloadedAdam::ReadAheadForUpdate() { StartReadAhead(/*grads_ready=*/false); }
+
+void OffloadedAdam::StartReadAhead(bool grads_ready) {
+  ahead_.clear();
+  ahead_bytes_ = 0;
+  cursor_g_ = 0;
+  cursor_part_ = 0;
+  grads_ready_ = grads_ready;
+  ahead_started_ = true;
+  if (!grads_ready) Fill();  // part 0 of group 0 included: ReadAhead(0, 0) keeps it
+}
+
+void OffloadedAdam::ContinueReadAhead() {
+  if (!ahead_started_) {
+    StartReadAhead(/*grads_ready=*/true);
+    return;
+  }
+  grads_ready_ = true;
+  for (const Ahead& a : ahead_) storage_->Prefetch(StateKind::kGradient, a.g, a.part);
+}
+
+void OffloadedAdam::ReadAhead(std::size_t g, std::size_t part) {
+  while (!ahead_.empty() &&
+         (ahead_.front().g < g || (ahead_.front().g == g && ahead_.front().part <= part))) {
+    ahead_bytes_ -= ahead_.front().bytes;
+    ahead_.pop_front();
+  }
+  if (cursor_g_ < g || (cursor_g_ == g && cursor_part_ <= part)) {
+    cursor_g_ = g;
+    cursor_part_ = part + 1;
+  }
+  Fill();
+}
+
+void OffloadedAdam::Fill() {
+  const StateLayout& l = layout();
+  for (;;) {
+    if (cursor_g_ < l.groups.size() && cursor_part_ >= l.Parts(cursor_g_)) {
+      cursor_part_ = 0;
+      ++cursor_g_;
+    }
+    if (cursor_g_ >= l.groups.size()) return;
+    // The gradients beyond the cursor keep their room (Note [gradient room]).
+    const std::size_t grads_beyond = grad_before_.back() - GradBytesBefore(cursor_g_, cursor_part_);
+    if (ahead_bytes_ + std::min(grads_beyond, grad_room_) >= read_ahead_) return;
+    const auto [begin, end] = l.PartRange(cursor_g_, cursor_part_);
+    // Kept parts hold their share of the budget already.
+    const std::size_t bytes =
+        (end - begin) * l.ElementBytes(StateKind::kGradient) +
+        (Kept(cursor_g_, cursor_part_) ? 0 : PartStateBytes(cursor_g_, cursor_part_));
+    if (grads_ready_) storage_->Prefetch(StateKind::kGradient, cursor_g_, cursor_part_);
+    for (StateKind k : kStateKinds) storage_->Prefetch(k, cursor_g_, cursor_part_);
+    ahead_.push_back({cursor_g_, cursor_part_, bytes});
+    ahead_bytes_ += bytes;
+    ++cursor_part_;
+  }
+}
+
+// ---- the update ------------------------------------------------------------------------
+
+absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_out) {
+  const StateLayout& l = layout();
+  if (!pending_.has_value())
+    return absl::FailedPreconditionError("adam: no update planned (EndBackward first)");
+  if (g != pending_->next_group) {
+    return absl::FailedPreconditionError(fmt::format(
+        "adam: group {} updated out of order (group {} is next)", g, pending_->next_group));
+  }
+  if (params_out.data != nullptr && params_out.elements != l.groups[g].elements) {
+    return absl::InvalidArgumentError(fmt::format("adam: group '{}' has {} elements, the output {}",
+                                                  l.groups[g].name, l.groups[g].elements,
+                                                  params_out.elements));
+  }
+  if (g == 0) ContinueReadAhead();
+  AdamConfig adam = pending_->adam;
+  adam.lr = static_cast<float>(static_cast<double>(groups_[g].lr) * pending_->lr_factor);
+  adam.weight_decay = groups_[g].weight_decay;
+  const bool derived = !l.Stored(StateKind::kParameters, g);
+  const bool out = params_out.data != nullptr;
+  for (std::size_t part = 0; part < l.Parts(g); ++part) {
+    ReadAhead(g, part);
+    const auto [begin, end] = l.PartRange(g, part);
+    const std::size_t n = end - begin;
+    {
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer grad,
+                                 storage_->Read(StateKind::kGradient, g, part, false));
+      // A derived group's new parameters go to the caller's buffer only, if anywhere.
+      StateBuffer param;
+      if (!derived) {
+        MEMASCEND_ASSIGN_OR_RETURN(param,
+                                   storage_->Overwrite(StateKind::kParameters, g, part, true));
+      } else if (out) {
+        param.data = derived_.data();
+      }
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master, storage_->Update(StateKind::kMaster, g, part));
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Update(StateKind::kExpAvg, g, part));
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer v, storage_->Update(StateKind::kExpAvgSq, g, part));
+      MEMASCEND_RETURN_IF_ERROR(FusedAdam(adam, master.as<float>(), m.as<float>(), v.as<float>(),
+                                          {grad.data, n, l.grad_dtype},
+                                          {param.data, n, l.param_dtype}, K()));
+      if (out) {
+        MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
+            {param.data, n, l.param_dtype},
+            {static_cast<std::byte*>(params_out.data) + begin * SizeOf(params_out.dtype), n,
+             params_out.dtype},
+            K()));
+      }
+    }
+    MEMASCEND_RETURN_IF_ERROR(storage_->Discard(StateKind::kGradient, g, part));
+  }
+  ++pending_->next_group;
+  return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::UpdateAll(const std::function<void(std::size_t)>& after_group) {
+  if (!pending_.has_value())
+    return absl::FailedPreconditionError("adam: no update planned (EndBackward first)");
+  const std::size_t groups = layout().groups.size();
+  if (storage_->OwnsUpdate()) {
+    if (pending_->next_group != 0)
+      return absl::FailedPreconditionError("adam: the storage's own update runs whole");
+    MEMASCEND_RETURN_IF_ERROR(storage_->UpdateAll(pending_->adam, threads_));
+    pending_->next_group = groups;
+    if (after_group) after_group(groups - 1);
+    return absl::OkStatus();
+  }
+  for (std::size_t g = pending_->next_group; g < groups; ++g) {
+    MEMASCEND_RETURN_IF_ERROR(UpdateGroup(g));
+    if (after_group) after_group(g);
+  }
+  return absl::OkStatus();
+}
+
+// ---- the parameters ---------------------------------------------------------------------
+
+absl::Status OffloadedAdam::LoadParameters(std::size_t g, MutableTensorView out) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size()) return absl::OutOfRangeError(fmt::format("adam: no group {}", g));
+  if (out.elements != l.groups[g].elements) {
+    return absl::InvalidArgumentError(fmt::format("adam: group '{}' has {} elements, the output {}",
+                                                  l.groups[g].name, l.groups[g].elements,
+                                                  out.elements));
+  }
+  const bool derived = !l.Stored(StateKind::kParameters, g);
+  for (std::size_t part = 0; part < l.Parts(g); ++part) {
+    const auto [begin, end] = l.PartRange(g, part);
+    const std::size_t n = end - begin;
+    const MutableTensorView to{static_cast<std::byte*>(out.data) + begin * SizeOf(out.dtype), n,
+                               out.dtype};
+    if (derived) {
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Read(StateKind::kMaster, g, part, false));
+      const MutableTensorView half{derived_.data(), n, l.param_dtype};
+      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({m.data, n, DType::kF32}, half, K()));
+      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({half.data, n, l.param_dtype}, to, K()));
+      continue;
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer p,
+                               storage_->Read(StateKind::kParameters, g, part, false));
+    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({p.data, n, l.param_dtype}, to, K()));
+  }
+  return absl::OkStatus();
+}
+
+void OffloadedAdam::PrefetchParameters(std::size_t g) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size()) return;
+  const StateKind k =
+      l.Stored(StateKind::kParameters, g) ? StateKind::kParameters : StateKind::kMaster;
+  for (std::size_t part = 0; part < l.Parts(g); ++part) storage_->Prefetch(k, g, part);
+}
+
+// ---- ParameterStream --------------------------------------------------------------------
+
+ParameterStream::ParameterStream(OffloadedAdam* optimizer, std::size_t first, std::size_t last,
+                                 std::size_t window)
+    : optimizer_(optimizer), first_(first), last_(last), window_(window) {}
+
+void ParameterStream::PrefetchAfter(std::size_t group, Direction direction) {
+  for (std::size_t i = 1; i <= window_; ++i) {
+    if (direction == Direction::kForward) {
+      if (group + i >= last_) return;
+      optimizer_->PrefetchParameters(group + i);
+    } else {
+      if (group < first_ + i) return;
+      optimizer_->PrefetchParameters(group - i);
+    }
+  }
+}
+
+absl::Status ParameterStream::Load(std::size_t group, MutableTensorView out, Direction direction) {
+  PrefetchAfter(group, direction);
+  return optimizer_->LoadParameters(group, out);
+}
+
+absl::StatusOr<TensorLease> ParameterStream::AcquireOnDevice(std::size_t group, std::size_t part,
+                                                             CudaStreamView stream) {
+  return optimizer_->storage()->ReadOnDevice(StateKind::kParameters, group, part, stream);
+}
+
+}  // namespace memascend
