@@ -1,0 +1,370 @@
+// The SDK's offloaded Adam: part by part over a tensor store under a budget far below the
+// state, against whole-tensor AdamW written out with the fused kernel (itself checked
+// against a scalar reference in kernels/adam_test.cpp).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memascend/offloaded_optimizer.h>
+
+#include "storage/volume_test_util.h"
+#include "store/store_test_util.h"
+#include "testing/status_matchers.h"
+
+namespace memascend {
+namespace {
+
+using ::memascend::testing::MakeVolume;
+using ::memascend::testing::ScratchPath;
+using ::memascend::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr std::size_t kPart = std::size_t{1} << 18;
+
+StateLayout Layout(bool derive_first = false) {
+  StateLayout l;
+  l.groups = {{"embed", 2 * kPart + 75'712, !derive_first},
+              {"block", 100'000, true},
+              {"head", 300'000, true}};
+  l.param_dtype = DType::kBF16;
+  l.grad_dtype = DType::kF16;
+  l.part_elements = kPart;
+  return l;
+}
+
+OffloadedAdamOptions Options() {
+  OffloadedAdamOptions o;
+  o.groups = {{1e-3f, 0.1f}, {3e-3f, 0.0f}, {2e-3f, 0.01f}};
+  o.max_grad_norm = 0.5f;
+  o.scaler.initial_scale = 1024.0f;
+  o.fingerprint = 99;
+  return o;
+}
+
+std::vector<float> Initial(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::vector<float> w(n);
+  for (float& x : w) x = d(rng);
+  return w;
+}
+// The gradient of group g at `step`, already multiplied by the loss scale.
+std::vector<float> Gradient(std::size_t n, std::size_t g, int step, float scale) {
+  std::mt19937_64 rng(1000 * g + static_cast<std::uint64_t>(step));
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(rng) * scale;
+  return x;
+}
+
+// A tensor store on a file volume with a budget of twice the optimizer's minimum.
+struct Offloaded {
+  ScratchPath path{"offloaded_adam"};
+  std::unique_ptr<Volume> volume;
+  std::unique_ptr<TensorStore> store;
+  std::unique_ptr<VersionedTrainingState> state;
+  explicit Offloaded(const StateLayout& l, bool format = true, const std::string& at = {}) {
+    const std::string& p = at.empty() ? path.path() : at;
+    volume = format ? MakeVolume(p, 64 << 20) : *Volume::Open(p, {});
+    TensorStoreOptions so;
+    so.host_budget_bytes = 2 * OffloadedAdam::MinimumHostBudget(l);
+    so.host_backing = ArenaBacking::kMlock;
+    so.defer_prefetches = true;
+    store = *TensorStore::Open(volume.get(), so);
+    state = *VersionedTrainingState::Open(store.get(), volume.get(), l);
+  }
+  ~Offloaded() {
+    state.reset();
+    store.reset();
+  }
+};
+
+// Whole-tensor AdamW: every group at once, the norm over every group.
+struct Reference {
+  StateLayout l;
+  OffloadedAdamOptions o;
+  std::vector<std::vector<float>> master, m, v;
+  std::vector<std::vector<std::uint16_t>> params;
+  explicit Reference(const StateLayout& layout, const OffloadedAdamOptions& options)
+      : l(layout), o(options) {
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      master.push_back(Initial(l.groups[g].elements, g));
+      m.emplace_back(l.groups[g].elements, 0.0f);
+      v.emplace_back(l.groups[g].elements, 0.0f);
+      params.emplace_back(l.groups[g].elements);
+      EXPECT_OK(Convert({master[g].data(), master[g].size(), DType::kF32},
+                        {params[g].data(), params[g].size(), l.param_dtype}));
+    }
+  }
+  void Step(int step, std::int64_t adam_step, float scale) {
+    std::vector<std::vector<std::uint16_t>> grads;
+    double sum = 0;
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      const std::size_t n = l.groups[g].elements;
+      grads.emplace_back(n);
+      const auto f = Gradient(n, g, step, scale);
+      ASSERT_OK(Convert({f.data(), n, DType::kF32}, {grads[g].data(), n, l.grad_dtype}));
+      const TensorView view[] = {{grads[g].data(), n, l.grad_dtype}};
+      sum = SumOfSquares(view, {}, sum);
+    }
+    const double norm = std::sqrt(sum) / static_cast<double>(scale);
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      const std::size_t n = l.groups[g].elements;
+      AdamConfig a;
+      a.lr = o.groups[g].lr;
+      a.weight_decay = o.groups[g].weight_decay;
+      a.step = adam_step;
+      a.grad_multiplier = ClipCoefficient(norm, o.max_grad_norm) / scale;
+      ASSERT_OK(FusedAdam(a, master[g], m[g], v[g], {grads[g].data(), n, l.grad_dtype},
+                          {params[g].data(), n, l.param_dtype}));
+    }
+  }
+};
+
+absl::Status RunSteps(OffloadedAdam* adam, int first, int last) {
+  const StateLayout& l = adam->layout();
+  for (int step = first; step <= last; ++step) {
+    adam->BeginBackward();
+    for (std::size_t g = l.groups.size(); g-- > 0;) {  // the backward pass: last group first
+      const auto f = Gradient(l.groups[g].elements, g, step, adam->loss_scale());
+      for (std::size_t p = 0; p < l.Parts(g); ++p) {
+        const auto [begin, end] = l.PartRange(g, p);
+        MEMASCEND_RETURN_IF_ERROR(
+            adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
+      }
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(StepPlan plan, adam->EndBackward());
+    if (plan.skipped) return absl::InternalError("unexpected overflow");
+    if (step % 2 == 0) {
+      adam->ReadAheadForUpdate();
+      for (std::size_t g = 0; g < l.groups.size(); ++g)
+        MEMASCEND_RETURN_IF_ERROR(adam->UpdateGroup(g));
+    } else {
+      MEMASCEND_RETURN_IF_ERROR(adam->UpdateAll());
+    }
+    MEMASCEND_RETURN_IF_ERROR(adam->Commit(static_cast<std::uint64_t>(step)));
+  }
+  return adam->Settle();
+}
+
+void ExpectState(TrainingStateStorage* s, const Reference& ref) {
+  const StateLayout& l = s->layout();
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      const std::size_t n = end - begin;
+      ASSERT_OK_AND_ASSIGN(StateBuffer master, s->Read(StateKind::kMaster, g, p, false));
+      ASSERT_EQ(std::memcmp(master.data, ref.master[g].data() + begin, n * 4), 0)
+          << "master of group " << g << " part " << p;
+      ASSERT_OK_AND_ASSIGN(StateBuffer v, s->Read(StateKind::kExpAvgSq, g, p, false));
+      ASSERT_EQ(std::memcmp(v.data, ref.v[g].data() + begin, n * 4), 0) << g << "." << p;
+      if (!l.Stored(StateKind::kParameters, g)) continue;
+      ASSERT_OK_AND_ASSIGN(StateBuffer param, s->Read(StateKind::kParameters, g, p, false));
+      ASSERT_EQ(std::memcmp(param.data, ref.params[g].data() + begin, n * 2), 0) << g << "." << p;
+    }
+  }
+}
+
+TEST(OffloadedAdam, PartByPartUnderABudgetGivesTheBitsOfWholeTensorAdamW) {
+  const StateLayout l = Layout();
+  Offloaded off(l);
+  KernelThreads threads(2);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  Reference ref(l, Options());
+  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
+  ASSERT_OK(adam->Commit(0));
+  ASSERT_OK(RunSteps(adam.get(), 1, 4));
+  for (int step = 1; step <= 4; ++step) ref.Step(step, step, 1024.0f);
+  EXPECT_EQ(adam->adam_step(), 4);
+  ExpectState(off.state.get(), ref);
+  // The budget was far below the state: the store evicted and read back.
+  EXPECT_GT(off.store->stats().evictions, 0u);
+  EXPECT_LT(2 * OffloadedAdam::MinimumHostBudget(l), l.TotalElements() * 16);
+}
+
+TEST(OffloadedAdam, AResumedRunContinuesAsTheUninterruptedOne) {
+  const StateLayout l = Layout();
+  ScratchPath path("offloaded_adam_resume");
+  KernelThreads threads(2);
+  Reference ref(l, Options());
+  {
+    Offloaded off(l, true, path.path());
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+    for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
+    ASSERT_OK(adam->Commit(0));
+    ASSERT_OK(RunSteps(adam.get(), 1, 2));
+    // A third step's update, half done and never committed: lost with the process.
+    adam->BeginBackward();
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      for (std::size_t p = 0; p < l.Parts(g); ++p) {
+        const auto [begin, end] = l.PartRange(g, p);
+        std::vector<float> junk(end - begin, 5.0f);
+        ASSERT_OK(adam->SetGradient(g, p, {junk.data(), junk.size(), DType::kF32}));
+      }
+    }
+    ASSERT_OK(adam->EndBackward().status());
+    ASSERT_OK(adam->UpdateGroup(0));
+    EXPECT_THAT(adam->Commit(3), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          HasSubstr("1 of 3 groups updated")));
+  }
+  Offloaded off(l, false, path.path());
+  OffloadedAdamOptions other = Options();
+  other.fingerprint = 100;
+  {
+    ASSERT_OK_AND_ASSIGN(auto wrong, OffloadedAdam::Create(off.state.get(), other, &threads));
+    EXPECT_THAT(wrong->Resume(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  }
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  ASSERT_OK_AND_ASSIGN(auto last, adam->Resume());
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->step, 2u);
+  EXPECT_EQ(adam->adam_step(), 2);
+  ASSERT_OK(RunSteps(adam.get(), 3, 4));
+  for (int step = 1; step <= 4; ++step) ref.Step(step, step, 1024.0f);
+  ExpectState(off.state.get(), ref);
+}
+
+TEST(OffloadedAdam, AnOverflowSkipsTheStepAndLeavesTheStateAsItWas) {
+  const StateLayout l = Layout();
+  ASSERT_OK_AND_ASSIGN(auto state, InMemoryTrainingState::Create(l));
+  KernelThreads threads(1);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(state.get(), Options(), &threads));
+  Reference ref(l, Options());
+  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
+  ASSERT_OK(adam->Commit(0));
+  adam->BeginBackward();
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      std::vector<float> grad(end - begin, 0.5f);
+      if (g == 1) grad[17] = INFINITY;
+      ASSERT_OK(adam->SetGradient(g, p, {grad.data(), grad.size(), DType::kF32}));
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(StepPlan plan, adam->EndBackward());
+  EXPECT_TRUE(plan.skipped);
+  EXPECT_FALSE(adam->update_pending());
+  EXPECT_THAT(adam->UpdateGroup(0), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_OK(adam->Commit(1));
+  EXPECT_EQ(adam->adam_step(), 0);
+  EXPECT_EQ(adam->scaler().skipped_steps(), 1);
+  ExpectState(state.get(), ref);  // nothing moved
+  // The next step trains as the first would have.
+  ASSERT_OK(RunSteps(adam.get(), 1, 1));
+  ref.Step(1, 1, adam->loss_scale());
+  ExpectState(state.get(), ref);
+}
+
+TEST(OffloadedAdam, DerivedParametersAreTheRoundedMasterWeights) {
+  const StateLayout l = Layout(/*derive_first=*/true);
+  Offloaded off(l);
+  KernelThreads threads(2);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  Reference ref(l, Options());
+  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
+  ASSERT_OK(adam->Commit(0));
+  ASSERT_OK(RunSteps(adam.get(), 1, 1));
+  ref.Step(1, 1, 1024.0f);
+  ExpectState(off.state.get(), ref);
+  // Loaded: the rounding of the master weights, which is what the update wrote out.
+  const std::size_t n = l.groups[0].elements;
+  std::vector<std::uint16_t> loaded(n);
+  ASSERT_OK(adam->LoadParameters(0, {loaded.data(), n, DType::kBF16}));
+  EXPECT_EQ(loaded, ref.params[0]);
+  std::vector<float> as_f32(n), expected(n);
+  ASSERT_OK(adam->LoadParameters(0, {as_f32.data(), n, DType::kF32}));
+  ASSERT_OK(Convert({ref.params[0].data(), n, DType::kBF16}, {expected.data(), n, DType::kF32}));
+  EXPECT_EQ(as_f32, expected);
+  // An update writes the same bits to the caller's buffer.
+  adam->BeginBackward();
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    const auto f = Gradient(l.groups[g].elements, g, 2, adam->loss_scale());
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      ASSERT_OK(adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
+    }
+  }
+  ASSERT_OK(adam->EndBackward().status());
+  std::vector<float> out(n);
+  ASSERT_OK(adam->UpdateGroup(0, {out.data(), n, DType::kF32}));
+  ASSERT_OK(adam->UpdateGroup(1));
+  ASSERT_OK(adam->UpdateGroup(2));
+  ASSERT_OK(adam->Commit(2));
+  ASSERT_OK(adam->LoadParameters(0, {as_f32.data(), n, DType::kF32}));
+  EXPECT_EQ(out, as_f32);
+}
+
+TEST(OffloadedAdam, MisuseIsRefusedWithAReason) {
+  const StateLayout l = Layout();
+  ASSERT_OK_AND_ASSIGN(auto state, InMemoryTrainingState::Create(l));
+  KernelThreads threads(1);
+  OffloadedAdamOptions o = Options();
+  o.groups.pop_back();
+  EXPECT_THAT(OffloadedAdam::Create(state.get(), o, &threads),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 group options")));
+  o = Options();
+  o.beta2 = 1.0f;
+  EXPECT_THAT(OffloadedAdam::Create(state.get(), o, &threads),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  o = Options();
+  o.groups[1].lr = NAN;
+  EXPECT_THAT(OffloadedAdam::Create(state.get(), o, &threads),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(OffloadedAdam::Create(nullptr, Options(), &threads),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(state.get(), Options(), &threads));
+  std::vector<float> w(10);
+  EXPECT_THAT(adam->Initialize(0, w), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(adam->Initialize(7, w), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(adam->SetGradient(1, 0, {w.data(), w.size(), DType::kF32}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("100000 elements")));
+  EXPECT_THAT(adam->SetGradient(1, 5, {w.data(), w.size(), DType::kF32}),
+              StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(adam->UpdateGroup(0), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(adam->EndBackward(-1), StatusIs(absl::StatusCode::kInvalidArgument));
+  adam->BeginBackward();
+  ASSERT_OK(adam->EndBackward().status());
+  EXPECT_THAT(adam->UpdateGroup(1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("out of order")));
+  EXPECT_THAT(adam->EndBackward(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(adam->UpdateGroup(0, {w.data(), w.size(), DType::kF32}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(adam->LoadParameters(0, {w.data(), w.size(), DType::kF32}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(adam->SetGroupOptions(3, {}), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(adam->SetGroupOptions(0, {-1.0f, 0.0f}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ParameterStream, LoadsInEitherDirectionAndHasNoDeviceWithoutAGpuTier) {
+  const StateLayout l = Layout();
+  Offloaded off(l);
+  KernelThreads threads(1);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  Reference ref(l, Options());
+  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
+  ASSERT_OK(adam->Commit(0));
+  ParameterStream stream(adam.get(), 0, l.groups.size(), 1);
+  for (auto dir : {ParameterStream::Direction::kForward, ParameterStream::Direction::kReverse}) {
+    for (std::size_t i = 0; i < l.groups.size(); ++i) {
+      const std::size_t g =
+          dir == ParameterStream::Direction::kForward ? i : l.groups.size() - 1 - i;
+      const std::size_t n = l.groups[g].elements;
+      std::vector<std::uint16_t> got(n), expected(n);
+      ASSERT_OK(stream.Load(g, {got.data(), n, DType::kBF16}, dir));
+      ASSERT_OK(
+          Convert({ref.master[g].data(), n, DType::kF32}, {expected.data(), n, DType::kBF16}));
+      EXPECT_EQ(got, expected) << g;
+    }
+  }
+  EXPECT_GT(off.store->stats().prefetch_hits + off.store->stats().prefetch_misses, 0u);
+  EXPECT_THAT(stream.AcquireOnDevice(1, 0, {}), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace memascend

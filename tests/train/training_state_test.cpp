@@ -1,0 +1,289 @@
+// The SDK's training state: its layout, its commit record, and the two versions on a
+// volume (Note [train state versions] in memascend/training_state.h).
+#include <cstring>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memascend/training_state.h>
+
+#include "storage/volume_test_util.h"
+#include "store/store_test_util.h"
+#include "testing/status_matchers.h"
+
+namespace memascend {
+namespace {
+
+using ::memascend::testing::MakeVolume;
+using ::memascend::testing::ScratchPath;
+using ::memascend::testing::StatusIs;
+using ::testing::HasSubstr;
+
+StateLayout Layout() {
+  StateLayout l;
+  l.groups = {{"embed", 5000, false}, {"block.0", 3000, true}, {"head", 7000, true}};
+  l.param_dtype = l.grad_dtype = DType::kBF16;
+  l.part_elements = 2048;
+  return l;
+}
+
+TEST(StateLayout, PartsCoverEachGroupAndBadLayoutsAreRefused) {
+  StateLayout l = Layout();
+  ASSERT_OK(l.Validate());
+  EXPECT_EQ(l.Parts(0), 3u);
+  EXPECT_EQ(l.PartRange(0, 2), std::make_pair(std::size_t{4096}, std::size_t{5000}));
+  EXPECT_EQ(l.MaxPartElements(), 2048u);
+  EXPECT_EQ(l.TotalElements(), 15000u);
+  EXPECT_FALSE(l.Stored(StateKind::kParameters, 0));
+  EXPECT_TRUE(l.Stored(StateKind::kMaster, 0));
+  EXPECT_EQ(l.ElementBytes(StateKind::kExpAvg), 4u);
+  l.part_elements = SIZE_MAX;
+  EXPECT_EQ(l.Parts(2), 1u);
+  EXPECT_EQ(l.PartRange(2, 0).second, 7000u);
+
+  StateLayout bad = Layout();
+  bad.groups.clear();
+  EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no groups")));
+  bad = Layout();
+  bad.groups[1].name = "head";
+  EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
+  bad = Layout();
+  bad.groups[1].name = "a/b";
+  EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a/b")));
+  bad = Layout();
+  bad.groups[1].elements = 0;
+  EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  bad = Layout();
+  bad.part_elements = 0;
+  EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(Layout().Fingerprint(), bad.Fingerprint());
+}
+
+TEST(CommitRecord, RoundTripsAndRefusesAnythingButAWholeRecord) {
+  CommitRecord r;
+  r.step = 1234;
+  r.version = 1;
+  r.adam_step = 1200;
+  r.scaler = {512.0f, 17, 1, 34};
+  r.fingerprint = 0xfeedfacecafebeefull;
+  r.layout = 42;
+  r.user = std::string("user\0bytes", 10);
+  const std::string bytes = EncodeCommitRecord(r);
+  ASSERT_OK_AND_ASSIGN(CommitRecord back, DecodeCommitRecord(bytes));
+  EXPECT_EQ(back.step, r.step);
+  EXPECT_EQ(back.version, 1);
+  EXPECT_EQ(back.adam_step, 1200);
+  EXPECT_EQ(back.scaler.scale, 512.0f);
+  EXPECT_EQ(back.scaler.good_steps, 17);
+  EXPECT_EQ(back.scaler.hysteresis_left, 1);
+  EXPECT_EQ(back.scaler.skipped, 34);
+  EXPECT_EQ(back.fingerprint, r.fingerprint);
+  EXPECT_EQ(back.layout, 42u);
+  EXPECT_EQ(back.user, r.user);
+
+  for (std::size_t i = 0; i < bytes.size(); i += 7) {  // any flipped bit
+    std::string damaged = bytes;
+    damaged[i] = static_cast<char>(damaged[i] ^ 0x10);
+    EXPECT_THAT(DecodeCommitRecord(damaged), StatusIs(absl::StatusCode::kDataLoss)) << i;
+  }
+  EXPECT_THAT(DecodeCommitRecord(bytes.substr(0, bytes.size() - 1)),
+              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(DecodeCommitRecord("step=3;version=0"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a commit record")));
+  EXPECT_THAT(DecodeCommitRecord(""), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+// A store and a versioned state over a file volume; reopened as a new process would.
+struct Opened {
+  std::unique_ptr<Volume> volume;
+  std::unique_ptr<TensorStore> store;
+  std::unique_ptr<VersionedTrainingState> state;
+  ~Opened() {
+    state.reset();
+    store.reset();
+  }
+};
+
+void Open(const std::string& path, const StateLayout& layout, Opened* o, bool format) {
+  o->volume = format ? MakeVolume(path, 16 << 20) : *Volume::Open(path, {});
+  TensorStoreOptions so;
+  so.host_budget_bytes = 64 * 1024;  // far below the state: evictions write back
+  so.host_backing = ArenaBacking::kMlock;
+  ASSERT_OK_AND_ASSIGN(o->store, TensorStore::Open(o->volume.get(), so));
+  ASSERT_OK_AND_ASSIGN(o->state,
+                       VersionedTrainingState::Open(o->store.get(), o->volume.get(), layout));
+}
+
+// Every stored element of kind k of every part set to `value`, in the current (next ==
+// false) or next version.
+void Fill(TrainingStateStorage* s, StateKind k, float value, bool next) {
+  const StateLayout& l = s->layout();
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    if (!l.Stored(k, g)) continue;
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      auto b = s->Overwrite(k, g, p, next);
+      ASSERT_OK(b.status());
+      for (float& f : b->as<float>()) f = value + static_cast<float>(g * 100 + p);
+    }
+  }
+}
+void Expect(TrainingStateStorage* s, StateKind k, float value) {
+  const StateLayout& l = s->layout();
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      auto b = s->Read(k, g, p, false);
+      ASSERT_OK(b.status());
+      const auto [begin, end] = l.PartRange(g, p);
+      ASSERT_EQ(b->bytes, (end - begin) * 4);
+      for (float f : b->as<float>())
+        ASSERT_EQ(f, value + static_cast<float>(g * 100 + p)) << g << "." << p;
+    }
+  }
+}
+
+TEST(VersionedTrainingState, ACommitIsWhatAReopenFindsAndTheNextVersionIsNotSeenBeforeIt) {
+  ScratchPath path("train_state");
+  const StateLayout layout = Layout();
+  {
+    Opened o;
+    Open(path.path(), layout, &o, true);
+    ASSERT_OK_AND_ASSIGN(auto none, o.state->Resume(7));
+    EXPECT_FALSE(none.has_value());
+    Fill(o.state.get(), StateKind::kMaster, 1.0f, false);
+    CommitRecord r;
+    r.step = 0;
+    r.fingerprint = 7;
+    r.user = "epoch=0";
+    ASSERT_OK(o.state->Commit(r));
+    ASSERT_OK(o.state->Settle());
+    // The next version, made from the current one, then left uncommitted.
+    for (std::size_t p = 0; p < layout.Parts(1); ++p) {
+      ASSERT_OK_AND_ASSIGN(StateBuffer b, o.state->Update(StateKind::kMaster, 1, p));
+      EXPECT_EQ(b.as<float>()[0], 1.0f + static_cast<float>(100 + p));  // a copy of the current
+      for (float& f : b.as<float>()) f = -1;
+    }
+    ASSERT_OK(o.store->Flush());  // written, but no commit record names it
+  }
+  {
+    Opened o;
+    Open(path.path(), layout, &o, false);
+    ASSERT_OK_AND_ASSIGN(auto last, o.state->Resume(7));
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->step, 0u);
+    EXPECT_EQ(last->user, "epoch=0");
+    EXPECT_EQ(o.state->current_version(), 0);
+    Expect(o.state.get(), StateKind::kMaster, 1.0f);
+    // Now a whole next version, committed as step 1.
+    Fill(o.state.get(), StateKind::kMaster, 2.0f, true);
+    CommitRecord r;
+    r.step = 1;
+    r.version = 1;
+    r.fingerprint = 7;
+    ASSERT_OK(o.state->Commit(r));
+    Expect(o.state.get(), StateKind::kMaster, 2.0f);  // seen at once, before durable
+  }
+  {
+    Opened o;
+    Open(path.path(), layout, &o, false);
+    ASSERT_OK_AND_ASSIGN(auto last, o.state->Resume(7));
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->step, 1u);
+    EXPECT_EQ(o.state->current_version(), 1);
+    Expect(o.state.get(), StateKind::kMaster, 2.0f);
+    // Derived parameters are not stored at all.
+    EXPECT_THAT(o.state->Tensor(StateKind::kParameters, 0, 0, 0),
+                StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(o.state->Tensor(StateKind::kMaster, 0, 9, 0),
+                StatusIs(absl::StatusCode::kOutOfRange));
+  }
+}
+
+TEST(VersionedTrainingState, AnotherRunsOrAnotherLayoutsStateIsRefusedAndLeftAlone) {
+  ScratchPath path("train_state_refuse");
+  {
+    Opened o;
+    Open(path.path(), Layout(), &o, true);
+    Fill(o.state.get(), StateKind::kMaster, 5.0f, false);
+    CommitRecord r;
+    r.fingerprint = 1;
+    ASSERT_OK(o.state->Commit(r));
+  }
+  {
+    Opened o;
+    Open(path.path(), Layout(), &o, false);
+    EXPECT_THAT(o.state->Resume(2),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another run")));
+  }
+  {
+    StateLayout other = Layout();
+    other.groups[2].elements = 7001;
+    Opened o;
+    o.volume = *Volume::Open(path.path(), {});
+    TensorStoreOptions so;
+    so.host_budget_bytes = 64 * 1024;
+    so.host_backing = ArenaBacking::kMlock;
+    ASSERT_OK_AND_ASSIGN(o.store, TensorStore::Open(o.volume.get(), so));
+    // The stored tensors of the old layout do not fit the new sizes: refused at Open.
+    EXPECT_FALSE(VersionedTrainingState::Open(o.store.get(), o.volume.get(), other).ok());
+  }
+  {
+    StateLayout other = Layout();
+    other.groups[0].store_parameters = true;  // same sizes, another layout
+    Opened o;
+    Open(path.path(), other, &o, false);
+    EXPECT_THAT(o.state->Resume(1),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another layout")));
+  }
+  {
+    Opened o;
+    Open(path.path(), Layout(), &o, false);
+    ASSERT_OK_AND_ASSIGN(auto last, o.state->Resume(1));
+    ASSERT_TRUE(last.has_value());
+    Expect(o.state.get(), StateKind::kMaster, 5.0f);  // nothing lost to the refusals
+  }
+}
+
+TEST(VersionedTrainingState, BadArgumentsAreRefused) {
+  ScratchPath path("train_state_args");
+  Opened o;
+  Open(path.path(), Layout(), &o, true);
+  CommitRecord r;
+  r.version = 2;
+  EXPECT_THAT(o.state->Commit(r), StatusIs(absl::StatusCode::kInvalidArgument));
+  r.version = 0;
+  r.user.assign((1u << 20) + 1, 'x');
+  EXPECT_THAT(o.state->Commit(r), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(VersionedTrainingState::Open(nullptr, o.volume.get(), Layout()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // The same names twice in one store.
+  EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout()),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  VersionedTrainingStateOptions prefixed;
+  prefixed.tensor_prefix = "second.";
+  prefixed.record_name = "second.record";
+  EXPECT_OK(
+      VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed).status());
+  EXPECT_THAT(o.state->ReadOnDevice(StateKind::kParameters, 1, 0, {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(InMemoryTrainingState, OneVersionUpdatedInPlace) {
+  ASSERT_OK_AND_ASSIGN(auto s, InMemoryTrainingState::Create(Layout()));
+  Fill(s.get(), StateKind::kExpAvg, 3.0f, false);
+  ASSERT_OK_AND_ASSIGN(StateBuffer b, s->Update(StateKind::kExpAvg, 2, 1));
+  EXPECT_EQ(b.as<float>()[0], 3.0f + 201.0f);
+  ASSERT_OK_AND_ASSIGN(auto none, s->Resume(1));
+  EXPECT_FALSE(none.has_value());
+  CommitRecord r;
+  r.step = 4;
+  r.fingerprint = 9;
+  ASSERT_OK(s->Commit(r));
+  EXPECT_THAT(s->Resume(1), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_OK_AND_ASSIGN(auto last, s->Resume(9));
+  EXPECT_EQ(last->step, 4u);
+  EXPECT_THAT(s->Read(StateKind::kMaster, 3, 0, false), StatusIs(absl::StatusCode::kOutOfRange));
+}
+
+}  // namespace
+}  // namespace memascend
