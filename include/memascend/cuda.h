@@ -16,17 +16,9 @@
 
 #include <absl/status/statusor.h>
 
-#include <memascend/pinned_pool.h>
+#include <memascend/types.h>
 
 namespace memascend {
-
-// A non-owning view of a cudaStream_t (nullptr: the legacy default stream).
-struct CudaStreamView {
-  void* handle = nullptr;
-  CudaStreamView() = default;
-  template <typename Stream>
-  explicit CudaStreamView(Stream* stream) : handle(static_cast<void*>(stream)) {}
-};
 
 // Records a CUDA event on `stream`; the fence is ready when the event has completed.
 // kFailedPrecondition when the library was built without CUDA or no device is present.

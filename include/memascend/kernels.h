@@ -37,12 +37,10 @@
 #include <absl/status/status.h>
 
 #include <memascend/system.h>
+#include <memascend/types.h>
 
 namespace memascend {
 
-enum class DType : std::uint8_t { kF32, kF16, kBF16 };
-std::size_t SizeOf(DType t) noexcept;
-std::string_view ToString(DType t) noexcept;
 
 // A tensor's bytes: `elements` values of `dtype` at `data` (no alignment needed).
 struct TensorView {

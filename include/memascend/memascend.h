@@ -6,8 +6,23 @@
 #ifndef MEMASCEND_MEMASCEND_H_
 #define MEMASCEND_MEMASCEND_H_
 
+#include <memascend/block_target.h>
+#include <memascend/cuda.h>
+#include <memascend/cuda_kernels.h>
+#include <memascend/host_arena.h>
+#include <memascend/io_engine.h>
+#include <memascend/io_scheduler.h>
+#include <memascend/kernels.h>
+#include <memascend/memory_ledger.h>
+#include <memascend/offloaded_optimizer.h>
+#include <memascend/pinned_pool.h>
 #include <memascend/status.h>
 #include <memascend/system.h>
+#include <memascend/tensor_store.h>
+#include <memascend/training_state.h>
+#include <memascend/types.h>
 #include <memascend/version.h>
+#include <memascend/volume.h>
+#include <memascend/workload.h>
 
 #endif  // MEMASCEND_MEMASCEND_H_

@@ -33,27 +33,10 @@
 
 #include <absl/status/status.h>
 
+#include <memascend/types.h>
+
 namespace memascend {
 
-enum class Tier : int { kPinnedHost, kPageableHost, kGpu, kNvme };
-inline constexpr int kTierCount = 4;
-
-// What bytes are for. kCached and kFree describe reserved bytes that serve no caller
-// right now: blocks idle in a pool, and arena space mapped but not carved into blocks.
-enum class Use : int {
-  kParameters,
-  kGradients,
-  kOptimizerState,
-  kActivations,
-  kStaging,
-  kOther,
-  kCached,
-  kFree,
-};
-inline constexpr int kUseCount = 8;
-
-std::string_view ToString(Tier tier) noexcept;
-std::string_view ToString(Use use) noexcept;
 
 // One change: live and reserved bytes of `use` move by these (signed) amounts.
 struct LedgerDelta {

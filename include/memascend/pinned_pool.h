@@ -51,18 +51,11 @@
 
 #include <memascend/host_arena.h>
 #include <memascend/memory_ledger.h>
+#include <memascend/types.h>
 
 namespace memascend {
 
 class PinnedPool;
-
-// Says when memory handed to asynchronous work may be touched again.
-class ReuseFence {
- public:
-  virtual ~ReuseFence() = default;
-  // True once the work the fence guards has finished. Must be cheap and non-blocking.
-  virtual bool Ready() = 0;
-};
 
 enum class PoolPolicy {
   kAdaptive,  // classes from the workload's sizes + geometric fallback (MemAscend)

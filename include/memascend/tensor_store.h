@@ -59,6 +59,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -161,9 +162,15 @@ class TensorLease {
   // Pinned host bytes, or device bytes for a lease of Tier::kGpu.
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
+  // The bytes as elements of T (size() / sizeof(T) of them): lease.as<float>()[i].
+  template <typename T>
+  std::span<T> as() const noexcept {
+    return {reinterpret_cast<T*>(data_), size_ / sizeof(T)};
+  }
   TensorId id() const noexcept { return id_; }
   Tier tier() const noexcept { return tier_; }
-  // The tensor's bytes changed: write them back before the memory is reused.
+  // The tensor's bytes changed: write them back before the memory is reused. A lease
+  // from AcquireForWrite is dirty from the start and needs no call.
   void MarkDirty() noexcept;
   void Release() noexcept;
 
@@ -201,6 +208,9 @@ class TensorStore {
   // kInvalidArgument for a zero budget.
   static absl::StatusOr<std::unique_ptr<TensorStore>> Open(Volume* volume,
                                                            const TensorStoreOptions& options);
+  // Closes the store if Close() was not called. Dirty durable tensors are never dropped
+  // silently: they are written back and committed as by Close(), and if that fails the
+  // error is printed to stderr with the tensors it concerns.
   ~TensorStore();
   TensorStore(const TensorStore&) = delete;
   TensorStore& operator=(const TensorStore&) = delete;
@@ -221,6 +231,11 @@ class TensorStore {
   // for the GPU without a device or GPU budget; kResourceExhausted when every device
   // block is leased.
   absl::StatusOr<TensorLease> Acquire(TensorId id, Tier tier, CudaStreamView stream = {});
+  // Acquire with write intent: the lease starts dirty (its bytes are written back before
+  // the memory is reused, and a device copy of a host lease becomes stale), so there is
+  // no MarkDirty to forget. Errors as Acquire.
+  absl::StatusOr<TensorLease> AcquireForWrite(TensorId id, Tier tier = Tier::kPinnedHost,
+                                              CudaStreamView stream = {});
   // A host lease for a caller that overwrites every byte: a cold tensor gets a block
   // without a read (its bytes are unspecified until written). The lease starts dirty,
   // and a device copy becomes stale.
@@ -259,6 +274,12 @@ class TensorStore {
   // others use the store, provided no durable tensor is written meanwhile (a lease
   // writing one while it is written back leaves the volume with torn bytes).
   absl::Status Flush();
+
+  // Writes back and commits every dirty durable tensor (as Flush), cancels the prefetches
+  // still queued (their tickets report kCancelled) and stops the store's threads. No
+  // lease may be held. After Close only stats() and the destructor may be called; a
+  // second Close returns the first one's status.
+  absl::Status Close();
 
   TensorStoreStats stats() const;
 

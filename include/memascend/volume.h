@@ -48,11 +48,10 @@
 #include <absl/status/statusor.h>
 
 #include <memascend/io_engine.h>
+#include <memascend/types.h>
 
 namespace memascend {
 
-enum class Durability { kDurable, kScratch };
-std::string_view ToString(Durability d) noexcept;
 
 struct VolumeFormatOptions {
   std::uint64_t size = 0;                // create/grow a regular file to this size

@@ -15,20 +15,6 @@
 
 namespace memascend {
 
-std::size_t SizeOf(DType t) noexcept { return t == DType::kF32 ? 4 : 2; }
-
-std::string_view ToString(DType t) noexcept {
-  switch (t) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-  }
-  return "unknown";
-}
-
 namespace kernels {
 
 const Isa& PickIsa(SimdLevel cap) {

@@ -10,41 +10,6 @@
 
 namespace memascend {
 
-std::string_view ToString(Tier tier) noexcept {
-  switch (tier) {
-    case Tier::kPinnedHost:
-      return "pinned_host";
-    case Tier::kPageableHost:
-      return "pageable_host";
-    case Tier::kGpu:
-      return "gpu";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "unknown";
-}
-
-std::string_view ToString(Use use) noexcept {
-  switch (use) {
-    case Use::kParameters:
-      return "parameters";
-    case Use::kGradients:
-      return "gradients";
-    case Use::kOptimizerState:
-      return "optimizer_state";
-    case Use::kActivations:
-      return "activations";
-    case Use::kStaging:
-      return "staging";
-    case Use::kOther:
-      return "other";
-    case Use::kCached:
-      return "cached";
-    case Use::kFree:
-      return "free";
-  }
-  return "unknown";
-}
 
 struct MemoryLedger::State {
   explicit State(Options o) : options(o), start(std::chrono::steady_clock::now()) {}

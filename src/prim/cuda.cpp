@@ -103,20 +103,6 @@ CudaInfo ProbeCuda(bool disabled_by_option) {
 
 namespace memascend {
 
-namespace {
-
-// Ready once the work recorded before its event has finished.
-class CudaEventFence final : public ReuseFence {
- public:
-  explicit CudaEventFence(prim::CudaEvent event) : event_(std::move(event)) {}
-  bool Ready() override { return event_.Ready(); }
-
- private:
-  prim::CudaEvent event_;
-};
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<ReuseFence>> RecordCudaFence(CudaStreamView stream) {
   if (prim::CudaDeviceCount() == 0) {
     const std::string why = prim::CudaUnusableReason();
@@ -126,7 +112,7 @@ absl::StatusOr<std::unique_ptr<ReuseFence>> RecordCudaFence(CudaStreamView strea
   auto event = prim::CudaEvent::Create();
   if (!event.ok()) return event.status();
   if (absl::Status s = event->Record(stream); !s.ok()) return s;
-  return std::unique_ptr<ReuseFence>(std::make_unique<CudaEventFence>(*std::move(event)));
+  return prim::EventFence(std::make_shared<prim::CudaEvent>(*std::move(event)));
 }
 
 }  // namespace memascend

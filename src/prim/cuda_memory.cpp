@@ -12,6 +12,22 @@
 
 namespace memascend::prim {
 
+namespace {
+// Ready once the work recorded before its event has finished.
+class CudaEventFence final : public ReuseFence {
+ public:
+  explicit CudaEventFence(std::shared_ptr<CudaEvent> event) : event_(std::move(event)) {}
+  bool Ready() override { return event_->Ready(); }
+
+ private:
+  std::shared_ptr<CudaEvent> event_;
+};
+}  // namespace
+
+std::unique_ptr<ReuseFence> EventFence(std::shared_ptr<CudaEvent> event) {
+  return std::make_unique<CudaEventFence>(std::move(event));
+}
+
 #if MEMASCEND_HAVE_CUDA
 namespace {
 

@@ -8,6 +8,7 @@
 #define MEMASCEND_SRC_PRIM_CUDA_MEMORY_H_
 
 #include <cstddef>
+#include <memory>
 
 #include <absl/status/statusor.h>
 
@@ -65,6 +66,10 @@ class CudaEvent {
  private:
   void* event_ = nullptr;  // cudaEvent_t
 };
+
+// The one CUDA reuse fence (memascend/types.h): ready once `event` has completed. The
+// event is shared, so the same copy may also be waited on by other streams.
+std::unique_ptr<ReuseFence> EventFence(std::shared_ptr<CudaEvent> event);
 
 enum class CopyDirection { kHostToDevice, kDeviceToHost };
 

@@ -25,10 +25,6 @@
 
 namespace memascend {
 
-std::string_view ToString(Durability d) noexcept {
-  return d == Durability::kDurable ? "durable" : "scratch";
-}
-
 namespace {
 
 using storage::Extent;

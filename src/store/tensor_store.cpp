@@ -1,4 +1,5 @@
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -113,6 +114,8 @@ struct TensorStore::Impl {
   std::deque<Job> deferred ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::vector<std::thread> workers;
+  bool closed = false;  // Close() ran (the caller's thread only)
+  absl::Status close_status;
 
   absl::Status CheckId(TensorId id) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
     if (id >= tensors.size())
@@ -492,12 +495,7 @@ struct TensorStore::Impl {
     t.gpu_dirty = false;
     counters.bytes_to_gpu += t.spec.bytes;
     // Note [reuse fences]: the host block goes back to the pool only after the copy.
-    struct Fence final : ReuseFence {
-      explicit Fence(std::shared_ptr<prim::CudaEvent> e) : event(std::move(e)) {}
-      bool Ready() override { return event->Ready(); }
-      std::shared_ptr<prim::CudaEvent> event;
-    };
-    t.block.SetReuseFence(std::make_unique<Fence>(std::move(ready)));
+    t.block.SetReuseFence(prim::EventFence(std::move(ready)));
     return absl::OkStatus();
   }
 
@@ -553,6 +551,21 @@ struct TensorStore::Impl {
 TensorStore::TensorStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TensorStore::~TensorStore() {
+  if (!impl_->closed) {
+    const absl::Status s = Close();
+    if (!s.ok()) {
+      std::fprintf(stderr,
+                   "memascend: a tensor store was destroyed with dirty durable tensors it could "
+                   "not write back (call TensorStore::Close() to see this as a status): %s\n",
+                   std::string(s.message()).c_str());
+    }
+  }
+}
+
+absl::Status TensorStore::Close() {
+  if (impl_->closed) return impl_->close_status;
+  impl_->close_status = Flush();
+  impl_->closed = true;
   {
     absl::MutexLock lock(&impl_->mu);
     impl_->stop = true;
@@ -566,6 +579,7 @@ TensorStore::~TensorStore() {
   impl_->tensors.clear();  // blocks back to the pools before they go
   impl_->pool.reset();
   impl_->device_pool.reset();
+  return impl_->close_status;
 }
 
 absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(Volume* volume,
@@ -663,6 +677,13 @@ std::vector<std::string> TensorStore::StoredTensors() const {
 
 absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id) {
   return Acquire(id, Tier::kPinnedHost);
+}
+
+absl::StatusOr<TensorLease> TensorStore::AcquireForWrite(TensorId id, Tier tier,
+                                                         CudaStreamView stream) {
+  MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, Acquire(id, tier, stream));
+  lease.MarkDirty();
+  return lease;
 }
 
 absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStreamView stream) {

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <span>
 #include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
@@ -638,6 +639,54 @@ TEST(TensorStore, RandomOperationsFromSeveralThreads) {
       EXPECT_TRUE(Holds(l, "t" + std::to_string(k), v)) << k;
     }
   }
+}
+
+TEST(TensorStore, AcquireForWriteNeedsNoMarkDirtyAndLeasesAreTyped) {
+  ScratchPath path("store_write_intent");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("w", 64 * kKiB, DType::kF32)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->AcquireForWrite(id));
+    std::span<float> f = lease.as<float>();
+    ASSERT_EQ(f.size(), 16 * kKiB);
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i);
+  }
+  ASSERT_OK(store->Evict(id));  // written back though nobody called MarkDirty
+  ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+  EXPECT_EQ(lease.as<float>()[12345], 12345.0f);
+  EXPECT_EQ(lease.as<std::uint16_t>().size(), 32 * kKiB);
+  EXPECT_THAT(store->AcquireForWrite(99), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TensorStore, CloseCommitsDirtyDurableTensorsAndSoDoesADestroyedStore) {
+  ScratchPath path("store_close");
+  auto volume = MakeVolume(path.path());
+  {
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));
+    ASSERT_OK_AND_ASSIGN(TensorId a, store->Register(Spec("a", 100 * kKiB)));
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(a));
+    Fill(lease, "a", 1);
+    lease.Release();
+    ASSERT_OK(store->Close());
+    ASSERT_OK(store->Close());  // again: the first one's status
+  }
+  {
+    // Destroyed without Close or Flush: the dirty durable tensor is not dropped.
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));
+    ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", 100 * kKiB)));
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(b));
+    Fill(lease, "b", 2);
+  }
+  volume.reset();
+  ASSERT_OK_AND_ASSIGN(volume, Volume::Open(path.path(), {}));
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId a, store->Register(Spec("a", 100 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", 100 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorLease la, store->Acquire(a));
+  EXPECT_TRUE(Holds(la, "a", 1));
+  ASSERT_OK_AND_ASSIGN(TensorLease lb, store->Acquire(b));
+  EXPECT_TRUE(Holds(lb, "b", 2));
 }
 
 }  // namespace
