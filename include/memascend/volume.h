@@ -118,10 +118,19 @@ class Volume {
   // Writes an empty volume. Refuses foreign data unless forced; kInvalidArgument for
   // a bad unit or journal size or a target too small to hold anything.
   static absl::Status Format(const std::string& path, const VolumeFormatOptions& options);
-  // kFailedPrecondition if the target holds no MemAscend volume or another process has
-  // it open; kDataLoss if no superblock is valid or the journal was damaged mid-way.
+  // kNotFound for a missing path; kFailedPrecondition if the target holds no MemAscend
+  // volume (anything else: it is not touched); kUnavailable if another process has it
+  // open (its lock is held past options.lock_wait) or a device is in use; kDataLoss if no
+  // superblock is valid or the journal was damaged mid-way (docs/errors.md).
   static absl::StatusOr<std::unique_ptr<Volume>> Open(const std::string& path,
                                                       const VolumeOpenOptions& options);
+  // Opens the volume at `path`, formatting one there first when the path does not exist
+  // or is an empty regular file (format.size gives a new file's size; format.force is
+  // ignored: nothing else is ever formatted). Errors as Format and Open; kInvalidArgument
+  // for a missing path and format.size 0.
+  static absl::StatusOr<std::unique_ptr<Volume>> OpenOrCreate(const std::string& path,
+                                                              const VolumeFormatOptions& format,
+                                                              const VolumeOpenOptions& open = {});
   ~Volume();
   Volume(const Volume&) = delete;
   Volume& operator=(const Volume&) = delete;

@@ -63,7 +63,7 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
     const std::string why(fd.status().message());
     if (device && fd.status().code() == absl::ErrnoToStatus(EBUSY, "").code() &&
         why.find("busy") != std::string::npos) {
-      return absl::FailedPreconditionError(
+      return absl::UnavailableError(
           fmt::format("{} is in use (mounted, or held by another program): {}", path, why));
     }
     if (why.find("Invalid argument") != std::string::npos) {

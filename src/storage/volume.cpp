@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/random.h>
 #include <thread>
 #include <unistd.h>
@@ -395,6 +396,29 @@ absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& 
   return target.Sync();
 }
 
+absl::StatusOr<std::unique_ptr<Volume>> Volume::OpenOrCreate(const std::string& path,
+                                                             const VolumeFormatOptions& format,
+                                                             const VolumeOpenOptions& open) {
+  struct stat st {};
+  bool fresh = false;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) return absl::ErrnoToStatus(errno, fmt::format("stat({})", path));
+    fresh = true;
+  } else {
+    fresh = S_ISREG(st.st_mode) && st.st_size == 0;
+  }
+  if (fresh) {
+    if (format.size == 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{} does not exist: give VolumeFormatOptions::size to create a volume there", path));
+    }
+    VolumeFormatOptions f = format;
+    f.force = false;  // only a new or empty file is formatted here
+    MEMASCEND_RETURN_IF_ERROR(Format(path, f));
+  }
+  return Open(path, open);
+}
+
 absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
                                                      const VolumeOpenOptions& options) {
   MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, {}));
@@ -403,7 +427,9 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
     if (errno != EWOULDBLOCK && errno != EINTR)
       return absl::ErrnoToStatus(errno, fmt::format("flock({})", path));
     if (std::chrono::steady_clock::now() >= give_up) {
-      return absl::FailedPreconditionError(fmt::format("{} is open in another process", path));
+      return absl::UnavailableError(fmt::format(
+          "{} is open in another process (the volume's lock is held; waited {} ms)", path,
+          options.lock_wait.count()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

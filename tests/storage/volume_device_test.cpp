@@ -119,7 +119,7 @@ TEST_P(LoopDevice, RefusesADeviceInUse) {
   VolumeFormatOptions f;
   f.force = true;  // force overrides signatures, never a device in use
   EXPECT_THAT(Volume::Format(device_, f),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("in use")));
   ::close(holder);
 }
 

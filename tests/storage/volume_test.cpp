@@ -2,6 +2,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <thread>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -286,6 +287,47 @@ TEST(BlockTarget, DetectsSignatures) {
   EXPECT_EQ(with(4086, "SWAPSPACE2"), "swap");
 }
 
+TEST(Volume, OpenOrCreateFormatsOnlyANewOrEmptyFile) {
+  ScratchPath p("vol_ooc");
+  VolumeFormatOptions f;
+  EXPECT_THAT(Volume::OpenOrCreate(p.path(), f),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("size")));
+  f.size = 8 * kMiB;
+  {
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::OpenOrCreate(p.path(), f));  // created
+    const std::vector<std::byte> data(5000, std::byte{7});
+    ASSERT_OK(v->Put("kept", data, Durability::kDurable));
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::OpenOrCreate(p.path(), f));  // opened, not formatted
+    ASSERT_OK_AND_ASSIGN(ObjectInfo info, v->Stat("kept"));
+    EXPECT_EQ(info.size, 5000u);
+    // Held by this process: the second open is told so, distinctly.
+    VolumeOpenOptions impatient;
+    impatient.lock_wait = std::chrono::milliseconds(20);
+    EXPECT_THAT(Volume::OpenOrCreate(p.path(), f, impatient),
+                StatusIs(absl::StatusCode::kUnavailable));
+  }
+  // A file of other content is never formatted, force or not.
+  ScratchPath other("vol_ooc_other");
+  {
+    const int fd = ::open(other.path().c_str(), O_RDWR | O_CREAT, 0600);
+    const std::string text(3 * 4096, 'x');
+    ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::close(fd);
+  }
+  f.force = true;
+  EXPECT_THAT(Volume::OpenOrCreate(other.path(), f),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a MemAscend")));
+  struct stat st {};
+  ASSERT_EQ(::stat(other.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 3 * 4096);
+  // An empty file is ours to format.
+  ScratchPath empty("vol_ooc_empty");
+  ::close(::open(empty.path().c_str(), O_RDWR | O_CREAT, 0600));
+  EXPECT_OK(Volume::OpenOrCreate(empty.path(), f).status());
+}
+
 TEST(Volume, OpenRefusesWhatItCannotOpen) {
   ScratchPath p("vol");
   {
@@ -299,7 +341,7 @@ TEST(Volume, OpenRefusesWhatItCannotOpen) {
   VolumeOpenOptions impatient;
   impatient.lock_wait = std::chrono::milliseconds(50);
   EXPECT_THAT(Volume::Open(p.path(), impatient),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another process")));
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("another process")));
   VolumeFormatOptions tiny;
   ScratchPath t("tiny");
   tiny.size = 64 * 1024;
