@@ -7,7 +7,7 @@
 
 #include "args.h"
 #include "commands.h"
-#include "memory/pool_sim.h"
+#include "sim/pool_sim.h"
 #include "util/units.h"
 
 namespace memascend::cli {

@@ -12,6 +12,9 @@
 
 #include <memascend/memory_ledger.h>
 
+#include "util/json_writer.h"
+#include "util/units.h"
+
 #include "data.h"
 #include "trainer.h"
 #include "zero_backend.h"
@@ -53,24 +56,15 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --timeline FILE    CSV memory timeline (the ledger, sampled per layer)
   --json             one JSON summary object on stdout instead of the report
   --quiet            no progress lines
-Byte sizes take K, M, G suffixes (powers of 1024).
+Byte sizes are whole numbers with an optional K, M, G or T suffix (powers of 1024).
 )";
 
+// The one byte-size grammar of every MemAscend binary (util/units.h): an integer with an
+// optional K, M, G or T suffix (powers of 1024), "iB" or "B" allowed after it.
 bool ParseBytes(const std::string& s, std::uint64_t* out) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || v < 0) return false;
-  double mult = 1;
-  if (*end == 'K' || *end == 'k')
-    mult = 1024.0, ++end;
-  else if (*end == 'M' || *end == 'm')
-    mult = 1024.0 * 1024, ++end;
-  else if (*end == 'G' || *end == 'g')
-    mult = 1024.0 * 1024 * 1024, ++end;
-  if (*end == 'i') ++end;
-  if (*end == 'B') ++end;
-  if (*end != '\0') return false;
-  *out = static_cast<std::uint64_t>(v * mult);
+  auto v = memascend::util::ParseByteSize(s);
+  if (!v.ok()) return false;
+  *out = *v;
   return true;
 }
 
@@ -78,21 +72,6 @@ std::string Gib(double bytes) {
   if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", bytes / (1 << 30));
   if (bytes >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", bytes / (1 << 20));
   return fmt::format("{:.1f} KiB", bytes / 1024);
-}
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c >= 0x7f) {
-      out += fmt::format("\\u{:04x}", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
 }
 
 // fn(tier, use, peak reserved bytes) for every tier and use the run touched.
@@ -324,42 +303,61 @@ int main(int argc, char** argv) {
   }
   const auto& s = *summary;
   if (json) {
-    std::string losses, times, skipped;
-    for (std::size_t i = 0; i < s.losses.size(); ++i) {
-      losses += fmt::format("{}{:.9g}", i ? "," : "", s.losses[i]);
-      times += fmt::format("{}{:.4f}", i ? "," : "", s.step_seconds[i]);
-      skipped += fmt::format("{}{}", i ? "," : "", s.step_skipped[i] ? "true" : "false");
-    }
-    std::string uses;
-    ForEachLedgerPeak(
-        s.ledger, [&uses](std::string_view tier, std::string_view use, std::int64_t peak) {
-          uses += fmt::format("{}{{\"tier\":\"{}\",\"use\":\"{}\",\"peak_bytes\":{}}}",
-                              uses.empty() ? "" : ",", tier, use, peak);
-        });
-    std::string store = "null";
+    memascend::util::JsonWriter w;
+    w.BeginObject()
+        .Field("policy",
+               o.policy == offload_train::Policy::kZeroInfinity ? "zero-infinity" : "memascend")
+        .Field("mode", o.mode == Mode::kOffload ? "offload" : "reference")
+        .Field("steps", s.last_step)
+        .Field("first_step", s.first_step)
+        .Field("final_loss", s.final_loss);
+    w.Key("losses").BeginArray();
+    for (double l : s.losses) w.Double(l);
+    w.EndArray().Key("step_seconds").BeginArray();
+    for (double t : s.step_seconds) w.Double(t);
+    w.EndArray().Key("step_skipped").BeginArray();
+    for (bool k : s.step_skipped) w.Bool(k);
+    w.EndArray()
+        .Field("params", s.params)
+        .Field("model_state_bytes", s.model_state_bytes)
+        .Field("host_budget_bytes", s.host_budget)
+        .Field("peak_pinned_bytes", s.peak_pinned_bytes)
+        .Field("peak_rss_bytes", s.peak_rss_bytes)
+        .Field("activation_bytes", s.activation_bytes)
+        .Field("io_read_bytes", s.io_read_bytes)
+        .Field("io_write_bytes", s.io_write_bytes)
+        .Field("skipped_steps", s.skipped_steps)
+        .Field("seconds", s.seconds);
+    w.Key("phase_seconds")
+        .BeginObject()
+        .Field("forward", s.phases.forward)
+        .Field("backward", s.phases.backward)
+        .Field("optimizer", s.phases.optimizer)
+        .Field("commit", s.phases.commit)
+        .EndObject();
+    w.Key("ledger").BeginArray();
+    ForEachLedgerPeak(s.ledger, [&w](std::string_view tier, std::string_view use, std::int64_t peak) {
+      w.BeginObject().Field("tier", tier).Field("use", use).Field("peak_bytes", peak).EndObject();
+    });
+    w.EndArray().Key("store");
     if (s.store.has_value()) {
       const memascend::TensorStoreStats& t = *s.store;
-      store = fmt::format(
-          "{{\"prefetch_hits\":{},\"prefetch_misses\":{},\"prefetch_dropped\":{},"
-          "\"prefetch_deferred\":{},\"stall_seconds\":{:.3f},\"read_seconds\":{:.3f},"
-          "\"write_seconds\":{:.3f},\"evictions\":{},\"write_backs\":{}}}",
-          t.prefetch_hits, t.prefetch_misses, t.prefetch_dropped, t.prefetch_deferred,
-          t.stall_seconds, t.read_seconds, t.write_seconds, t.evictions, t.write_backs);
+      w.BeginObject()
+          .Field("prefetch_hits", t.prefetch_hits)
+          .Field("prefetch_misses", t.prefetch_misses)
+          .Field("prefetch_dropped", t.prefetch_dropped)
+          .Field("prefetch_deferred", t.prefetch_deferred)
+          .Field("stall_seconds", t.stall_seconds)
+          .Field("read_seconds", t.read_seconds)
+          .Field("write_seconds", t.write_seconds)
+          .Field("evictions", t.evictions)
+          .Field("write_backs", t.write_backs)
+          .EndObject();
+    } else {
+      w.Null();
     }
-    fmt::print(
-        "{{\"policy\":\"{}\",\"mode\":\"{}\",\"steps\":{},\"first_step\":{},\"final_loss\":{:.9g},"
-        "\"losses\":[{}],\"step_seconds\":[{}],\"step_skipped\":[{}],"
-        "\"params\":{},\"model_state_bytes\":{},\"host_budget_bytes\":{},\"peak_pinned_bytes\":{},"
-        "\"peak_rss_bytes\":{},\"activation_bytes\":{},\"io_read_bytes\":{},\"io_write_bytes\":{},"
-        "\"skipped_steps\":{},\"seconds\":{:.3f},\"phase_seconds\":{{\"forward\":{:.3f},"
-        "\"backward\":{:.3f},\"optimizer\":{:.3f},\"commit\":{:.3f}}},\"ledger\":[{}],"
-        "\"store\":{},\"sample\":{}}}\n",
-        o.policy == offload_train::Policy::kZeroInfinity ? "zero-infinity" : "memascend",
-        o.mode == Mode::kOffload ? "offload" : "reference", s.last_step, s.first_step, s.final_loss,
-        losses, times, skipped, s.params, s.model_state_bytes, s.host_budget, s.peak_pinned_bytes,
-        s.peak_rss_bytes, s.activation_bytes, s.io_read_bytes, s.io_write_bytes, s.skipped_steps,
-        s.seconds, s.phases.forward, s.phases.backward, s.phases.optimizer, s.phases.commit, uses,
-        store, JsonString(s.sample));
+    w.Field("sample", s.sample).EndObject();
+    fmt::print("{}\n", w.str());
     return 0;
   }
   fmt::print(

@@ -22,10 +22,16 @@ const Isa& PickIsa(SimdLevel cap) {
       SelectSimd(prim::ProbeCpu(), ProbeOptions::FromEnvironment().max_simd);
   const SimdLevel level = static_cast<int>(best) < static_cast<int>(cap) ? best : cap;
   switch (level) {
+#if MEMASCEND_X86_SIMD
     case SimdLevel::kAvx512:
       return Avx512Isa();
     case SimdLevel::kAvx2:
       return Avx2Isa();
+#else
+    case SimdLevel::kAvx512:
+    case SimdLevel::kAvx2:
+      break;  // no such kernels off x86 (the probe reports none there either)
+#endif
     case SimdLevel::kScalar:
       break;
   }

@@ -1,4 +1,4 @@
-#include "memory/pool_sim.h"
+#include "sim/pool_sim.h"
 
 #include <bit>
 #include <fstream>
@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "memory/zero_swap_buffers.h"
+#include "sim/zero_swap_buffers.h"
 #include "testing/status_matchers.h"
 
 namespace memascend::sim {

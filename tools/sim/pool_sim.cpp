@@ -1,4 +1,4 @@
-#include "memory/pool_sim.h"
+#include "sim/pool_sim.h"
 
 #include <algorithm>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "memory/zero_swap_buffers.h"
+#include "sim/zero_swap_buffers.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// memory/zero_swap_buffers.h: ZeRO-Infinity's swap-buffer rules, as the baseline.
+// sim/zero_swap_buffers.h (tools/, not in libmemascend): ZeRO-Infinity's swap-buffer rules, as the baseline.
 //
 // DeepSpeed's NVMe offload stages every swapped tensor through fixed pinned buffers:
 // - parameters: `buffer_count` buffers of `buffer_size` elements (defaults 5 x 1e8), one
@@ -9,8 +9,8 @@
 // - tensors under 1 MiB are not swapped.
 // Every buffer is allocated through the pow2 pool (PyTorch's pinned allocator), so its
 // size is rounded up to a power of two. See ../shared/guide/ANCHORS.md.
-#ifndef MEMASCEND_SRC_MEMORY_ZERO_SWAP_BUFFERS_H_
-#define MEMASCEND_SRC_MEMORY_ZERO_SWAP_BUFFERS_H_
+#ifndef MEMASCEND_TOOLS_SIM_ZERO_SWAP_BUFFERS_H_
+#define MEMASCEND_TOOLS_SIM_ZERO_SWAP_BUFFERS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -76,4 +76,4 @@ class ZeroSwapBuffers {
 
 }  // namespace memascend
 
-#endif  // MEMASCEND_SRC_MEMORY_ZERO_SWAP_BUFFERS_H_
+#endif  // MEMASCEND_TOOLS_SIM_ZERO_SWAP_BUFFERS_H_

@@ -1,4 +1,4 @@
-// memory/pool_sim.h: replays the host-buffer schedule of one offloaded training step
+// sim/pool_sim.h (tools/, not in libmemascend): replays the host-buffer schedule of one offloaded training step
 // against a pinned-memory policy, with accounting-only backing, so that the allocator
 // logic of each policy can be measured on workloads far larger than this machine.
 //
@@ -10,8 +10,8 @@
 //  3. optimizer step: every tensor streamed in slices of at most
 //     `optimizer_slice_elements`, each slice staging its fp32 master weights, Adam
 //     moments and fp32 gradients.
-#ifndef MEMASCEND_SRC_MEMORY_POOL_SIM_H_
-#define MEMASCEND_SRC_MEMORY_POOL_SIM_H_
+#ifndef MEMASCEND_TOOLS_SIM_POOL_SIM_H_
+#define MEMASCEND_TOOLS_SIM_POOL_SIM_H_
 
 #include <array>
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include <memascend/memory_ledger.h>
 #include <memascend/workload.h>
 
-#include "memory/zero_swap_buffers.h"
+#include "sim/zero_swap_buffers.h"
 
 namespace memascend::sim {
 
@@ -100,4 +100,4 @@ std::string ToJson(const SimResult& result);
 
 }  // namespace memascend::sim
 
-#endif  // MEMASCEND_SRC_MEMORY_POOL_SIM_H_
+#endif  // MEMASCEND_TOOLS_SIM_POOL_SIM_H_
