@@ -1,0 +1,200 @@
+// store/tensor_store_impl.h: the state of a TensorStore, shared by its parts:
+//   tensor_store.cpp  the public API (registration, acquires, flush, close, leases);
+//   residency.cpp     host residency: blocks under the budget, loads and write-backs;
+//   eviction.cpp      which tensor leaves memory (pure, store/eviction.h);
+//   gpu_tier.cpp      the device copies of Note [gpu tier];
+//   prefetch.cpp      the prefetch queue, its workers and the write-behinds.
+// Note [store locking]: `mu` guards everything below it. Every method named ...Locked is
+// called with it held and may release it around I/O; no CUDA runtime call is made with it
+// held (the GPU tier releases it around each one).
+#ifndef MEMASCEND_SRC_STORE_TENSOR_STORE_IMPL_H_
+#define MEMASCEND_SRC_STORE_TENSOR_STORE_IMPL_H_
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <absl/synchronization/mutex.h>
+#include <fmt/format.h>
+
+#include <memascend/host_arena.h>
+#include <memascend/pinned_pool.h>
+#include <memascend/status.h>
+#include <memascend/tensor_store.h>
+
+#include "prim/cuda_memory.h"
+#include "store/device_pool.h"
+#include "store/eviction.h"
+
+namespace memascend {
+
+struct PrefetchTicket::State {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  std::atomic<bool> finished{false};
+
+  void Finish(absl::Status s) {
+    absl::MutexLock lock(&mu);
+    status = std::move(s);
+    done = true;
+    finished.store(true);
+    cv.SignalAll();
+  }
+};
+
+namespace store {
+using Clock = std::chrono::steady_clock;
+inline double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+// The metadata a durable tensor's object carries on the volume.
+std::string Metadata(const TensorSpec& s);
+}  // namespace store
+
+struct TensorStore::Impl {
+  enum class State { kCold, kLoading, kResident, kWriting };
+  struct Tensor {
+    TensorSpec spec;
+    State state = State::kCold;
+    PinnedBlock block;
+    int pins = 0;
+    bool dirty = false;
+    bool stored = false;  // the volume holds its bytes
+    bool wanted = false;  // prefetched to the host and not used since (Note [residency])
+    Retention retention = Retention::kNormal;  // Note [retention]
+    std::uint64_t last_use = 0;
+    // The GPU tier (Note [gpu tier]).
+    std::byte* gpu = nullptr;  // device block, or null
+    bool gpu_valid = false;    // the device block holds the current bytes
+    bool gpu_dirty = false;    // ... and they are newer than the host's and the volume's
+    bool gpu_busy = false;     // a thread is copying to or from the device, mu released
+    int gpu_pins = 0;
+    std::uint64_t gpu_last_use = 0;
+    CudaStreamView gpu_stream;                   // of the last copy in or dirty lease
+    std::shared_ptr<prim::CudaEvent> gpu_ready;  // the last copy into the device block
+    std::shared_ptr<prim::CudaEvent> gpu_idle;   // work of the last lease on the block
+  };
+
+  // A prefetch job: the tensor, the tier and (for the GPU) the stream.
+  struct Job {
+    TensorId id;
+    Tier tier;
+    CudaStreamView stream;
+    std::shared_ptr<PrefetchTicket::State> ticket;  // null for a write-behind
+  };
+
+  Volume* volume = nullptr;
+  TensorStoreOptions options;
+  std::unique_ptr<MemoryLedger> own_ledger;
+  MemoryLedger* ledger = nullptr;
+  std::unique_ptr<HostArena> arena;
+
+  mutable absl::Mutex mu;
+  absl::CondVar cv;
+  std::unique_ptr<PinnedPool> pool
+      ABSL_GUARDED_BY(mu);  // made at first use, from the registered sizes
+  std::vector<std::unique_ptr<Tensor>> tensors ABSL_GUARDED_BY(mu);
+  std::map<std::string, TensorId, std::less<>> names ABSL_GUARDED_BY(mu);
+  std::uint64_t tick ABSL_GUARDED_BY(mu) = 0;
+  TensorStoreStats counters ABSL_GUARDED_BY(mu);
+
+  std::unique_ptr<store::DevicePool> device_pool ABSL_GUARDED_BY(mu);  // at the first GPU use
+  std::deque<Job> jobs ABSL_GUARDED_BY(mu);
+  // Prefetches that found no room (Note [residency]): retried, first ones first, when a
+  // lease ends or a tensor leaves memory.
+  std::deque<Job> deferred ABSL_GUARDED_BY(mu);
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::thread> workers;
+  bool closed = false;  // Close() ran (the caller's thread only)
+  absl::Status close_status;
+
+  absl::Status CheckId(TensorId id) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    if (id >= tensors.size())
+      return absl::InvalidArgumentError(fmt::format("no tensor with id {}", id));
+    return absl::OkStatus();
+  }
+
+  absl::Status EnsurePool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (pool != nullptr) return absl::OkStatus();
+    PinnedPoolOptions po;
+    po.reuse_free_regions = true;  // a fixed budget, used for the whole run
+    po.expected_sizes = options.expected_sizes;
+    for (const auto& t : tensors) po.expected_sizes.push_back(t->spec.bytes);
+    MEMASCEND_ASSIGN_OR_RETURN(pool, PinnedPool::Create(arena.get(), po));
+    return absl::OkStatus();
+  }
+
+  // Writes a resident tensor back; mu is released during the I/O.
+  absl::Status WriteBackLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // store/eviction.h's view of the tensors, rebuilt by each AllocateLocked round.
+  std::vector<store::EvictionCandidate> candidates ABSL_GUARDED_BY(mu);
+
+  // A block for `bytes`, evicting unleased tensors while the budget is short, in
+  // EvictionRank order. For a prefetch (`prefetch`), never a wanted or kept one:
+  // kResourceExhausted instead.
+  absl::StatusOr<PinnedBlock> AllocateLocked(const Tensor& wanting, bool prefetch = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Starts making a cold `t` resident (without pinning it). Making room may release mu:
+  // if another thread took the tensor meanwhile, the block goes back and the caller
+  // looks at the tensor's state again.
+  absl::Status LoadLocked(Tensor& t, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Makes `t` resident in host memory without pinning it (no counters); for a prefetch,
+  // only if that evicts nothing wanted (AllocateLocked).
+  absl::Status MakeResidentLocked(Tensor& t, bool* loaded_here, bool prefetch = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Makes `t` resident and pins it (Acquire's loop, without counters): a use.
+  absl::Status HostResidentLocked(Tensor& t, bool* loaded_here) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  absl::Status GpuUsableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Copies a dirty device copy back into a host block (loaded or fresh), which becomes
+  // dirty. The caller has set t.gpu_busy; mu is released during the copy.
+  absl::Status GpuToHostLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Waits until no thread copies `t` to or from the device, then claims that role.
+  void ClaimGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void UnclaimGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // GpuToHostLocked for an unclaimed `t`.
+  absl::Status CopyBackLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Evict(id, Tier::kGpu): kFailedPrecondition while leased on the device.
+  absl::Status EvictGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Gives the device block back to the pool; the device copy is gone.
+  absl::Status FreeGpuBlockLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Frees the device block of an unleased `t` (claimed by the caller), copying it back
+  // first if dirty and waiting for the work queued on it.
+  absl::Status DropGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // A device block for `t`, evicting unleased device copies, least recently used first.
+  absl::Status AllocateGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Makes the device copy of `t` current, queued on `stream`; pins it if `pin`.
+  absl::Status GpuResidentLocked(Tensor& t, CudaStreamView stream, bool pin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  absl::Status GpuResidentClaimedLocked(Tensor& t, CudaStreamView stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Room may have appeared: the deferred prefetches go back to the head of the queue.
+  void RetryDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  void Work();
+};
+
+}  // namespace memascend
+
+#endif  // MEMASCEND_SRC_STORE_TENSOR_STORE_IMPL_H_
