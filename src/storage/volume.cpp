@@ -6,8 +6,8 @@
 #include <functional>
 #include <map>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
 
@@ -20,6 +20,7 @@
 
 #include "storage/extent_allocator.h"
 #include "storage/format.h"
+#include "storage/transfer.h"
 #include "util/align.h"
 #include "util/crc32c.h"
 #include "util/units.h"
@@ -28,25 +29,15 @@ namespace memascend {
 
 namespace {
 
+using storage::Aligned;
+using storage::AllocAligned;
 using storage::Extent;
 using storage::JournalRecord;
 using storage::kMetaBlock;
+using storage::kWindowBytes;
 using storage::RecordType;
 using storage::Superblock;
-
-constexpr std::size_t kWindowBytes = 16u << 20;  // staging window of unaligned transfers
-constexpr std::size_t kRequestBytes = 4u << 20;  // one engine request (several in flight)
-
-struct FreeDeleter {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-using Aligned = std::unique_ptr<std::byte, FreeDeleter>;
-
-Aligned AllocAligned(std::size_t bytes, std::size_t align) {
-  auto* p = static_cast<std::byte*>(
-      std::aligned_alloc(align, util::RoundUp(std::max<std::size_t>(bytes, 1), align)));
-  return Aligned(p);
-}
+using storage::Transfer;
 
 std::uint64_t Random64() {
   std::uint64_t v = 0;
@@ -76,53 +67,6 @@ absl::Status CheckName(std::string_view name) {
   if (name.empty() || name.size() > storage::kMaxNameBytes) {
     return absl::InvalidArgumentError(fmt::format("object name must be 1..{} bytes, got {}",
                                                   storage::kMaxNameBytes, name.size()));
-  }
-  return absl::OkStatus();
-}
-
-// Moves bytes between a caller buffer and the target: zero-copy for the aligned part,
-// through an aligned staging window for the rest. Requests of one window run together.
-// `on_chunk(bytes)`, if given, sees the transferred bytes in order as they complete, so a
-// reader can checksum one chunk while the next ones are still in flight.
-absl::Status Transfer(IoEngine* engine, FileId file, std::size_t block, IoOp op,
-                      std::uint64_t offset, std::byte* user, std::size_t length,
-                      const std::function<void(std::span<const std::byte>)>& on_chunk = nullptr) {
-  std::size_t direct = 0;
-  if (reinterpret_cast<std::uintptr_t>(user) % block == 0) direct = length / block * block;
-  {
-    IoBatch batch;
-    for (std::size_t done = 0; done < direct; done += kRequestBytes) {
-      batch.Add(engine->Submit(
-          {op, file, offset + done, user + done, std::min(kRequestBytes, direct - done)}));
-    }
-    std::size_t done = 0;
-    for (IoTicket& t : batch.tickets()) {
-      auto n = t.Wait();
-      if (!n.ok()) return n.status();  // the batch waits for the rest as it goes
-      if (on_chunk) on_chunk({user + done, *n});
-      done += *n;
-    }
-  }
-  if (direct == length) return absl::OkStatus();
-  const std::size_t rest = length - direct;
-  Aligned window = AllocAligned(std::min(util::RoundUp(rest, block), kWindowBytes), block);
-  for (std::size_t done = direct; done < length;) {
-    const std::size_t n = std::min(kWindowBytes, length - done);
-    const std::size_t padded = util::RoundUp(n, block);
-    if (op == IoOp::kWrite) {
-      std::memcpy(window.get(), user + done, n);
-      std::memset(window.get() + n, 0, padded - n);
-    }
-    IoBatch batch;
-    for (std::size_t at = 0; at < padded; at += kRequestBytes) {
-      batch.Add(engine->Submit(
-          {op, file, offset + done + at, window.get() + at, std::min(kRequestBytes, padded - at)}));
-    }
-    batch.WaitAll();
-    MEMASCEND_RETURN_IF_ERROR(batch.FirstError());
-    if (op == IoOp::kRead) std::memcpy(user + done, window.get(), n);
-    if (on_chunk) on_chunk({user + done, n});
-    done += n;
   }
   return absl::OkStatus();
 }
@@ -427,9 +371,9 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
     if (errno != EWOULDBLOCK && errno != EINTR)
       return absl::ErrnoToStatus(errno, fmt::format("flock({})", path));
     if (std::chrono::steady_clock::now() >= give_up) {
-      return absl::UnavailableError(fmt::format(
-          "{} is open in another process (the volume's lock is held; waited {} ms)", path,
-          options.lock_wait.count()));
+      return absl::UnavailableError(
+          fmt::format("{} is open in another process (the volume's lock is held; waited {} ms)",
+                      path, options.lock_wait.count()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -9,23 +9,33 @@ namespace memascend {
 using store::Clock;
 using store::Since;
 
+// Note [store locking]: the device query and the slab's cudaMalloc run with mu released;
+// one thread makes the slab (gpu_starting), the others wait for it.
 absl::Status TensorStore::Impl::GpuUsableLocked() {
+  while (gpu_starting) cv.Wait(&mu);
   if (device_pool != nullptr) return absl::OkStatus();
   if (options.gpu_budget_bytes == 0) {
     return absl::FailedPreconditionError(
         "tensor store: the GPU tier is off (TensorStoreOptions::gpu_budget_bytes is 0)");
   }
-  if (prim::CudaDeviceCount() <= options.gpu_device) {
-    return absl::FailedPreconditionError(
+  gpu_starting = true;
+  mu.Unlock();
+  absl::StatusOr<prim::DeviceAllocation> slab = absl::FailedPreconditionError("");
+  const int devices = prim::CudaDeviceCount();
+  if (devices <= options.gpu_device) {
+    slab = absl::FailedPreconditionError(
         fmt::format("tensor store: no CUDA device {} for the GPU tier ({} found)",
-                    options.gpu_device, prim::CudaDeviceCount()));
+                    options.gpu_device, devices));
+  } else {
+    slab = prim::DeviceAllocation::Allocate(
+        options.gpu_device,
+        options.gpu_budget_bytes / store::kDeviceBlockBytes * store::kDeviceBlockBytes);
   }
-  MEMASCEND_ASSIGN_OR_RETURN(
-      prim::DeviceAllocation slab,
-      prim::DeviceAllocation::Allocate(
-          options.gpu_device,
-          options.gpu_budget_bytes / store::kDeviceBlockBytes * store::kDeviceBlockBytes));
-  device_pool = std::make_unique<store::DevicePool>(std::move(slab), ledger);
+  mu.Lock();
+  gpu_starting = false;
+  cv.SignalAll();
+  if (!slab.ok()) return slab.status();
+  device_pool = std::make_unique<store::DevicePool>(*std::move(slab), ledger);
   return absl::OkStatus();
 }
 
@@ -103,9 +113,11 @@ absl::Status TensorStore::Impl::DropGpuLocked(Tensor& t) {
   MEMASCEND_RETURN_IF_ERROR(GpuToHostLocked(t));
   if (t.gpu_pins > 0 || t.gpu == nullptr) return absl::OkStatus();  // leased meanwhile
   std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
-  if (idle != nullptr && !idle->Ready()) {
+  if (idle != nullptr) {
+    // Note [store locking]: event queries (and the event's destruction) without mu.
     mu.Unlock();
     while (!idle->Ready()) std::this_thread::yield();
+    idle.reset();
     mu.Lock();
     if (t.gpu_pins > 0) return absl::OkStatus();
   }
@@ -162,8 +174,14 @@ absl::Status TensorStore::Impl::GpuResidentLocked(Tensor& t, CudaStreamView stre
 absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamView stream) {
   if (t.gpu != nullptr && t.gpu_valid) {
     // Resident: the caller's stream waits for the copy in (a no-op on its own stream).
-    if (t.gpu_ready != nullptr) return t.gpu_ready->MakeStreamWait(stream);
-    return absl::OkStatus();
+    // The tensor is claimed (gpu_busy), so its event stays while mu is released.
+    if (t.gpu_ready == nullptr) return absl::OkStatus();
+    std::shared_ptr<prim::CudaEvent> ready = t.gpu_ready;
+    mu.Unlock();
+    absl::Status s = ready->MakeStreamWait(stream);
+    ready.reset();
+    mu.Lock();
+    return s;
   }
   if (t.gpu == nullptr) MEMASCEND_RETURN_IF_ERROR(AllocateGpuLocked(t));
   MEMASCEND_RETURN_IF_ERROR(HostResidentLocked(t, nullptr));
@@ -185,13 +203,18 @@ absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamVi
   cv.SignalAll();
   if (!s.ok()) return s;
   auto ready = std::make_shared<prim::CudaEvent>(*std::move(event));
-  t.gpu_ready = ready;
+  std::shared_ptr<prim::CudaEvent> old = std::exchange(t.gpu_ready, ready);
   t.gpu_stream = stream;
   t.gpu_valid = true;
   t.gpu_dirty = false;
   counters.bytes_to_gpu += t.spec.bytes;
   // Note [reuse fences]: the host block goes back to the pool only after the copy.
   t.block.SetReuseFence(prim::EventFence(std::move(ready)));
+  if (old != nullptr) {  // its cudaEventDestroy without mu; the tensor is claimed
+    mu.Unlock();
+    old.reset();
+    mu.Lock();
+  }
   return absl::OkStatus();
 }
 

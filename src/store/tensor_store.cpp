@@ -64,10 +64,14 @@ absl::Status TensorStore::Close() {
     impl_->jobs.clear();
   }
   for (std::thread& w : impl_->workers) w.join();
-  absl::MutexLock lock(&impl_->mu);
-  impl_->tensors.clear();  // blocks back to the pools before they go
-  impl_->pool.reset();
-  impl_->device_pool.reset();
+  std::unique_ptr<store::DevicePool> device_pool;  // its cudaFree runs without mu
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->tensors.clear();  // blocks back to the pools before they go
+    impl_->pool.reset();
+    device_pool = std::move(impl_->device_pool);
+  }
+  device_pool.reset();
   return impl_->close_status;
 }
 
@@ -404,9 +408,20 @@ absl::Status TensorStore::Discard(TensorId id) {
     return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
   t.wanted = false;
   if (t.gpu != nullptr) {
+    // The work of the last device lease ends before the block is reused: waited for with
+    // the tensor claimed and mu released (Note [store locking]).
     std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
-    while (idle != nullptr && !idle->Ready()) std::this_thread::yield();
-    MEMASCEND_RETURN_IF_ERROR(m.FreeGpuBlockLocked(t));
+    if (idle != nullptr) {
+      m.ClaimGpuLocked(t);
+      m.mu.Unlock();
+      while (!idle->Ready()) std::this_thread::yield();
+      idle.reset();
+      m.mu.Lock();
+      m.UnclaimGpuLocked(t);
+      if (t.pins > 0 || t.gpu_pins > 0)
+        return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
+    }
+    if (t.gpu != nullptr) MEMASCEND_RETURN_IF_ERROR(m.FreeGpuBlockLocked(t));
   }
   if (t.state == Impl::State::kResident) {
     t.block.Reset();
@@ -462,17 +477,22 @@ TensorStoreStats TensorStore::stats() const {
 }
 
 void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept {
+  // The block is reused only after the work the lease's holder queued on its stream: an
+  // event recorded there, made before taking mu (Note [store locking]).
+  std::shared_ptr<prim::CudaEvent> idle;
+  if (tier == Tier::kGpu) {
+    auto event = prim::CudaEvent::Create();
+    if (event.ok() && event->Record(stream).ok()) {
+      idle = std::make_shared<prim::CudaEvent>(*std::move(event));
+    } else {
+      (void)prim::SynchronizeStream(stream);  // no event: wait for the work here instead
+    }
+  }
+  std::shared_ptr<prim::CudaEvent> old;  // destroyed after mu is released
   absl::MutexLock lock(&impl_->mu);
   Impl::Tensor& t = *impl_->tensors[id];
   if (tier == Tier::kGpu) {
-    // The block is reused only after the work the lease's holder queued on its stream.
-    auto idle = prim::CudaEvent::Create();
-    if (idle.ok() && idle->Record(stream).ok()) {
-      t.gpu_idle = std::make_shared<prim::CudaEvent>(*std::move(idle));
-    } else {
-      (void)prim::SynchronizeStream(stream);  // no event: wait for the work here instead
-      t.gpu_idle.reset();
-    }
+    old = std::exchange(t.gpu_idle, std::move(idle));
     --t.gpu_pins;
     t.gpu_last_use = ++impl_->tick;
   } else {

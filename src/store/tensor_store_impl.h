@@ -111,6 +111,7 @@ struct TensorStore::Impl {
   // lease ends or a tensor leaves memory.
   std::deque<Job> deferred ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
+  bool gpu_starting ABSL_GUARDED_BY(mu) = false;  // a thread makes the device slab
   std::vector<std::thread> workers;
   bool closed = false;  // Close() ran (the caller's thread only)
   absl::Status close_status;
