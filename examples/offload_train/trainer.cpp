@@ -131,8 +131,7 @@ absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
   // gradients are resident (OffloadedAdam Note [gradient room]): its reads wait for room.
   so.defer_prefetches = true;
   so.ledger = ledger;
-  // This trainer computes on the CPU: its pinned memory needs no CUDA registration.
-  so.host_backing = memascend::ArenaBacking::kMlock;
+  // No GPU tier: the budget is mlock'ed, not registered with CUDA (host_backing kAuto).
   MEMASCEND_ASSIGN_OR_RETURN(s->store, memascend::TensorStore::Open(s->volume.get(), so));
   MEMASCEND_ASSIGN_OR_RETURN(s->state, memascend::VersionedTrainingState::Open(
                                            s->store.get(), s->volume.get(), layout, [] {

@@ -98,10 +98,10 @@ struct TensorStoreOptions {
   // A prefetch that finds no room waits for some rather than being dropped (Note
   // [residency]): for a caller that prefetches a window ahead and never waits on tickets.
   bool defer_prefetches = false;
-  // How the host budget is page-locked. kAuto registers it with CUDA where a device is
-  // present, so copies to and from the GPU are true DMA. A caller that never copies to
-  // a GPU (a CPU trainer) sets kMlock: registering creates a CUDA context, about 100 MiB
-  // of host memory on an H100 machine, for nothing.
+  // How the host budget is page-locked. kAuto: registered with CUDA (true DMA to and from
+  // the GPU) when the store has a GPU tier (gpu_budget_bytes > 0) and a device is present,
+  // else mlock'ed: a CPU-only user gets no CUDA context (about 100 MiB of host memory on
+  // an H100 machine).
   ArenaBacking host_backing = ArenaBacking::kAuto;
   // Device bytes of the GPU tier (Note [gpu tier]); 0: no GPU tier.
   std::size_t gpu_budget_bytes = 0;

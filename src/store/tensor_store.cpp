@@ -91,7 +91,12 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(Volume* volume,
   }
   HostArenaOptions ao;
   ao.budget_bytes = options.host_budget_bytes;
-  ao.backing = options.host_backing;
+  // kAuto registers the budget with CUDA only for a store with a GPU tier: registering
+  // creates a CUDA context (about 100 MiB of host memory on an H100 machine), which a CPU
+  // user of the store must not pay for.
+  ao.backing = options.host_backing == ArenaBacking::kAuto && options.gpu_budget_bytes == 0
+                   ? ArenaBacking::kMlock
+                   : options.host_backing;
   // Note [store regions]: the budget is used for the whole run, so the arena maps it in
   // few large regions: evicted blocks coalesce inside them and serve other sizes without
   // unmapping and re-locking memory, and a tight budget does not fragment across many
