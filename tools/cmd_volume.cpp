@@ -60,13 +60,39 @@ int Fail(const absl::Status& s) {
   return kExitFailure;
 }
 
+// The whole of a regular file (a directory, a device or a FIFO is refused, not read).
 absl::StatusOr<std::vector<std::byte>> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::ErrnoToStatus(errno, fmt::format("open {}", path));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(bytes.size());
-  std::memcpy(out.data(), bytes.data(), bytes.size());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, fmt::format("open {}", path));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(fmt::format(
+        "{} is not a regular file (a directory or a device): give a file to put", path));
+  }
+  std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return absl::ErrnoToStatus(err,
+                                 fmt::format("read {} ({} of {} bytes)", path, done, out.size()));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
   return out;
+}
+
+// Whether `a` and `b` name the same file (both exist).
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa {
+  }, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 absl::Status WriteFile(const std::string& path, std::span<const std::byte> data) {
@@ -238,7 +264,11 @@ int RunVolume(std::span<char* const> argv) {
     if (absl::Status s = v.Put(pos[1], *data, d, args->Get("meta")); !s.ok()) return Fail(s);
     return kExitOk;
   }
-  // get
+  // get: never writes its output over its own input.
+  if (SameFile(pos[2], pos[0])) {
+    return Fail(absl::InvalidArgumentError(
+        fmt::format("{} is the volume itself: give another output file", pos[2])));
+  }
   auto info = v.Stat(pos[1]);
   if (!info.ok()) return Fail(info.status());
   std::vector<std::byte> out(info->size);

@@ -1,5 +1,7 @@
 // memascend: the command-line tool of the MemAscend SDK.
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <span>
 #include <string_view>
 
@@ -57,4 +59,15 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace memascend::cli
 
-int main(int argc, char** argv) { return memascend::cli::Main(argc, argv); }
+// No input ends in an uncaught exception: whatever escapes a subcommand (an allocation the
+// machine cannot satisfy) is reported with exit status 1.
+int main(int argc, char** argv) {
+  try {
+    return memascend::cli::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fputs("memascend: out of memory (a size too large for this machine)\n", stderr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memascend: internal error: %s\n", e.what());
+  }
+  return 1;
+}

@@ -1,22 +1,28 @@
 // memascend-train: trains a small GPT with its parameters, gradients and optimizer
 // states offloaded to a MemAscend volume (or, --mode reference, in ordinary memory).
 // `memascend-train --help` lists the options.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <limits>
+#include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <memascend/memory_ledger.h>
 
-#include "util/json_writer.h"
-#include "util/units.h"
-
 #include "data.h"
 #include "trainer.h"
+#include "util/json_writer.h"
+#include "util/units.h"
 #include "zero_backend.h"
 
 namespace {
@@ -74,6 +80,39 @@ std::string Gib(double bytes) {
   return fmt::format("{:.1f} KiB", bytes / 1024);
 }
 
+// A number of the option's type, strictly: a whole number for an integer (digits only:
+// no sign, fraction, exponent or overflow of the type; 0 or 1 for a flag), a finite
+// number >= 0 for a real. On failure `*why` says what was expected.
+template <typename T>
+bool ParseNumber(const std::string& v, T* out, std::string* why) {
+  if constexpr (std::is_same_v<T, bool>) {
+    *why = "0 or 1";
+    if (v != "0" && v != "1") return false;
+    *out = v == "1";
+    return true;
+  } else if constexpr (std::is_integral_v<T>) {
+    *why = fmt::format("a whole number from 0 to {}", std::numeric_limits<T>::max());
+    if (v.empty() || v.size() > 20 ||
+        !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return false;
+    errno = 0;
+    const unsigned long long x = std::strtoull(v.c_str(), nullptr, 10);
+    if (errno == ERANGE || x > static_cast<unsigned long long>(std::numeric_limits<T>::max()))
+      return false;
+    *out = static_cast<T>(x);
+    return true;
+  } else {
+    *why = "a finite number >= 0";
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(d) || d < 0 ||
+        d > static_cast<double>(std::numeric_limits<T>::max()))
+      return false;
+    *out = static_cast<T>(d);
+    return true;
+  }
+}
+
 // fn(tier, use, peak reserved bytes) for every tier and use the run touched.
 template <typename F>
 void ForEachLedgerPeak(const memascend::LedgerSnapshot& ledger, F&& fn) {
@@ -93,9 +132,25 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+int Main(int argc, char** argv);
+
 }  // namespace
 
+// No input ends in an uncaught exception: an allocation the machine cannot satisfy (a
+// model or batch too large) is reported like any other error.
 int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    return Fail("out of memory: the model, batch or budget is too large for this machine");
+  } catch (const std::exception& e) {
+    return Fail(fmt::format("internal error: {}", e.what()));
+  }
+}
+
+namespace {
+
+int Main(int argc, char** argv) {
   offload_train::TrainOptions o;
   o.volume_path = MEMASCEND_TRAIN_DEFAULT_VOLUME;
   o.sample_tokens = 120;
@@ -113,13 +168,10 @@ int main(int argc, char** argv) {
       return true;
     };
     std::string v;
+    std::string why;  // what a bad value should have been
     auto number = [&](auto* out) {
       if (!value(&v)) return false;
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || d < 0) return false;
-      *out = static_cast<std::remove_pointer_t<decltype(out)>>(d);
-      return true;
+      return ParseNumber(v, out, &why);
     };
     bool ok = true;
     std::uint64_t bytes = 0;
@@ -208,12 +260,14 @@ int main(int argc, char** argv) {
     else if (a == "--host-budget") {
       ok = value(&v);
       if (ok && !v.empty() && v.back() == 'x') {  // a multiple of the minimum
-        budget_factor = std::strtod(v.c_str(), nullptr);
-        ok = budget_factor >= 1.0;
+        ok = ParseNumber(v.substr(0, v.size() - 1), &budget_factor, &why) && budget_factor >= 1.0;
+        why = "Fx with F a factor >= 1 of the minimum, P% with 0 < P <= 100, or bytes";
       } else if (ok && !v.empty() && v.back() == '%') {  // a share of the training state
-        budget_factor = std::strtod(v.c_str(), nullptr) / 100;
+        ok = ParseNumber(v.substr(0, v.size() - 1), &budget_factor, &why);
+        budget_factor /= 100;
         budget_of_state = true;
-        ok = budget_factor > 0 && budget_factor <= 1;
+        ok = ok && budget_factor > 0 && budget_factor <= 1;
+        why = "Fx with F a factor >= 1 of the minimum, P% with 0 < P <= 100, or bytes";
       } else {
         ok = ok && ParseBytes(v, &bytes) && bytes > 0;
         o.host_budget = bytes;
@@ -230,7 +284,10 @@ int main(int argc, char** argv) {
     } else {
       return Fail(fmt::format("unknown option '{}' (see --help)", a));
     }
-    if (!ok) return Fail(fmt::format("{}: missing or bad value (see --help)", a));
+    if (!ok) {
+      if (!why.empty()) return Fail(fmt::format("{}: '{}' is not {} (see --help)", a, v, why));
+      return Fail(fmt::format("{}: missing or bad value (see --help)", a));
+    }
   }
   if (o.volume_path == MEMASCEND_TRAIN_DEFAULT_VOLUME &&
       !std::filesystem::is_directory(std::filesystem::path(o.volume_path).parent_path())) {
@@ -302,6 +359,14 @@ int main(int argc, char** argv) {
       return Fail(std::string(s.message()));
   }
   const auto& s = *summary;
+  if (o.mode == Mode::kOffload && o.policy == offload_train::Policy::kMemAscend &&
+      o.host_budget != 0 && s.host_budget < o.host_budget) {
+    std::fprintf(stderr,
+                 "memascend-train: --host-budget %s is more than the %s the training state can "
+                 "ever hold in memory: capped to it\n",
+                 Gib(static_cast<double>(o.host_budget)).c_str(),
+                 Gib(static_cast<double>(s.host_budget)).c_str());
+  }
   if (json) {
     memascend::util::JsonWriter w;
     w.BeginObject()
@@ -336,7 +401,8 @@ int main(int argc, char** argv) {
         .Field("commit", s.phases.commit)
         .EndObject();
     w.Key("ledger").BeginArray();
-    ForEachLedgerPeak(s.ledger, [&w](std::string_view tier, std::string_view use, std::int64_t peak) {
+    ForEachLedgerPeak(s.ledger, [&w](std::string_view tier, std::string_view use,
+                                     std::int64_t peak) {
       w.BeginObject().Field("tier", tier).Field("use", use).Field("peak_bytes", peak).EndObject();
     });
     w.EndArray().Key("store");
@@ -386,3 +452,5 @@ int main(int argc, char** argv) {
   if (!s.sample.empty()) fmt::print("\nsample:\n{}\n", s.sample);
   return 0;
 }
+
+}  // namespace

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -59,6 +60,30 @@ absl::Status Validate(const GptConfig& c) {
         fmt::format("channels ({}) must be a multiple of heads ({})", c.channels, c.heads));
   }
   if (c.vocab > (1u << 30)) return absl::InvalidArgumentError("vocab too large");
+  constexpr std::size_t kMax = std::size_t{1} << 24;
+  if (c.seq > kMax || c.channels > kMax || c.layers > kMax || c.heads > kMax || c.batch > kMax) {
+    return absl::InvalidArgumentError(
+        fmt::format("model sizes above {} (seq {}, channels {}, layers {}, heads {}, batch {})",
+                    kMax, c.seq, c.channels, c.layers, c.heads, c.batch));
+  }
+  // The parameters and one batch's activations (about, in fp32) must fit in this
+  // machine's memory, or the first allocation would fail.
+  const double params = static_cast<double>(c.vocab + c.seq) * static_cast<double>(c.channels) +
+                        12.0 * static_cast<double>(c.layers) * static_cast<double>(c.channels) *
+                            static_cast<double>(c.channels);
+  const double rows = static_cast<double>(c.batch) * static_cast<double>(c.seq);
+  const double acts = 4.0 * rows *
+                      (2.0 * static_cast<double>(c.vocab) +
+                       static_cast<double>(c.layers) * (16.0 * static_cast<double>(c.channels) +
+                                                        static_cast<double>(c.heads * c.seq)));
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && acts + 4.0 * params > memory) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "the model ({:.0f} M parameters) and one batch's activations need about {:.1f} GiB of "
+        "memory, more than this machine's {:.1f} GiB: a smaller --batch, --seq or model",
+        params / 1e6, (acts + 4.0 * params) / (1u << 30), memory / (1u << 30)));
+  }
   return absl::OkStatus();
 }
 

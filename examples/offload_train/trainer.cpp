@@ -109,9 +109,21 @@ absl::Status OpenVolume(const TrainOptions& o, const StateLayout& layout, Offloa
     f.size = o.volume_bytes != 0
                  ? o.volume_bytes
                  : 2 * memascend::VersionedTrainingState::StoredBytes(layout) + (64ull << 20);
-    // A file holding an earlier run's volume is ours to reformat; any other content is
-    // refused unless forced (Note [foreign data]).
-    if (exists && memascend::Volume::Open(o.volume_path, open).ok()) f.force = true;
+  }
+  if (exists && !o.force) {
+    // Never reformat what the user did not ask to: an earlier run's volume (its
+    // checkpoint, or objects put there by `memascend volume put`) is refused, and so is
+    // any other content (Volume::Format says what it found).
+    auto existing = memascend::Volume::Open(o.volume_path, open);
+    if (existing.ok()) {
+      const memascend::VolumeStats vs = (*existing)->stats();
+      const bool checkpoint = (*existing)->Stat("train.checkpoint").ok();
+      return absl::FailedPreconditionError(fmt::format(
+          "'{}' already holds a MemAscend volume ({} objects{}): continue its run with --resume, "
+          "or start over with --force (which reformats it and loses what it holds)",
+          o.volume_path, vs.objects, checkpoint ? ", a training checkpoint among them" : ""));
+    }
+    if (existing.status().code() == absl::StatusCode::kUnavailable) return existing.status();
   }
   MEMASCEND_RETURN_IF_ERROR(memascend::Volume::Format(o.volume_path, f));
   MEMASCEND_ASSIGN_OR_RETURN(s->volume, memascend::Volume::Open(o.volume_path, open));
@@ -270,6 +282,19 @@ class Run {
             : std::min(1.0, static_cast<double>(step_ + 1) / static_cast<double>(o_.warmup));
     MEMASCEND_ASSIGN_OR_RETURN(memascend::StepPlan plan, adam_->EndBackward(ramp));
     Lap(&phases_.optimizer);
+    // A loss that is not finite where no loss scaler can skip it (none, or one at its
+    // minimum scale) would skip or corrupt every step from here: stop, the last committed
+    // step intact.
+    if (!std::isfinite(loss) && (!plan.skipped || plan.loss_scale <= 1.0f)) {
+      (void)Settle(on_commit);
+      return absl::FailedPreconditionError(fmt::format(
+          "step {}: the loss is {} {}: the run diverged (lower --lr, or clip with --clip); "
+          "step {} is the last committed and intact (--resume continues from it)",
+          step_ + 1, loss,
+          plan.skipped ? "with the loss scale at its minimum of 1"
+                       : "and no loss scaling to skip it",
+          step_));
+    }
     pending_ = Committed{step_ + 1, loss, plan.skipped, 0};
     if (plan.skipped) {
       // Committed and settled at once: nothing runs under this commit, and the step's
@@ -417,6 +442,11 @@ std::size_t MinimumHostBudget(const GptConfig& c, DType dtype, std::size_t optim
   return OffloadedAdam::MinimumHostBudget(MakeStateLayout(c, dtype, optimizer_chunk, true));
 }
 
+std::size_t UsableHostBudget(const GptConfig& c, DType dtype, std::size_t optimizer_chunk) {
+  return memascend::VersionedTrainingState::StoredBytes(
+      MakeStateLayout(c, dtype, optimizer_chunk, true));
+}
+
 std::uint64_t ModelStateBytes(const GptConfig& c, DType dtype) {
   return static_cast<std::uint64_t>(TotalParams(c)) * (2 * memascend::SizeOf(dtype) + 12);
 }
@@ -451,9 +481,27 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     return absl::InvalidArgumentError(
         "--resume: the zero-infinity policy keeps no crash-consistent state (as DeepSpeed)");
   }
+  if (o.threads < 0 || o.threads > 1024 || o.io_threads < 1 || o.io_threads > 1024) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--threads {} / --io-threads {}: 0..1024 compute threads (0: all cores), 1..1024 I/O "
+        "threads",
+        o.threads, o.io_threads));
+  }
+  if (!std::isfinite(o.lr) || o.lr < 0 || !std::isfinite(o.weight_decay) || o.weight_decay < 0 ||
+      !std::isfinite(o.clip) || o.clip < 0 || !std::isfinite(o.initial_loss_scale) ||
+      o.initial_loss_scale < 1 || o.initial_loss_scale > 16777216.0f) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--lr {}, --weight-decay {}, --clip {} must be finite and >= 0, and --loss-scale {} "
+        "in [1, 2^24]",
+        o.lr, o.weight_decay, o.clip, o.initial_loss_scale));
+  }
   const StateLayout layout = MakeStateLayout(o);
   const StateLayout parted = MakeStateLayout(o.model, o.dtype, o.optimizer_chunk, true);
   if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype, o.optimizer_chunk);
+  // A budget beyond what the store can ever hold (every stored tensor, both versions) is
+  // capped there: the rest would be page-locked for nothing (UsableHostBudget).
+  o.host_budget =
+      std::min<std::size_t>(o.host_budget, UsableHostBudget(o.model, o.dtype, o.optimizer_chunk));
   const std::size_t minimum = OffloadedAdam::MinimumHostBudget(parted);
   {
     // OffloadedAdam Note [kept state]: what the budget leaves beyond the minimum and the

@@ -169,6 +169,10 @@ std::size_t MinimumHostBudget(const GptConfig& c, memascend::DType dtype,
 std::size_t DefaultHostBudget(const GptConfig& c, memascend::DType dtype,
                               std::size_t optimizer_chunk = 1u << 20);
 std::size_t OptimizerParts(const GptConfig& c, std::size_t group, std::size_t optimizer_chunk);
+// The most a MemAscend run's store can hold: every stored tensor in both versions (in
+// 64 KiB units). A larger --host-budget is capped to it.
+std::size_t UsableHostBudget(const GptConfig& c, memascend::DType dtype,
+                             std::size_t optimizer_chunk = 1u << 20);
 constexpr std::size_t kOptimizerChunkQuantum = std::size_t{1} << 18;
 std::uint64_t ModelStateBytes(const GptConfig& c, memascend::DType dtype);
 

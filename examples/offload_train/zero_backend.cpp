@@ -205,7 +205,8 @@ class ZeroBackend final : public Backend {
   absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t, bool) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
     if (k == Kind::kGradient) return GradView(g);
-    if (k != Kind::kParameters) return absl::UnimplementedError("zero-infinity reads states itself");
+    if (k != Kind::kParameters)
+      return absl::UnimplementedError("zero-infinity reads states itself");
     if (!Swapped(Kind::kParameters, g)) return MemoryView(Kind::kParameters, g);
     auto it = prefetched_.find(g);
     if (it != prefetched_.end()) {
@@ -215,8 +216,8 @@ class ZeroBackend final : public Backend {
       return ParamSlotBuf(p.slot, g, /*write_on_release=*/false);
     }
     MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
-    auto op =
-        aio_.Submit(Path(Kind::kParameters, g), ParamSlot(slot), FileBytes(Kind::kParameters, g), false);
+    auto op = aio_.Submit(Path(Kind::kParameters, g), ParamSlot(slot),
+                          FileBytes(Kind::kParameters, g), false);
     absl::Status s = Aio::Wait(op);
     if (!s.ok()) {
       param_busy_[slot] = false;
@@ -298,7 +299,7 @@ class ZeroBackend final : public Backend {
   bool OwnsUpdate() const override { return true; }
 
   absl::Status UpdateAll(const memascend::AdamConfig& adam,
-                             memascend::KernelThreads* threads) override {
+                         memascend::KernelThreads* threads) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
     const std::size_t half = memascend::SizeOf(o_.dtype);
     for (const std::vector<std::size_t>& sub : layout_.sub_groups) {
@@ -518,9 +519,9 @@ std::uint64_t ZeroPinnedBytes(const TrainOptions& o) {
          Pow2(l.total * memascend::SizeOf(o.dtype));
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(const TrainOptions& options,
-                                                                 const memascend::StateLayout& state_layout,
-                                                                 memascend::MemoryLedger* ledger) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(
+    const TrainOptions& options, const memascend::StateLayout& state_layout,
+    memascend::MemoryLedger* ledger) {
   MEMASCEND_ASSIGN_OR_RETURN(auto b, ZeroBackend::Create(options, state_layout, ledger));
   return std::unique_ptr<Backend>(std::move(b));
 }

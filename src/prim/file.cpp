@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -68,6 +69,13 @@ absl::Status Preallocate(int fd, std::uint64_t bytes) {
     return absl::ErrnoToStatus(errno, fmt::format("fallocate({} bytes)", bytes));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> FreeBytes(const std::string& path) {
+  struct statvfs v {};
+  if (::statvfs(path.c_str(), &v) != 0)
+    return absl::ErrnoToStatus(errno, fmt::format("statvfs({})", path));
+  return static_cast<std::uint64_t>(v.f_bavail) * static_cast<std::uint64_t>(v.f_frsize);
 }
 
 absl::StatusOr<UniqueFd> MakeEventFd() {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <absl/status/statusor.h>
 
@@ -28,6 +29,10 @@ absl::StatusOr<FileFacts> StatFile(int fd);
 
 // Grows a regular file to at least `bytes` with allocated blocks (fallocate mode 0).
 absl::Status Preallocate(int fd, std::uint64_t bytes);
+
+// Bytes an unprivileged writer may still allocate on the file system holding `path`
+// (statvfs: f_bavail x f_frsize).
+absl::StatusOr<std::uint64_t> FreeBytes(const std::string& path);
 
 // An eventfd (counter semantics, blocking, close-on-exec).
 absl::StatusOr<UniqueFd> MakeEventFd();

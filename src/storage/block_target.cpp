@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -6,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -46,6 +48,55 @@ std::optional<std::string> DetectSignature(std::span<const std::byte> head) {
   return std::nullopt;
 }
 
+namespace {
+
+// Note [foreign data]: refuses a target whose head carries a known signature, or whose
+// sampled blocks (the head, the middle, the last block) hold anything but zeros: only an
+// empty target, a target of zeros or (forced) anything else is overwritten.
+absl::Status CheckForeignData(int fd, const std::string& path, std::uint64_t size,
+                              std::size_t block) {
+  const std::size_t n = std::min<std::uint64_t>(kHeadBytes, size) / block * block;
+  if (n == 0) return absl::OkStatus();
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(
+      static_cast<std::byte*>(std::aligned_alloc(block, n)), &std::free);
+  const std::int64_t got = prim::PreadOnce(fd, buf.get(), n, 0);
+  if (got < 0)
+    return absl::ErrnoToStatus(static_cast<int>(-got), fmt::format("read the head of {}", path));
+  const std::span<const std::byte> head(buf.get(), static_cast<std::size_t>(got));
+  if (auto sig = DetectSignature(head); sig.has_value()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{} carries a {} signature: refusing to overwrite it (force to override)", path, *sig));
+  }
+  const auto nonzero = [](std::span<const std::byte> b) {
+    return std::any_of(b.begin(), b.end(), [](std::byte x) { return x != std::byte{0}; });
+  };
+  std::uint64_t found = nonzero(head) ? 0 : UINT64_MAX;
+  for (const std::uint64_t at : {size / 2 / block * block, (size - 1) / block * block}) {
+    if (found != UINT64_MAX || at < n) break;
+    const std::int64_t r = prim::PreadOnce(fd, buf.get(), block, at);
+    if (r > 0 && nonzero({buf.get(), static_cast<std::size_t>(r)})) found = at;
+  }
+  // A tail shorter than a block is read with buffered I/O, past O_DIRECT's reach.
+  if (found == UINT64_MAX && size % block != 0) {
+    const int plain = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (plain >= 0) {
+      std::vector<std::byte> tail(size % block);
+      const ssize_t r =
+          ::pread(plain, tail.data(), tail.size(), static_cast<off_t>(size / block * block));
+      ::close(plain);
+      if (r > 0 && nonzero({tail.data(), static_cast<std::size_t>(r)}))
+        found = size / block * block;
+    }
+  }
+  if (found == UINT64_MAX) return absl::OkStatus();
+  return absl::FailedPreconditionError(fmt::format(
+      "{} holds {} bytes of data that is not a MemAscend volume or a format MemAscend knows "
+      "(non-zero bytes at offset {}): refusing to overwrite it (force to override, or give an "
+      "empty or new file)",
+      path, size, found));
+}
+}  // namespace
+
 absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
                                               const BlockTargetOptions& options) {
   struct stat st {};
@@ -54,6 +105,22 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
   if (exists && !device && !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
         fmt::format("{} is neither a block device nor a regular file", path));
+  }
+  // Note [foreign data]: a size the file system cannot hold is refused before anything
+  // is created or written.
+  if (!device && options.create_size > 0) {
+    const std::uint64_t have = exists ? static_cast<std::uint64_t>(st.st_size) : 0;
+    if (options.create_size > have) {
+      const std::string dir = path.find('/') == std::string::npos
+                                  ? std::string(".")
+                                  : path.substr(0, std::max<std::size_t>(path.rfind('/'), 1));
+      auto free_bytes = prim::FreeBytes(exists ? path : dir);
+      if (free_bytes.ok() && options.create_size - have > *free_bytes) {
+        return absl::ResourceExhaustedError(fmt::format(
+            "{} needs {} more bytes but its file system has {} free: nothing was written", path,
+            options.create_size - have, *free_bytes));
+      }
+    }
   }
   int flags = O_RDWR | O_DIRECT;
   if (device) flags |= O_EXCL;  // fails with EBUSY if mounted or held exclusively
@@ -67,6 +134,7 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
           fmt::format("{} is in use (mounted, or held by another program): {}", path, why));
     }
     if (why.find("Invalid argument") != std::string::npos) {
+      if (!exists) ::unlink(path.c_str());
       return absl::FailedPreconditionError(fmt::format(
           "{}: its file system does not support O_DIRECT (tmpfs?); put the volume on a disk-backed "
           "file system or a block device ({})",
@@ -74,6 +142,14 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
     }
     return fd.status();
   }
+  // A file this call created is removed again if the call fails.
+  struct RemoveIfFailed {
+    const std::string* path;
+    bool armed;
+    ~RemoveIfFailed() {
+      if (armed) ::unlink(path->c_str());
+    }
+  } created{&path, !exists};
   MEMASCEND_ASSIGN_OR_RETURN(prim::FileFacts facts, prim::StatFile(fd->get()));
   BlockTarget t;
   t.path_ = path;
@@ -81,6 +157,9 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
   t.logical_block_ = static_cast<std::uint32_t>(facts.logical_block);
   t.io_block_ = static_cast<std::uint32_t>(std::max<std::size_t>(4096, facts.dio_align));
   t.size_ = facts.size;
+  if (options.check_signatures && !options.force && facts.size > 0) {
+    MEMASCEND_RETURN_IF_ERROR(CheckForeignData(fd->get(), path, facts.size, t.io_block_));
+  }
   if (!device && options.create_size > 0) {
     if (facts.size < options.create_size)
       MEMASCEND_RETURN_IF_ERROR(prim::Preallocate(fd->get(), options.create_size));
@@ -88,22 +167,7 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
   }
   if (device && options.create_size > 0 && options.create_size < facts.size)
     t.size_ = options.create_size;
-  if (options.check_signatures && !options.force && t.size_ > 0) {
-    const std::size_t n = std::min<std::uint64_t>(kHeadBytes, t.size_) / t.io_block_ * t.io_block_;
-    if (n > 0) {
-      std::unique_ptr<std::byte, decltype(&std::free)> head(
-          static_cast<std::byte*>(std::aligned_alloc(t.io_block_, n)), &std::free);
-      const std::int64_t got = prim::PreadOnce(fd->get(), head.get(), n, 0);
-      if (got < 0)
-        return absl::ErrnoToStatus(static_cast<int>(-got),
-                                   fmt::format("read the head of {}", path));
-      if (auto sig = DetectSignature({head.get(), static_cast<std::size_t>(got)});
-          sig.has_value()) {
-        return absl::FailedPreconditionError(fmt::format(
-            "{} carries a {} signature: refusing to overwrite it (force to override)", path, *sig));
-      }
-    }
-  }
+  created.armed = false;
   t.fd_ = fd->Release();
   return t;
 }

@@ -1,8 +1,8 @@
 #include <atomic>
 #include <cstring>
 #include <fcntl.h>
-#include <thread>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@ using ::memascend::testing::FlipByte;
 using ::memascend::testing::Pattern;
 using ::memascend::testing::ScratchPath;
 using ::memascend::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr std::uint64_t kMiB = 1 << 20;
@@ -326,6 +327,45 @@ TEST(Volume, OpenOrCreateFormatsOnlyANewOrEmptyFile) {
   ScratchPath empty("vol_ooc_empty");
   ::close(::open(empty.path().c_str(), O_RDWR | O_CREAT, 0600));
   EXPECT_OK(Volume::OpenOrCreate(empty.path(), f).status());
+}
+
+// Note [foreign data]: only an empty target, zeros, or (forced) anything is formatted.
+TEST(Volume, FormatRefusesDataItDoesNotKnowAndSizesBeyondTheFreeSpace) {
+  auto write_file = [](const std::string& path, std::uint64_t size, std::uint64_t at,
+                       std::string_view bytes) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
+    ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at)),
+              static_cast<ssize_t>(bytes.size()));
+    ::close(fd);
+  };
+  VolumeFormatOptions f;
+  f.size = 8 * kMiB;
+  ScratchPath text("fmt_text");
+  write_file(text.path(), 5000, 0, "my notes, not a volume\n");
+  EXPECT_THAT(Volume::Format(text.path(), f),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("5000 bytes"), HasSubstr("offset 0"), HasSubstr("force"))));
+  struct stat st {};
+  ASSERT_EQ(::stat(text.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 5000) << "a refused format changed the file";
+  // Zeros at the head, data at the end (a sparse data file): still refused.
+  ScratchPath tail("fmt_tail");
+  write_file(tail.path(), 4 * kMiB, 4 * kMiB - 3, "end");
+  EXPECT_THAT(Volume::Format(tail.path(), f), StatusIs(absl::StatusCode::kFailedPrecondition));
+  // Zeros throughout: ours to format; and anything with force.
+  ScratchPath zeros("fmt_zeros");
+  write_file(zeros.path(), 4 * kMiB, 0, "");
+  EXPECT_OK(Volume::Format(zeros.path(), f));
+  f.force = true;
+  EXPECT_OK(Volume::Format(text.path(), f));
+  f.force = false;
+  // Beyond the free space: refused before anything is created.
+  ScratchPath huge("fmt_huge");
+  f.size = std::uint64_t{1} << 62;
+  EXPECT_THAT(Volume::Format(huge.path(), f),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("free")));
+  EXPECT_NE(::stat(huge.path().c_str(), &st), 0) << "a refused format left a file";
 }
 
 TEST(Volume, OpenRefusesWhatItCannotOpen) {

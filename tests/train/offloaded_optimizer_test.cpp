@@ -14,11 +14,11 @@
 #include "storage/volume_test_util.h"
 #include "store/store_test_util.h"
 #include "testing/status_matchers.h"
+#include "train/state_test_util.h"
 
 namespace memascend {
 namespace {
 
-using ::memascend::testing::MakeVolume;
 using ::memascend::testing::ScratchPath;
 using ::memascend::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -62,24 +62,14 @@ std::vector<float> Gradient(std::size_t n, std::size_t g, int step, float scale)
 }
 
 // A tensor store on a file volume with a budget of twice the optimizer's minimum.
-struct Offloaded {
+struct Offloaded : ::memascend::testing::OpenedState {
   ScratchPath path{"offloaded_adam"};
-  std::unique_ptr<Volume> volume;
-  std::unique_ptr<TensorStore> store;
-  std::unique_ptr<VersionedTrainingState> state;
   explicit Offloaded(const StateLayout& l, bool format = true, const std::string& at = {}) {
-    const std::string& p = at.empty() ? path.path() : at;
-    volume = format ? MakeVolume(p, 64 << 20) : *Volume::Open(p, {});
     TensorStoreOptions so;
     so.host_budget_bytes = 2 * OffloadedAdam::MinimumHostBudget(l);
-    so.host_backing = ArenaBacking::kMlock;
     so.defer_prefetches = true;
-    store = *TensorStore::Open(volume.get(), so);
-    state = *VersionedTrainingState::Open(store.get(), volume.get(), l);
-  }
-  ~Offloaded() {
-    state.reset();
-    store.reset();
+    EXPECT_OK(::memascend::testing::OpenState(at.empty() ? path.path() : at, format ? 64 << 20 : 0,
+                                              l, so, this));
   }
 };
 
@@ -125,18 +115,32 @@ struct Reference {
   }
 };
 
+// The reference's initial weights into the optimizer's state, committed as step 0.
+absl::Status Start(OffloadedAdam* adam, const Reference& ref) {
+  for (std::size_t g = 0; g < ref.l.groups.size(); ++g)
+    MEMASCEND_RETURN_IF_ERROR(adam->Initialize(g, ref.master[g]));
+  return adam->Commit(0);
+}
+
+// Step `step`'s gradients, part by part, the last group first (as a backward pass).
+absl::Status FeedGradients(OffloadedAdam* adam, int step) {
+  const StateLayout& l = adam->layout();
+  adam->BeginBackward();
+  for (std::size_t g = l.groups.size(); g-- > 0;) {
+    const auto f = Gradient(l.groups[g].elements, g, step, adam->loss_scale());
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      MEMASCEND_RETURN_IF_ERROR(
+          adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunSteps(OffloadedAdam* adam, int first, int last) {
   const StateLayout& l = adam->layout();
   for (int step = first; step <= last; ++step) {
-    adam->BeginBackward();
-    for (std::size_t g = l.groups.size(); g-- > 0;) {  // the backward pass: last group first
-      const auto f = Gradient(l.groups[g].elements, g, step, adam->loss_scale());
-      for (std::size_t p = 0; p < l.Parts(g); ++p) {
-        const auto [begin, end] = l.PartRange(g, p);
-        MEMASCEND_RETURN_IF_ERROR(
-            adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
-      }
-    }
+    MEMASCEND_RETURN_IF_ERROR(FeedGradients(adam, step));
     MEMASCEND_ASSIGN_OR_RETURN(StepPlan plan, adam->EndBackward());
     if (plan.skipped) return absl::InternalError("unexpected overflow");
     if (step % 2 == 0) {
@@ -175,8 +179,7 @@ TEST(OffloadedAdam, PartByPartUnderABudgetGivesTheBitsOfWholeTensorAdamW) {
   KernelThreads threads(2);
   ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
   Reference ref(l, Options());
-  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
-  ASSERT_OK(adam->Commit(0));
+  ASSERT_OK(Start(adam.get(), ref));
   ASSERT_OK(RunSteps(adam.get(), 1, 4));
   for (int step = 1; step <= 4; ++step) ref.Step(step, step, 1024.0f);
   EXPECT_EQ(adam->adam_step(), 4);
@@ -194,8 +197,7 @@ TEST(OffloadedAdam, AResumedRunContinuesAsTheUninterruptedOne) {
   {
     Offloaded off(l, true, path.path());
     ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
-    for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
-    ASSERT_OK(adam->Commit(0));
+    ASSERT_OK(Start(adam.get(), ref));
     ASSERT_OK(RunSteps(adam.get(), 1, 2));
     // A third step's update, half done and never committed: lost with the process.
     adam->BeginBackward();
@@ -234,8 +236,7 @@ TEST(OffloadedAdam, AnOverflowSkipsTheStepAndLeavesTheStateAsItWas) {
   KernelThreads threads(1);
   ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(state.get(), Options(), &threads));
   Reference ref(l, Options());
-  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
-  ASSERT_OK(adam->Commit(0));
+  ASSERT_OK(Start(adam.get(), ref));
   adam->BeginBackward();
   for (std::size_t g = 0; g < l.groups.size(); ++g) {
     for (std::size_t p = 0; p < l.Parts(g); ++p) {
@@ -265,8 +266,7 @@ TEST(OffloadedAdam, DerivedParametersAreTheRoundedMasterWeights) {
   KernelThreads threads(2);
   ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
   Reference ref(l, Options());
-  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
-  ASSERT_OK(adam->Commit(0));
+  ASSERT_OK(Start(adam.get(), ref));
   ASSERT_OK(RunSteps(adam.get(), 1, 1));
   ref.Step(1, 1, 1024.0f);
   ExpectState(off.state.get(), ref);
@@ -280,14 +280,7 @@ TEST(OffloadedAdam, DerivedParametersAreTheRoundedMasterWeights) {
   ASSERT_OK(Convert({ref.params[0].data(), n, DType::kBF16}, {expected.data(), n, DType::kF32}));
   EXPECT_EQ(as_f32, expected);
   // An update writes the same bits to the caller's buffer.
-  adam->BeginBackward();
-  for (std::size_t g = 0; g < l.groups.size(); ++g) {
-    const auto f = Gradient(l.groups[g].elements, g, 2, adam->loss_scale());
-    for (std::size_t p = 0; p < l.Parts(g); ++p) {
-      const auto [begin, end] = l.PartRange(g, p);
-      ASSERT_OK(adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
-    }
-  }
+  ASSERT_OK(FeedGradients(adam.get(), 2));
   ASSERT_OK(adam->EndBackward().status());
   std::vector<float> out(n);
   ASSERT_OK(adam->UpdateGroup(0, {out.data(), n, DType::kF32}));
@@ -347,8 +340,7 @@ TEST(ParameterStream, LoadsInEitherDirectionAndHasNoDeviceWithoutAGpuTier) {
   KernelThreads threads(1);
   ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
   Reference ref(l, Options());
-  for (std::size_t g = 0; g < l.groups.size(); ++g) ASSERT_OK(adam->Initialize(g, ref.master[g]));
-  ASSERT_OK(adam->Commit(0));
+  ASSERT_OK(Start(adam.get(), ref));
   ParameterStream stream(adam.get(), 0, l.groups.size(), 1);
   for (auto dir : {ParameterStream::Direction::kForward, ParameterStream::Direction::kReverse}) {
     for (std::size_t i = 0; i < l.groups.size(); ++i) {

@@ -1,9 +1,11 @@
 // The training loop: offloaded and in-memory runs agree bit for bit; a run killed with
 // SIGKILL resumes to the same losses; budgets below one layer's need are refused.
 #include <chrono>
+#include <functional>
 #include <random>
 #include <signal.h>
 #include <string>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -24,6 +26,7 @@ namespace {
 
 using ::memascend::testing::ScratchPath;
 using ::memascend::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A text with structure to learn, made here (tests read nothing outside the tree).
@@ -340,6 +343,68 @@ TEST(Train, ResumeRefusesAnotherRunsVolume) {
   o.seed = 99;
   EXPECT_THAT(Train(o, d.tokens, d.tok),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another")));
+}
+
+// Never reformat what the user did not ask to: a second run on a volume without --resume
+// is refused with the way forward; --force starts over.
+TEST(Train, AnExistingVolumeIsNeverReformattedWithoutForce) {
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.steps = 2;
+  const Data d = MakeData(256);
+  ASSERT_OK(Train(o, d.tokens, d.tok).status());
+  EXPECT_THAT(Train(o, d.tokens, d.tok), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                  AllOf(HasSubstr("--resume"), HasSubstr("--force"),
+                                                        HasSubstr("training checkpoint"))));
+  o.resume = true;  // the refused run lost nothing: the first one's state resumes
+  o.steps = 3;
+  ASSERT_OK_AND_ASSIGN(TrainSummary resumed, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(resumed.first_step, 3u);
+  o.resume = false;
+  o.force = true;
+  ASSERT_OK_AND_ASSIGN(TrainSummary fresh, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(fresh.first_step, 1u);
+}
+
+// A loss that is not finite, with no loss scaler to skip the step (bf16 at scale 1),
+// stops the run with a clear error; the last committed step stays resumable.
+TEST(Train, ADivergedRunStopsWithItsLastCommittedStepIntact) {
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.dtype = memascend::DType::kBF16;
+  o.initial_loss_scale = 1.0f;
+  o.lr = 1e30f;
+  o.warmup = 0;
+  o.clip = 0;
+  o.steps = 20;
+  const Data d = MakeData(256);
+  auto run = Train(o, d.tokens, d.tok);
+  ASSERT_THAT(run, StatusIs(absl::StatusCode::kFailedPrecondition,
+                            AllOf(HasSubstr("diverged"), HasSubstr("step 1 is the last committed"),
+                                  HasSubstr("--resume"))));
+  // Step 1 (finite loss; its update made the weights huge) is on the volume, resumable.
+  o.resume = true;
+  o.steps = 1;
+  ASSERT_OK_AND_ASSIGN(TrainSummary resumed, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(resumed.first_step, 2u);
+}
+
+// Bad numbers are refused up front, whoever calls Train (the CLI parses strictly too).
+TEST(Train, NonFiniteOrOutOfRangeSettingsAreRefused) {
+  ScratchPath path("train");
+  const Data d = MakeData(256);
+  for (auto bad : std::vector<std::function<void(TrainOptions&)>>{
+           [](TrainOptions& o) { o.lr = INFINITY; }, [](TrainOptions& o) { o.clip = NAN; },
+           [](TrainOptions& o) { o.weight_decay = -1; },
+           [](TrainOptions& o) { o.initial_loss_scale = 0.5f; },
+           [](TrainOptions& o) { o.threads = 100000; }, [](TrainOptions& o) { o.io_threads = 0; },
+           [](TrainOptions& o) { o.model.seq = std::size_t{1} << 30; }}) {
+    TrainOptions o = Tiny(path.path());
+    bad(o);
+    EXPECT_FALSE(Train(o, d.tokens, d.tok).ok());
+  }
+  struct stat st {};
+  EXPECT_NE(::stat(path.path().c_str(), &st), 0) << "a refused run wrote its volume";
 }
 
 // SIGKILL at random moments of a run (a forked child), then --resume: the resumed

@@ -16,6 +16,7 @@
 
 #include "storage/volume_test_util.h"
 #include "testing/status_matchers.h"
+#include "train/state_test_util.h"
 
 namespace memascend {
 namespace {
@@ -30,26 +31,13 @@ StateLayout Layout() {
   return l;
 }
 
-struct Opened {
-  std::unique_ptr<Volume> volume;
-  std::unique_ptr<TensorStore> store;
-  std::unique_ptr<VersionedTrainingState> state;
-  ~Opened() {
-    state.reset();
-    store.reset();
-  }
-};
+using Opened = ::memascend::testing::OpenedState;
 
 absl::Status Open(const std::string& path, Opened* o) {
-  MEMASCEND_ASSIGN_OR_RETURN(o->volume, Volume::Open(path, {}));
   TensorStoreOptions so;
   so.host_budget_bytes = 256 * 1024;  // below one version: evictions write back mid-step
-  so.host_backing = ArenaBacking::kMlock;
   so.write_behind = true;
-  MEMASCEND_ASSIGN_OR_RETURN(o->store, TensorStore::Open(o->volume.get(), so));
-  MEMASCEND_ASSIGN_OR_RETURN(
-      o->state, VersionedTrainingState::Open(o->store.get(), o->volume.get(), Layout()));
-  return absl::OkStatus();
+  return ::memascend::testing::OpenState(path, 0, Layout(), so, o);
 }
 
 constexpr StateKind kKinds[] = {StateKind::kParameters, StateKind::kMaster, StateKind::kExpAvg,

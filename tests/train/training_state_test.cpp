@@ -11,11 +11,11 @@
 #include "storage/volume_test_util.h"
 #include "store/store_test_util.h"
 #include "testing/status_matchers.h"
+#include "train/state_test_util.h"
 
 namespace memascend {
 namespace {
 
-using ::memascend::testing::MakeVolume;
 using ::memascend::testing::ScratchPath;
 using ::memascend::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -94,25 +94,14 @@ TEST(CommitRecord, RoundTripsAndRefusesAnythingButAWholeRecord) {
   EXPECT_THAT(DecodeCommitRecord(""), StatusIs(absl::StatusCode::kDataLoss));
 }
 
-// A store and a versioned state over a file volume; reopened as a new process would.
-struct Opened {
-  std::unique_ptr<Volume> volume;
-  std::unique_ptr<TensorStore> store;
-  std::unique_ptr<VersionedTrainingState> state;
-  ~Opened() {
-    state.reset();
-    store.reset();
-  }
-};
+using Opened = ::memascend::testing::OpenedState;
 
+// A store far below the state (evictions write back) and the state, over a file volume;
+// reopened as a new process would.
 void Open(const std::string& path, const StateLayout& layout, Opened* o, bool format) {
-  o->volume = format ? MakeVolume(path, 16 << 20) : *Volume::Open(path, {});
   TensorStoreOptions so;
-  so.host_budget_bytes = 64 * 1024;  // far below the state: evictions write back
-  so.host_backing = ArenaBacking::kMlock;
-  ASSERT_OK_AND_ASSIGN(o->store, TensorStore::Open(o->volume.get(), so));
-  ASSERT_OK_AND_ASSIGN(o->state,
-                       VersionedTrainingState::Open(o->store.get(), o->volume.get(), layout));
+  so.host_budget_bytes = 64 * 1024;
+  ASSERT_OK(::memascend::testing::OpenState(path, format ? 16 << 20 : 0, layout, so, o));
 }
 
 // Every stored element of kind k of every part set to `value`, in the current (next ==
@@ -222,7 +211,6 @@ TEST(VersionedTrainingState, AnotherRunsOrAnotherLayoutsStateIsRefusedAndLeftAlo
     o.volume = *Volume::Open(path.path(), {});
     TensorStoreOptions so;
     so.host_budget_bytes = 64 * 1024;
-    so.host_backing = ArenaBacking::kMlock;
     ASSERT_OK_AND_ASSIGN(o.store, TensorStore::Open(o.volume.get(), so));
     // The stored tensors of the old layout do not fit the new sizes: refused at Open.
     EXPECT_FALSE(VersionedTrainingState::Open(o.store.get(), o.volume.get(), other).ok());
