@@ -1,0 +1,104 @@
+#include "state.h"
+
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+
+#include <memascend/status.h>
+
+namespace offload_train {
+
+using memascend::DType;
+using memascend::StateLayout;
+
+bool MemAscendOffload(const TrainOptions& o) {
+  return o.policy == Policy::kMemAscend && o.mode == Mode::kOffload;
+}
+
+StateLayout MakeStateLayout(const GptConfig& c, DType dtype, std::size_t chunk, bool derive) {
+  StateLayout l;
+  const std::size_t head = GroupCount(c) - 1;
+  for (std::size_t g = 0; g <= head; ++g)
+    l.groups.push_back({GroupName(c, g), GroupParams(c, g), !(derive && (g == 0 || g == head))});
+  l.param_dtype = l.grad_dtype = dtype;
+  l.part_elements = chunk;
+  return l;
+}
+StateLayout MakeStateLayout(const TrainOptions& o) {
+  return MakeStateLayout(o.model, o.dtype,
+                         o.policy == Policy::kMemAscend ? o.optimizer_chunk : SIZE_MAX,
+                         MemAscendOffload(o));
+}
+
+OffloadState::~OffloadState() {
+  state.reset();  // settles a commit in progress, before the store and the volume go
+  store.reset();
+}
+
+namespace {
+
+absl::Status OpenVolume(const TrainOptions& o, const StateLayout& layout, OffloadState* s) {
+  if (o.volume_path.empty()) return absl::InvalidArgumentError("no volume path");
+  memascend::VolumeOpenOptions open;
+  if (o.resume) {
+    MEMASCEND_ASSIGN_OR_RETURN(s->volume, memascend::Volume::Open(o.volume_path, open));
+    return absl::OkStatus();
+  }
+  struct stat st {};
+  const bool exists = ::stat(o.volume_path.c_str(), &st) == 0;
+  const bool regular = !exists || S_ISREG(st.st_mode);
+  memascend::VolumeFormatOptions f;
+  f.force = o.force;
+  if (regular) {
+    // Room to write new extents before old ones are freed.
+    f.size = o.volume_bytes != 0
+                 ? o.volume_bytes
+                 : 2 * memascend::VersionedTrainingState::StoredBytes(layout) + (64ull << 20);
+  }
+  if (exists && !o.force) {
+    // Never reformat what the user did not ask to: an earlier run's volume (its
+    // checkpoint, or objects put there by `memascend volume put`) is refused, and so is
+    // any other content (Volume::Format says what it found).
+    auto existing = memascend::Volume::Open(o.volume_path, open);
+    if (existing.ok()) {
+      const memascend::VolumeStats vs = (*existing)->stats();
+      const bool checkpoint = (*existing)->Stat("train.checkpoint").ok();
+      return absl::FailedPreconditionError(fmt::format(
+          "'{}' already holds a MemAscend volume ({} objects{}): continue its run with --resume, "
+          "or start over with --force (which reformats it and loses what it holds)",
+          o.volume_path, vs.objects, checkpoint ? ", a training checkpoint among them" : ""));
+    }
+    if (existing.status().code() == absl::StatusCode::kUnavailable) return existing.status();
+  }
+  MEMASCEND_RETURN_IF_ERROR(memascend::Volume::Format(o.volume_path, f));
+  MEMASCEND_ASSIGN_OR_RETURN(s->volume, memascend::Volume::Open(o.volume_path, open));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
+                              memascend::MemoryLedger* ledger, OffloadState* s) {
+  MEMASCEND_RETURN_IF_ERROR(OpenVolume(o, layout, s));
+  memascend::TensorStoreOptions so;
+  so.host_budget_bytes = o.host_budget;
+  so.prefetch_threads = o.io_threads;
+  // Every new version is written back before the step commits anyway: write it at once,
+  // overlapping the compute, so evictions find clean tensors.
+  so.write_behind = o.write_behind;
+  // The read-ahead never waits on its tickets, and holds more than the room left while the
+  // gradients are resident (OffloadedAdam Note [gradient room]): its reads wait for room.
+  so.defer_prefetches = true;
+  so.ledger = ledger;
+  // No GPU tier: the budget is mlock'ed, not registered with CUDA (host_backing kAuto).
+  MEMASCEND_ASSIGN_OR_RETURN(s->store, memascend::TensorStore::Open(s->volume.get(), so));
+  MEMASCEND_ASSIGN_OR_RETURN(s->state, memascend::VersionedTrainingState::Open(
+                                           s->store.get(), s->volume.get(), layout, [] {
+                                             memascend::VersionedTrainingStateOptions v;
+                                             v.record_name = "train.checkpoint";
+                                             return v;
+                                           }()));
+  return absl::OkStatus();
+}
+
+}  // namespace offload_train
