@@ -229,6 +229,34 @@ BlockView View(const std::byte* b, std::uint64_t epoch) {
 
 }  // namespace
 
+std::array<std::byte, kMetaBlock> EncodeSeal(std::uint64_t seq, std::uint64_t epoch) {
+  std::array<std::byte, kMetaBlock> b{};
+  Put(b.data() + kJOffMagic, kJournalMagic);
+  Put(b.data() + kJOffSeq, seq);
+  Put(b.data() + kJOffEpoch, epoch);
+  Put(b.data() + kJOffLength, std::uint32_t{0});
+  Put(b.data() + kJOffFlags, std::uint32_t{0});
+  Put(b.data() + kJOffCrc, std::uint32_t{0});
+  Put(b.data() + kJOffCrc, util::Crc32c(b.data(), kMetaBlock));
+  return b;
+}
+
+namespace {
+
+// A seal of `epoch` for slot `slot` (EncodeSeal), checksum and all.
+bool IsSeal(const std::byte* b, std::uint64_t epoch, std::size_t slot) {
+  if (Get<std::uint32_t>(b + kJOffMagic) != kJournalMagic ||
+      Get<std::uint64_t>(b + kJOffEpoch) != epoch || Get<std::uint64_t>(b + kJOffSeq) != slot ||
+      Get<std::uint32_t>(b + kJOffLength) != 0 || Get<std::uint32_t>(b + kJOffFlags) != 0)
+    return false;
+  std::array<std::byte, kMetaBlock> copy;
+  std::memcpy(copy.data(), b, kMetaBlock);
+  Put(copy.data() + kJOffCrc, std::uint32_t{0});
+  return util::Crc32c(copy.data(), kMetaBlock) == Get<std::uint32_t>(b + kJOffCrc);
+}
+
+}  // namespace
+
 Replay ReplayJournal(std::span<const std::byte> half, std::uint64_t epoch) {
   Replay r;
   const std::size_t slots = half.size() / kMetaBlock;
@@ -255,18 +283,36 @@ Replay ReplayJournal(std::span<const std::byte> half, std::uint64_t epoch) {
     r.blocks_used = slot + 1;
   }
   if (commit_start == slots) return r;  // the half is full of complete commits
+  // Note [journal seals]: the seal the last commit left after itself ends the journal.
+  const std::byte* stop = half.data() + slot * kMetaBlock;
+  if (slot == commit_start && IsSeal(stop, epoch, slot)) return r;
   // Something stops the replay at `commit_start`: a partial commit or a damaged block.
-  // A valid block of a *later* commit means the commit at `commit_start` had completed
-  // (commits are written one after another, each made durable first): it was damaged,
-  // not torn. Blocks of the torn commit itself, or stale ones of an earlier torn
-  // commit, start at or before `commit_start`.
+  // A valid block of a *later* commit, or a seal after it, means the commit at
+  // `commit_start` had completed (commits are written one after another, each made
+  // durable before the next, and a seal only after the commit before it is durable): it
+  // was damaged, not torn. Blocks of the torn commit itself, or stale ones of an earlier
+  // torn commit, start at or before `commit_start`.
   for (std::size_t s = slot + 1; s < slots; ++s) {
-    const BlockView v = View(half.data() + s * kMetaBlock, epoch);
-    if (v.valid && v.seq == s && s - v.index > commit_start) {
+    const std::byte* b = half.data() + s * kMetaBlock;
+    const BlockView v = View(b, epoch);
+    if ((v.valid && v.seq == s && s - v.index > commit_start) || IsSeal(b, epoch, s)) {
       r.corrupt = true;
-      r.detail = fmt::format("journal block {} is damaged but block {} after it is valid", slot, s);
+      r.detail = fmt::format(
+          "journal block {} is damaged but {} {} after it is valid: committed records were lost",
+          slot, v.valid ? "block" : "the seal at block", s);
       return r;
     }
+  }
+  // A block that is neither zeros (never written since format), nor a journal block (of
+  // this epoch: a torn write; of another: stale), nor a torn write whose first sector did
+  // not land (a zero header), is damage: the journal was overwritten.
+  if (slot == commit_start && Get<std::uint32_t>(stop + kJOffMagic) != kJournalMagic &&
+      Get<std::uint64_t>(stop) != 0) {
+    r.corrupt = true;
+    r.detail = fmt::format(
+        "journal block {} holds neither a commit, a seal nor zeros: the journal was overwritten",
+        slot);
+    return r;
   }
   r.torn_tail =
       slot > commit_start ||

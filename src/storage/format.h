@@ -80,7 +80,14 @@ struct Replay {
   std::string detail;
 };
 // Replays `half` (journal_half_bytes) for `epoch`. Never fails: damage is reported.
+// Note [journal seals]: a torn tail is told from damage by what follows the last valid
+// commit (docs/volume-format.md).
 Replay ReplayJournal(std::span<const std::byte> half, std::uint64_t epoch);
+
+// Note [journal seals]: the block written at slot `seq` once the commit before it is
+// durable: a journal block of no commit (length 0, flags 0). Its presence after a slot
+// that does not replay proves that slot's commit had completed.
+std::array<std::byte, kMetaBlock> EncodeSeal(std::uint64_t seq, std::uint64_t epoch);
 
 // Exposed for tests and the fuzzer.
 std::vector<std::byte> EncodeRecords(std::span<const JournalRecord> records);

@@ -173,6 +173,16 @@ struct Volume::Impl {
     }
   }
 
+  // Note [journal seals] (storage/format.h): once a commit ending before `slot` is durable,
+  // a seal goes into `slot` of the half at `half_offset`, unflushed (it becomes durable
+  // with the next flush; a seal lost in a crash only leaves that commit's later damage
+  // undetectable). Its failure fails nothing: the commit is durable without it.
+  void Seal(std::uint64_t half_offset, std::uint64_t slot, std::uint64_t half_blocks,
+            std::uint64_t epoch) {
+    if (slot >= half_blocks) return;
+    (void)WriteBlocks(half_offset + slot * kMetaBlock, storage::EncodeSeal(slot, epoch));
+  }
+
   // Note [journal halves].
   absl::Status Compact(const std::vector<JournalRecord>& records) {
     std::vector<JournalRecord> all;
@@ -205,6 +215,8 @@ struct Volume::Impl {
     const auto super = storage::EncodeSuperblock(next);
     MEMASCEND_RETURN_IF_ERROR(WriteBlocks((next.generation % 2) * kMetaBlock, super));
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());
+    Seal(next.journal_offset + next.active_half * next.journal_half_bytes, blocks, half_blocks,
+         next.epoch);
     absl::MutexLock lock(&mu);
     sb = next;
     next_block = blocks;
@@ -229,6 +241,7 @@ struct Volume::Impl {
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());  // the objects' data first
     MEMASCEND_RETURN_IF_ERROR(WriteBlocks(offset, storage::EncodeCommit(records, slot, epoch)));
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());  // then their records
+    Seal(offset - slot * kMetaBlock, slot + blocks, half_blocks, epoch);
     absl::MutexLock lock(&mu);
     next_block = slot + blocks;
     ++commits;

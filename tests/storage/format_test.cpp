@@ -180,5 +180,45 @@ TEST(Journal, StaleBlocksOfAnEarlierTornCommitAreIgnored) {
   EXPECT_EQ(r.blocks_used, 2u);
 }
 
+// Note [journal seals]: what follows the last commit tells a torn tail from damage.
+TEST(Journal, ASealEndsTheJournalAndProvesTheCommitBeforeIt) {
+  const std::vector<std::vector<JournalRecord>> commits = {SomeRecords(1), SomeRecords(2)};
+  std::vector<std::size_t> starts;
+  auto half = Half(16, commits, 5, &starts);
+  const std::size_t end = starts[1] + CommitBlocks(commits[1]);
+  const auto seal = EncodeSeal(end, 5);
+  std::memcpy(half.data() + end * kMetaBlock, seal.data(), kMetaBlock);
+  Replay r = ReplayJournal(half, 5);
+  EXPECT_FALSE(r.corrupt);
+  EXPECT_FALSE(r.torn_tail);
+  EXPECT_EQ(r.commits, 2u);
+  EXPECT_EQ(r.blocks_used, end);
+  // The last commit damaged, its seal after it: damage, not a torn tail.
+  half[starts[1] * kMetaBlock + 300] ^= std::byte{4};
+  r = ReplayJournal(half, 5);
+  EXPECT_TRUE(r.corrupt);
+  EXPECT_THAT(r.detail, HasSubstr("seal"));
+  // A seal of another epoch (a stale one) proves nothing: a torn tail.
+  const auto stale = EncodeSeal(end, 4);
+  std::memcpy(half.data() + end * kMetaBlock, stale.data(), kMetaBlock);
+  r = ReplayJournal(half, 5);
+  EXPECT_FALSE(r.corrupt) << r.detail;
+  EXPECT_TRUE(r.torn_tail);
+}
+
+TEST(Journal, BytesThatAreNoJournalAreDamageButAZeroHeaderIsATornWrite) {
+  auto half = Half(16, {SomeRecords(1)}, 5);
+  const std::size_t at = 1;  // after the one commit
+  for (std::size_t i = 0; i < kMetaBlock; ++i)
+    half[at * kMetaBlock + i] = static_cast<std::byte>(i * 37 + 11);
+  Replay r = ReplayJournal(half, 5);
+  EXPECT_TRUE(r.corrupt);
+  EXPECT_THAT(r.detail, HasSubstr("overwritten"));
+  std::memset(half.data() + at * kMetaBlock, 0, 64);  // the first sector never landed
+  r = ReplayJournal(half, 5);
+  EXPECT_FALSE(r.corrupt) << r.detail;
+  EXPECT_EQ(r.commits, 1u);
+}
+
 }  // namespace
 }  // namespace memascend::storage

@@ -16,6 +16,16 @@
 namespace memascend {
 namespace {
 
+// Writes `n` zero bytes at `offset` of a closed volume's file.
+void ZeroBytes(const std::string& path, std::uint64_t offset, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const std::vector<char> zeros(n, 0);
+  ASSERT_EQ(::pwrite(fd, zeros.data(), n, static_cast<off_t>(offset)), static_cast<ssize_t>(n));
+  ::fsync(fd);
+  ::close(fd);
+}
+
 using ::memascend::testing::FlipByte;
 using ::memascend::testing::Pattern;
 using ::memascend::testing::ScratchPath;
@@ -533,6 +543,48 @@ TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
   EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
 }
 
+// Note [journal seals]: damage is never a clean end. A damaged last commit (its seal after
+// it) and a journal overwritten with other bytes are kDataLoss on open, naming the block;
+// allow_data_loss opens what is intact before it.
+TEST(VolumeFaults, ADamagedLastCommitOrAnOverwrittenJournalIsDataLoss) {
+  ScratchPath p("vol");
+  std::uint64_t journal_used = 0;
+  {
+    auto v = FormatAndOpen(p.path());
+    ASSERT_OK(v->Put("a", Pattern("a", 1, 10000), Durability::kDurable));
+    ASSERT_OK(v->Put("b", Pattern("b", 1, 10000), Durability::kDurable));
+    journal_used = v->stats().journal_used_bytes;
+  }
+  FlipByte(p.path(), 8192 + journal_used - 1000, 0x10);  // inside the last commit (b's)
+  EXPECT_THAT(Volume::Open(p.path(), {}),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("journal block 1"), HasSubstr("seal"))));
+  VolumeOpenOptions lossy;
+  lossy.allow_data_loss = true;
+  {
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), lossy));
+    ExpectContent(*v, "a", 1, 10000);
+    EXPECT_FALSE(v->Stat("b").ok());
+    ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(false));
+    EXPECT_FALSE(r.clean);
+  }
+  // The whole journal overwritten with other bytes: not an empty volume.
+  ScratchPath q("vol");
+  {
+    auto v = FormatAndOpen(q.path());
+    ASSERT_OK(v->Put("a", Pattern("a", 1, 10000), Durability::kDurable));
+  }
+  {
+    const int fd = ::open(q.path().c_str(), O_RDWR);
+    const auto junk = Pattern("junk", 1, 64 * 1024);
+    ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 8192), static_cast<ssize_t>(junk.size()));
+    ::fsync(fd);
+    ::close(fd);
+  }
+  EXPECT_THAT(Volume::Open(q.path(), {}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("overwritten")));
+}
+
 TEST(VolumeFaults, ATornLastJournalBlockLosesOnlyThatCommit) {
   ScratchPath p("vol");
   std::uint64_t journal_used = 0;
@@ -543,9 +595,11 @@ TEST(VolumeFaults, ATornLastJournalBlockLosesOnlyThatCommit) {
     ASSERT_OK(v->Put("a", Pattern("a", 2, 10000), Durability::kDurable));
     journal_used = v->stats().journal_used_bytes;
   }
-  // The last commit's block half-written: its second half never reached the disk.
+  // The last commit's block half-written: its second half never reached the disk; and so
+  // no seal after it (Note [journal seals]: one is written only once the commit is durable).
   for (std::uint64_t off = 8192 + journal_used - 2048; off < 8192 + journal_used; off += 97)
     FlipByte(p.path(), off, 0xff);
+  ZeroBytes(p.path(), 8192 + journal_used, 4096);
   ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
   ExpectContent(*v, "a", 1, 10000);  // the previous version, whole
   ExpectContent(*v, "b", 1, 10000);
