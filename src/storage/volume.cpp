@@ -185,17 +185,27 @@ struct Volume::Impl {
 
   // Note [journal halves].
   absl::Status Compact(const std::vector<JournalRecord>& records) {
+    // The snapshot is the state after `records`: a name they delete or put again is not
+    // in it twice, so a delete always fits (the journal never traps the user: `rm` and
+    // compaction work on a full journal), and so does a put that replaces an object.
     std::vector<JournalRecord> all;
     Superblock next;
     {
       absl::MutexLock lock(&mu);
+      std::map<std::string_view, bool> replaced;  // named by `records`
+      for (const JournalRecord& r : records) replaced[r.name] = true;
       for (const auto& [name, o] : objects) {
-        if (o.durability != Durability::kDurable) continue;
+        if (o.durability != Durability::kDurable || replaced.contains(name)) continue;
         all.push_back({RecordType::kPut, name, o.metadata, o.size, o.checksum, o.extents});
       }
       next = sb;
     }
-    all.insert(all.end(), records.begin(), records.end());
+    // The records' last word on each name: a put stays, a delete is left out.
+    std::map<std::string_view, const JournalRecord*> last;
+    for (const JournalRecord& r : records) last[r.name] = &r;
+    for (const JournalRecord& r : records) {
+      if (last[r.name] == &r && r.type == RecordType::kPut) all.push_back(r);
+    }
     const std::uint64_t half_blocks = next.journal_half_bytes / kMetaBlock;
     const std::size_t blocks = storage::CommitBlocks(all);
     if (blocks > half_blocks || blocks > 0xffff) {

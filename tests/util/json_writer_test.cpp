@@ -22,6 +22,12 @@ TEST(JsonWriter, NestedContainersAndCommas) {
 TEST(JsonWriter, EscapesStrings) {
   EXPECT_EQ(JsonQuote("a\"b\\c\n\t\x01"), R"("a\"b\\c\n\t\u0001")");
   EXPECT_EQ(JsonQuote("gpt2-xl.tsv"), R"("gpt2-xl.tsv")");
+  // Any bytes give valid JSON: UTF-8 passes through, other bytes become escapes.
+  EXPECT_EQ(JsonQuote("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+  EXPECT_EQ(JsonQuote("a\xff\xc3"), R"("a\u00ff\u00c3")");  // stray and cut off
+  EXPECT_EQ(JsonQuote("\xc0\xaf\xed\xa0\x80"),
+            R"("\u00c0\u00af\u00ed\u00a0\u0080")");  // overlong, surrogate
 }
 
 TEST(JsonWriter, NumbersRoundTripAndNonFiniteIsNull) {
