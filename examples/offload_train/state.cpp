@@ -38,8 +38,15 @@ OffloadState::~OffloadState() {
 namespace {
 
 absl::Status OpenVolume(const TrainOptions& o, const StateLayout& layout, OffloadState* s) {
+  if (o.fault_injector != nullptr && s->engine == nullptr) {
+    memascend::IoEngineOptions eo;
+    eo.backend = memascend::IoBackendChoice::kThreadPool;
+    eo.fault_injector = o.fault_injector;
+    MEMASCEND_ASSIGN_OR_RETURN(s->engine, memascend::IoEngine::Create(eo));
+  }
   if (o.volume_path.empty()) return absl::InvalidArgumentError("no volume path");
   memascend::VolumeOpenOptions open;
+  open.engine = s->engine.get();
   if (o.resume) {
     MEMASCEND_ASSIGN_OR_RETURN(s->volume, memascend::Volume::Open(o.volume_path, open));
     return absl::OkStatus();

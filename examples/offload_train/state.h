@@ -33,6 +33,7 @@ memascend::StateLayout MakeStateLayout(const TrainOptions& o);
 
 // MemAscend's policy: the volume, its tensor store and the versioned state on them.
 struct OffloadState {
+  std::unique_ptr<memascend::IoEngine> engine;  // with TrainOptions::fault_injector only
   std::unique_ptr<memascend::Volume> volume;
   std::unique_ptr<memascend::TensorStore> store;
   std::unique_ptr<memascend::VersionedTrainingState> state;

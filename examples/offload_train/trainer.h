@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,6 +113,8 @@ struct TrainOptions {
   std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own
+  // Tests: faults under the volume's I/O engine (EIO, ENOSPC, short transfers).
+  std::shared_ptr<memascend::FaultInjector> fault_injector;
 };
 
 struct StepReport {

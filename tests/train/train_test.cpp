@@ -1,5 +1,7 @@
 // The training loop: offloaded and in-memory runs agree bit for bit; a run killed with
 // SIGKILL resumes to the same losses; budgets below one layer's need are refused.
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <functional>
 #include <random>
@@ -27,6 +29,7 @@ namespace {
 using ::memascend::testing::ScratchPath;
 using ::memascend::testing::StatusIs;
 using ::testing::AllOf;
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 // A text with structure to learn, made here (tests read nothing outside the tree).
@@ -405,6 +408,79 @@ TEST(Train, NonFiniteOrOutOfRangeSettingsAreRefused) {
   }
   struct stat st {};
   EXPECT_NE(::stat(path.path().c_str(), &st), 0) << "a refused run wrote its volume";
+}
+
+// A disk that starts failing at a random request: every write EIO, every write ENOSPC, or
+// every read short (the engine completes short transfers). The run stops with the error
+// (or, for short reads, trains on); the volume is fsck-clean; --resume without the fault
+// reaches the uninterrupted run's losses.
+class DyingDisk final : public memascend::FaultInjector {
+ public:
+  enum class Kind { kWriteEio, kWriteEnospc, kShortReads };
+  DyingDisk(Kind kind, std::uint64_t after) : kind_(kind), after_(after) {}
+  std::int64_t Adjust(const memascend::IoRequest& a, std::int64_t result) override {
+    if (seen_.fetch_add(1) < after_ || result <= 0) return result;
+    switch (kind_) {
+      case Kind::kWriteEio:
+        return a.op == memascend::IoOp::kWrite ? -EIO : result;
+      case Kind::kWriteEnospc:
+        return a.op == memascend::IoOp::kWrite ? -ENOSPC : result;
+      case Kind::kShortReads:
+        return a.op == memascend::IoOp::kRead && result > 4096 ? 4096 : result;
+    }
+    return result;
+  }
+
+ private:
+  Kind kind_;
+  std::uint64_t after_;
+  std::atomic<std::uint64_t> seen_{0};
+};
+
+TEST(Train, AFailingDiskStopsTheRunCleanlyAndResumeReachesTheSameLosses) {
+  const Data d = MakeData(256);
+  TrainOptions ref = Tiny("");
+  ref.mode = Mode::kReference;
+  ref.steps = 12;
+  ASSERT_OK_AND_ASSIGN(TrainSummary whole, Train(ref, d.tokens, d.tok));
+  std::mt19937 rng(3);
+  int resumed_runs = 0;
+  for (auto kind :
+       {DyingDisk::Kind::kWriteEio, DyingDisk::Kind::kWriteEnospc, DyingDisk::Kind::kShortReads}) {
+    for (int round = 0; round < 2; ++round) {
+      ScratchPath path("train");
+      TrainOptions o = Tiny(path.path());
+      o.steps = 12;
+      o.fault_injector = std::make_shared<DyingDisk>(kind, 50 + rng() % 400);
+      auto run = Train(o, d.tokens, d.tok);
+      if (kind != DyingDisk::Kind::kShortReads) {
+        ASSERT_FALSE(run.ok()) << "a run on a disk failing every write succeeded";
+        EXPECT_THAT(std::string(run.status().message()),
+                    AnyOf(HasSubstr("Input/output error"), HasSubstr("No space left")));
+      } else {
+        ASSERT_OK(run.status());
+      }
+      {
+        ASSERT_OK_AND_ASSIGN(auto volume, memascend::Volume::Open(path.path(), {}));
+        ASSERT_OK_AND_ASSIGN(memascend::FsckReport r, volume->Fsck(true));
+        EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+      }
+      o.fault_injector = nullptr;
+      o.resume = true;
+      auto resumed = Train(o, d.tokens, d.tok);
+      if (!resumed.ok()) {
+        // The disk failed before the initial state was committed: nothing to resume.
+        ASSERT_THAT(resumed, StatusIs(absl::StatusCode::kNotFound));
+        continue;
+      }
+      ++resumed_runs;
+      for (std::size_t i = 0; i < resumed->losses.size(); ++i) {
+        EXPECT_EQ(resumed->losses[i], whole.losses[resumed->first_step - 1 + i])
+            << "kind " << static_cast<int>(kind) << " step " << resumed->first_step + i;
+      }
+    }
+  }
+  EXPECT_GE(resumed_runs, 4) << "too few runs had committed a step before the fault";
 }
 
 // SIGKILL at random moments of a run (a forked child), then --resume: the resumed
