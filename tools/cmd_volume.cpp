@@ -44,9 +44,12 @@ const Sub kSubs[] = {
     {"ls", "ls PATH [--json]", 1, {{"json", false, "one JSON object"}}},
     {"rm", "rm PATH NAME", 2, {}},
     {"fsck",
-     "fsck PATH [--verify-data] [--json]",
+     "fsck PATH [--verify-data] [--repair] [--allow-data-loss] [--json]",
      1,
      {{"verify-data", false, "read every object and check its checksum"},
+      {"repair", false, "rewrite what is redundant (a damaged superblock copy) first"},
+      {"allow-data-loss", false,
+       "open a volume whose journal is damaged, keeping the commits before the damage"},
       {"json", false, "one JSON object"}}},
 };
 
@@ -247,9 +250,16 @@ int RunVolume(std::span<char* const> argv) {
   }
   const std::vector<std::string>& pos = args->positional();
   if (sub->name == "format") return Format(*args);
-  auto volume = Volume::Open(pos[0], {});
+  VolumeOpenOptions open;
+  open.allow_data_loss = sub->name == "fsck" && args->Has("allow-data-loss");
+  auto volume = Volume::Open(pos[0], open);
   if (!volume.ok()) return Fail(volume.status());
   Volume& v = **volume;
+  if (sub->name == "fsck" && args->Has("repair")) {
+    auto repaired = v.RepairSuperblocks();
+    if (!repaired.ok()) return Fail(repaired.status());
+    if (*repaired && !args->Has("json")) fmt::print("repaired: the damaged superblock copy\n");
+  }
   if (sub->name == "info") return Info(v, args->Has("json"));
   if (sub->name == "ls") return Ls(v, args->Has("json"));
   if (sub->name == "fsck") return Fsck(v, args->Has("verify-data"), args->Has("json"));

@@ -52,7 +52,6 @@
 
 namespace memascend {
 
-
 struct VolumeFormatOptions {
   std::uint64_t size = 0;                // create/grow a regular file to this size
   std::uint32_t unit_bytes = 64 * 1024;  // allocation unit: a multiple of 4096
@@ -156,6 +155,10 @@ class Volume {
 
   // Checks the volume's structures (and, with verify_data, every object's checksum).
   absl::StatusOr<FsckReport> Fsck(bool verify_data);
+  // Rewrites what is redundant: a damaged superblock copy gets the live superblock again
+  // (as the next generation). True if something was rewritten; kDataLoss for two valid
+  // copies of different geometry (which one is right cannot be told).
+  absl::StatusOr<bool> RepairSuperblocks();
   VolumeStats stats() const;
   IoEngine* engine() const noexcept;
 

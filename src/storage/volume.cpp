@@ -6,7 +6,6 @@
 #include <functional>
 #include <map>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
@@ -39,11 +38,17 @@ using storage::RecordType;
 using storage::Superblock;
 using storage::Transfer;
 
-std::uint64_t Random64() {
-  std::uint64_t v = 0;
-  while (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
-  }
-  return v;
+// What two valid superblocks of one volume must share (they differ in generation, active
+// half and epoch only): "" when they do, else the first field that differs.
+std::string GeometryDiffers(const Superblock& a, const Superblock& b) {
+  if (a.uuid != b.uuid) return "uuid";
+  if (a.block_size != b.block_size) return "block size";
+  if (a.unit_bytes != b.unit_bytes) return "unit";
+  if (a.capacity != b.capacity) return fmt::format("capacity ({} / {})", a.capacity, b.capacity);
+  if (a.journal_offset != b.journal_offset || a.journal_half_bytes != b.journal_half_bytes)
+    return "journal region";
+  if (a.data_offset != b.data_offset || a.data_units != b.data_units) return "data region";
+  return "";
 }
 
 std::string UuidString(const std::array<std::uint8_t, 16>& u) {
@@ -294,98 +299,6 @@ Volume::~Volume() = default;
 
 IoEngine* Volume::engine() const noexcept { return impl_->engine; }
 
-absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& options) {
-  if (options.unit_bytes < kMetaBlock || options.unit_bytes % kMetaBlock != 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("unit_bytes {} is not a positive multiple of 4096", options.unit_bytes));
-  }
-  BlockTargetOptions to;
-  to.create_size = options.size;
-  to.check_signatures = true;
-  to.force = options.force;
-  MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, to));
-  const std::uint64_t capacity = target.size();
-  std::uint64_t journal = options.journal_bytes;
-  if (journal == 0) journal = std::clamp<std::uint64_t>(capacity / 512, 2u << 20, 256u << 20);
-  const std::uint64_t half = util::RoundDown(journal / 2, kMetaBlock);
-  if (half < 4 * kMetaBlock)
-    return absl::InvalidArgumentError("journal_bytes must be at least 32 KiB");
-  Superblock sb;
-  sb.block_size = target.io_block();
-  sb.unit_bytes = options.unit_bytes;
-  sb.capacity = capacity;
-  sb.journal_offset = 2 * kMetaBlock;
-  sb.journal_half_bytes = half;
-  sb.data_offset =
-      util::RoundUp(sb.journal_offset + 2 * half, std::max<std::uint64_t>(sb.unit_bytes, 1u << 20));
-  if (capacity <= sb.data_offset || (capacity - sb.data_offset) / sb.unit_bytes == 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("{} holds {}: too small for a {} journal and one {} unit", path,
-                    util::FormatBytes(capacity), util::FormatBytes(2 * half),
-                    util::FormatBytes(sb.unit_bytes)));
-  }
-  sb.data_units = (capacity - sb.data_offset) / sb.unit_bytes;
-  for (std::uint64_t i = 0; i < 2; ++i) {
-    const std::uint64_t a = Random64();
-    std::memcpy(sb.uuid.data() + 8 * i, &a, 8);
-  }
-  sb.epoch = Random64() >> 1;
-  sb.active_half = 0;
-
-  IoEngineOptions eo;
-  eo.backend = IoBackendChoice::kSync;
-  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, IoEngine::Create(eo));
-  MEMASCEND_ASSIGN_OR_RETURN(FileId file, engine->RegisterFile(target.fd()));
-  // Clear the journal region, so nothing of an earlier life of the target remains there.
-  const std::uint64_t total = 2 * half;
-  Aligned zeros = AllocAligned(kWindowBytes, target.io_block());
-  std::memset(zeros.get(), 0, kWindowBytes);
-  for (std::uint64_t done = 0; done < total;) {
-    const std::size_t n =
-        static_cast<std::size_t>(std::min<std::uint64_t>(kWindowBytes, total - done));
-    MEMASCEND_RETURN_IF_ERROR(
-        engine->Submit({IoOp::kWrite, file, sb.journal_offset + done, zeros.get(), n})
-            .Wait()
-            .status());
-    done += n;
-    if (options.progress) options.progress(done, total);
-  }
-  for (std::uint64_t generation : {0, 1}) {
-    sb.generation = generation;
-    const auto block = storage::EncodeSuperblock(sb);
-    std::memcpy(zeros.get(), block.data(), kMetaBlock);
-    MEMASCEND_RETURN_IF_ERROR(
-        engine->Submit({IoOp::kWrite, file, generation * kMetaBlock, zeros.get(), kMetaBlock})
-            .Wait()
-            .status());
-  }
-  MEMASCEND_RETURN_IF_ERROR(engine->UnregisterFile(file));
-  return target.Sync();
-}
-
-absl::StatusOr<std::unique_ptr<Volume>> Volume::OpenOrCreate(const std::string& path,
-                                                             const VolumeFormatOptions& format,
-                                                             const VolumeOpenOptions& open) {
-  struct stat st {};
-  bool fresh = false;
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno != ENOENT) return absl::ErrnoToStatus(errno, fmt::format("stat({})", path));
-    fresh = true;
-  } else {
-    fresh = S_ISREG(st.st_mode) && st.st_size == 0;
-  }
-  if (fresh) {
-    if (format.size == 0) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{} does not exist: give VolumeFormatOptions::size to create a volume there", path));
-    }
-    VolumeFormatOptions f = format;
-    f.force = false;  // only a new or empty file is formatted here
-    MEMASCEND_RETURN_IF_ERROR(Format(path, f));
-  }
-  return Open(path, open);
-}
-
 absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
                                                      const VolumeOpenOptions& options) {
   MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, {}));
@@ -432,8 +345,19 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
                                : (copies[1]->generation > copies[0]->generation ? 1 : 0);
   if (!copies[1 - pick].ok()) {
     m.open_errors.push_back(fmt::format(
-        "superblock {} is damaged ({}); using superblock {} (generation {})", 1 - pick,
-        std::string(copies[1 - pick].status().message()), pick, copies[pick]->generation));
+        "superblock {} is damaged ({}); using superblock {} (generation {}); `fsck --repair` "
+        "rewrites it",
+        1 - pick, std::string(copies[1 - pick].status().message()), pick,
+        copies[pick]->generation));
+  } else if (const std::string why = GeometryDiffers(*copies[0], *copies[1]); !why.empty()) {
+    // Both valid, but not of one volume: which one to trust cannot be told.
+    const std::string e = fmt::format("superblocks 0 and 1 disagree: {}", why);
+    if (!options.allow_data_loss) {
+      return absl::DataLossError(
+          fmt::format("{}: {} (open with allow_data_loss to use the newer, generation {})", path, e,
+                      copies[pick]->generation));
+    }
+    m.open_errors.push_back(e);
   }
   Superblock sb = *copies[pick];
   if (sb.capacity > m.target.size()) {
@@ -708,6 +632,37 @@ VolumeStats Volume::stats() const {
   s.commits = m.commits;
   s.compactions = m.compactions;
   return s;
+}
+
+absl::StatusOr<bool> Volume::RepairSuperblocks() {
+  Impl& m = *impl_;
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<std::byte> head, m.ReadBlocks(0, 2 * kMetaBlock));
+  Superblock next;
+  {
+    absl::MutexLock lock(&m.mu);
+    if (!m.poisoned.ok()) return m.poisoned;
+    next = m.sb;
+  }
+  const int live = static_cast<int>(next.generation % 2);
+  auto other = storage::DecodeSuperblock({head.data() + (1 - live) * kMetaBlock, kMetaBlock});
+  if (other.ok()) {
+    if (const std::string why = GeometryDiffers(*other, next); !why.empty()) {
+      return absl::DataLossError(fmt::format(
+          "superblocks 0 and 1 disagree ({}): fsck cannot tell which is right; restore the "
+          "volume or reformat it",
+          why));
+    }
+    return false;  // both copies are whole
+  }
+  // The live superblock again, as the next generation, into the damaged copy's slot.
+  next.generation += 1;
+  const auto block = storage::EncodeSuperblock(next);
+  MEMASCEND_RETURN_IF_ERROR(m.WriteBlocks((next.generation % 2) * kMetaBlock, block));
+  MEMASCEND_RETURN_IF_ERROR(m.SyncOrPoison());
+  absl::MutexLock lock(&m.mu);
+  m.sb.generation = next.generation;
+  std::erase_if(m.open_errors, [](const std::string& e) { return e.starts_with("superblock "); });
+  return true;
 }
 
 absl::StatusOr<FsckReport> Volume::Fsck(bool verify_data) {

@@ -602,6 +602,56 @@ TEST(VolumeFaults, ADamagedLastCommitOrAnOverwrittenJournalIsDataLoss) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("overwritten")));
 }
 
+// A lost superblock copy is reported by fsck and rewritten by RepairSuperblocks; two valid
+// copies of different volumes are kDataLoss on open (which is right cannot be told).
+TEST(VolumeFaults, ALostSuperblockCopyIsRepairedAndADisagreeingOneRefused) {
+  ScratchPath p("vol");
+  {
+    auto v = FormatAndOpen(p.path());
+    ASSERT_OK(v->Put("a", Pattern("a", 1, 10000), Durability::kDurable));
+  }
+  for (std::uint64_t off = 4096 + 100; off < 4096 + 200; ++off) FlipByte(p.path(), off, 0x5a);
+  {
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));  // the other copy serves
+    ExpectContent(*v, "a", 1, 10000);
+    ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(false));
+    EXPECT_FALSE(r.clean);
+    ASSERT_FALSE(r.errors.empty());
+    EXPECT_THAT(r.errors[0], AllOf(HasSubstr("superblock 1"), HasSubstr("--repair")));
+    ASSERT_OK_AND_ASSIGN(bool repaired, v->RepairSuperblocks());
+    EXPECT_TRUE(repaired);
+    ASSERT_OK_AND_ASSIGN(r, v->Fsck(true));
+    EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+    ASSERT_OK_AND_ASSIGN(repaired, v->RepairSuperblocks());
+    EXPECT_FALSE(repaired);  // nothing left to do
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+    ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+    EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+    ExpectContent(*v, "a", 1, 10000);
+  }
+  // Superblock 1 of another volume: both valid, not of one volume.
+  ScratchPath q("vol");
+  { auto other = FormatAndOpen(q.path()); }
+  {
+    std::vector<char> block(4096);
+    const int from = ::open(q.path().c_str(), O_RDONLY);
+    ASSERT_EQ(::pread(from, block.data(), 4096, 4096), 4096);
+    ::close(from);
+    const int to = ::open(p.path().c_str(), O_RDWR);
+    ASSERT_EQ(::pwrite(to, block.data(), 4096, 4096), 4096);
+    ::fsync(to);
+    ::close(to);
+  }
+  EXPECT_THAT(Volume::Open(p.path(), {}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("disagree: uuid")));
+  VolumeOpenOptions lossy;
+  lossy.allow_data_loss = true;
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), lossy));
+  EXPECT_THAT(v->RepairSuperblocks(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
 TEST(VolumeFaults, ATornLastJournalBlockLosesOnlyThatCommit) {
   ScratchPath p("vol");
   std::uint64_t journal_used = 0;
