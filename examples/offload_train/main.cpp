@@ -37,7 +37,9 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --mode offload|reference   state on a volume (default) or in ordinary memory
   --volume PATH      volume file or block device (default: )" MEMASCEND_TRAIN_DEFAULT_VOLUME R"()
   --volume-size B    size of a file volume (default: what the run needs, doubled)
-  --force            format a device or file that holds other data
+  --force            format a device or file that holds other data, or start over on an
+                     existing volume (losing what it holds); without it an existing
+                     volume is refused: continue it with --resume
   --resume           continue from the volume's last committed step
   --host-budget B    pinned host bytes; Fx: F times the minimum; P%: P percent of the
                      training state (default: 40% of the training state, at least 2x)
@@ -292,6 +294,21 @@ int Main(int argc, char** argv) {
   if (o.volume_path == MEMASCEND_TRAIN_DEFAULT_VOLUME &&
       !std::filesystem::is_directory(std::filesystem::path(o.volume_path).parent_path())) {
     o.volume_path = "memascend-train.vol";  // an installed binary away from its build tree
+  }
+  // A command never writes its output over its own input: the timeline is not the volume
+  // or the training text, and the volume is not the training text.
+  {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto same = [&](const std::string& a, const std::string& b) {
+      return !a.empty() && !b.empty() && fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+    };
+    if (same(timeline_path, o.volume_path) || same(timeline_path, data_path))
+      return Fail(fmt::format("--timeline {} is the volume or the training text: give another file",
+                              timeline_path));
+    if (same(o.volume_path, data_path))
+      return Fail(fmt::format("--volume {} is the training text (--data): give another file",
+                              o.volume_path));
   }
   if (budget_factor > 0) {
     const std::uint64_t base =

@@ -7,7 +7,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sys/resource.h>
 #include <thread>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -422,6 +424,18 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     }
     if (o.read_ahead_bytes == 0)
       o.read_ahead_bytes = std::max(OffloadedAdam::MinimumReadAhead(parted), spare - o.keep_bytes);
+  }
+  if (MemAscendOffload(o) && ::geteuid() != 0) {
+    // A budget this process may not page-lock is refused now, not at its first block.
+    struct rlimit lim {};
+    if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+        o.host_budget > lim.rlim_cur) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "host budget of {} bytes is more than this process may page-lock (RLIMIT_MEMLOCK "
+          "{} bytes): lower --host-budget, or raise the limit (ulimit -l, or memlock in "
+          "/etc/security/limits.conf)",
+          o.host_budget, lim.rlim_cur));
+    }
   }
   if (MemAscendOffload(o) && o.host_budget < minimum) {
     return absl::ResourceExhaustedError(fmt::format(

@@ -7,6 +7,7 @@
 #include <random>
 #include <signal.h>
 #include <string>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -408,6 +409,36 @@ TEST(Train, NonFiniteOrOutOfRangeSettingsAreRefused) {
   }
   struct stat st {};
   EXPECT_NE(::stat(path.path().c_str(), &st), 0) << "a refused run wrote its volume";
+}
+
+// A budget the process may not page-lock is refused up front, naming RLIMIT_MEMLOCK (in a
+// child without root, whose memlock limit is lowered).
+TEST(Train, ABudgetBeyondTheMemlockLimitIsRefusedUpFront) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to another user in a child";
+  const Data d = MakeData(256);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    struct rlimit lim {
+      64 * 1024, 64 * 1024
+    };
+    if (::setrlimit(RLIMIT_MEMLOCK, &lim) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+        ::setresuid(65534, 65534, 65534) != 0)
+      _exit(3);
+    TrainOptions o = Tiny("/tmp/memascend_memlock_refused.vol");
+    o.threads = 1;
+    auto run = Train(o, d.tokens, d.tok);
+    const bool refused =
+        run.status().code() == absl::StatusCode::kResourceExhausted &&
+        std::string(run.status().message()).find("RLIMIT_MEMLOCK") != std::string::npos;
+    _exit(refused ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "could not drop privileges here";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the budget was not refused with RLIMIT_MEMLOCK named";
+  ::unlink("/tmp/memascend_memlock_refused.vol");
 }
 
 // A disk that starts failing at a random request: every write EIO, every write ENOSPC, or
