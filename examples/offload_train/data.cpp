@@ -49,8 +49,10 @@ absl::StatusOr<std::string> ReadLicenceCorpus(const std::string& dir) {
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::Build(const std::string& corpus, std::size_t vocab) {
-  if (vocab < 256)
-    return absl::InvalidArgumentError(fmt::format("--vocab {}: at least 256 (the bytes)", vocab));
+  if (vocab < 256 || vocab > (std::size_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        fmt::format("--vocab {}: from 256 (the bytes) to 2^24 words", vocab));
+  }
   Tokenizer t;
   for (int b = 0; b < 256; ++b) t.pieces_.push_back(std::string(1, static_cast<char>(b)));
   std::unordered_map<std::string, std::size_t> counts;

@@ -295,6 +295,11 @@ int Main(int argc, char** argv) {
       !std::filesystem::is_directory(std::filesystem::path(o.volume_path).parent_path())) {
     o.volume_path = "memascend-train.vol";  // an installed binary away from its build tree
   }
+  // Sizes are checked before anything is built from them (the tokenizer, the model).
+  if (absl::Status s = offload_train::Validate(o.model); !s.ok())
+    return Fail(std::string(s.message()));
+  if (o.sample_tokens > 100000)
+    return Fail(fmt::format("--sample {}: at most 100000 tokens", o.sample_tokens));
   // A command never writes its output over its own input: the timeline is not the volume
   // or the training text, and the volume is not the training text.
   {

@@ -52,7 +52,24 @@ CLI = {
     "pool-sim": ["--workload", "--policy", "--json", "--slice"],
     "volume format": ["--size", "--unit", "--journal", "--force"],
     "volume info": ["--json"], "volume ls": ["--json"], "volume rm": [], "volume get": [],
-    "volume put": ["--scratch", "--meta"], "volume fsck": ["--verify-data", "--json"],
+    "volume put": ["--scratch", "--meta"],
+    "volume fsck": ["--verify-data", "--repair", "--allow-data-loss", "--json"],
+    "bench io": ["--rw", "--block", "--qd", "--backend", "--json", "--help"],
+    "bench kernels": ["--device", "--threads", "--reps", "--json", "--help"],
+}
+# The benchmarks move bytes: their sizes are fixed small first, and their fuzzed options
+# take values from bounded lists (a fuzzed 1 TiB transfer would test the disk, not the
+# parser).
+BENCH_BASE = {
+    "bench io": ["--target", os.path.join(scratch, "io.bin"), "--size", "1M"],
+    "bench kernels": ["--elements", "4096"],
+}
+BENCH_VALUES = {
+    "--rw": ["read", "write", "both", ""], "--block": ["4K", "1M", "3", "0", "abc", "-1", "1.5",
+                                                      "9999T"],
+    "--qd": ["1", "8", "0", "2000", "x", "-2"], "--backend": ["uring", "threads", "auto", "x"],
+    "--device": ["cpu", "cuda", "gpu", ""], "--threads": ["1", "2", "0", "-3", "99999", "x"],
+    "--reps": ["1", "2", "0", "1001", "1.5"],
 }
 # A small model and a scratch volume first; generated options (later, so they win) on top.
 TRAIN_BASE = ["--vocab", "256", "--channels", "16", "--layers", "1", "--heads", "2", "--seq",
@@ -65,7 +82,8 @@ TRAIN_OPTS = ["--steps", "--layers", "--channels", "--heads", "--seq", "--batch"
               "--warmup", "--clip", "--weight-decay", "--seed", "--loss-scale", "--json",
               "--sample", "--timeline", "--zero-param-buffers", "--zero-optimizer-buffers",
               "--zero-sub-group-size", "--zero-min-swap", "--bogus"]
-FLAGS = {"--force", "--resume", "--json", "--scratch", "--verify-data", "--quiet"}
+FLAGS = {"--force", "--resume", "--json", "--scratch", "--verify-data", "--quiet", "--repair",
+         "--allow-data-loss", "--help"}
 
 
 def generate():
@@ -78,10 +96,13 @@ def generate():
         for i in range(max(positional, 0)):
             argv.append(rng.choice(PATHS) if i == 0 else
                         rng.choice(WORDS) if i == 1 else rng.choice(PATHS))
+        argv += BENCH_BASE.get(sub, [])
         for _ in range(rng.randint(0, 3)):
             o = rng.choice(CLI[sub] + ["--bogus"])
             argv.append(o)
-            if o not in FLAGS and rng.random() < 0.9:
+            if o in BENCH_VALUES:
+                argv.append(rng.choice(BENCH_VALUES[o]))
+            elif o not in FLAGS and rng.random() < 0.9:
                 argv.append(value())
         return argv
     argv = [train] + TRAIN_BASE + ["--volume", os.path.join(scratch, "train.vol")]
@@ -90,8 +111,10 @@ def generate():
         argv.append(o)
         if o not in FLAGS and rng.random() < 0.9:
             if o in ("--steps", "--layers", "--channels", "--seq", "--batch", "--vocab", "--sample"):
+                # A valid huge --steps is a long run the user asked for, not a parse case.
+                big = [] if o == "--steps" else ["4294967297"]
                 argv.append(rng.choice(["0", "1", "3", "-1", "1.5", "nan", "99999999999999999999",
-                                        "4294967297", "abc", ""]))
+                                        "abc", ""] + big))
             else:
                 argv.append(value())
     return argv
@@ -115,7 +138,7 @@ for case in range(cases):
         bad.append((argv, f"crashed: {err[-300:]}"))
     elif p.returncode != 0 and not err.strip():
         bad.append((argv, f"exit status {p.returncode} with nothing on stderr"))
-    for leftover in ("train.vol", "new.vol"):  # each case starts from nothing of its own
+    for leftover in ("train.vol", "new.vol", "io.bin"):  # each case starts from nothing of its own
         try:
             os.unlink(os.path.join(scratch, leftover))
         except FileNotFoundError:
