@@ -33,7 +33,9 @@ const Sub kSubs[] = {
      {{"size", true, "create/grow a regular file to this size"},
       {"unit", true, "allocation unit (default 64K)"},
       {"journal", true, "journal bytes, both halves (default: capacity/512 in 2M..256M)"},
-      {"force", false, "overwrite a file system, partition table or volume"}}},
+      {"force", false,
+       "overwrite what is there: a file system, partition table, volume or any non-zero "
+       "data (without it only a new or empty file or a device of zeros is formatted)"}}},
     {"info", "info PATH [--json]", 1, {{"json", false, "one JSON object"}}},
     {"put",
      "put PATH NAME FILE [--scratch] [--meta TEXT]",
