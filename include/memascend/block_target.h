@@ -5,10 +5,14 @@
 //   MEMASCEND_ASSIGN_OR_RETURN(memascend::BlockTarget t, memascend::BlockTarget::Open(path, o));
 //
 // Note [foreign data]: opening with check_signatures refuses a target that is mounted or
-// held by another program (exclusive open of a device) or whose first blocks carry the
-// signature of a file system or partition table (ext2/3/4, XFS, Btrfs, GPT, MBR, LUKS,
-// swap) or of an existing MemAscend volume, unless `force` is set. A file on a file
-// system without O_DIRECT (tmpfs) is refused with the reason.
+// held by another program (exclusive open of a device, kUnavailable), whose first blocks
+// carry the signature of a file system or partition table (ext2/3/4, XFS, Btrfs, GPT, MBR,
+// LUKS, swap) or of an existing MemAscend volume, or whose sampled blocks (the head, the
+// middle, the last block) hold any other non-zero bytes, unless `force` is set: only a new
+// or empty file or a target of zeros is ours without asking. A create_size beyond the file
+// system's free space is refused before anything is created (kResourceExhausted), and a
+// file this call created is removed when it fails. A file on a file system without
+// O_DIRECT (tmpfs) is refused with the reason.
 //
 // Thread-safety: a BlockTarget is immutable after Open(); its fd may be used from any
 // thread. Lifetime: move-only; the fd is closed on destruction.
