@@ -102,8 +102,8 @@ absl::Status Run(const std::string& path) {
       "downstream: steps %llu..%llu, loss %.5f -> %.5f; optimizer state %.1f MiB on %s under a "
       "pinned budget of %.1f MiB (%.0f MiB read, %.0f MiB written)\n",
       static_cast<unsigned long long>(step - kSteps + 1), static_cast<unsigned long long>(step),
-      first_loss, loss, static_cast<double>(layout.TotalElements()) * 12 / (1 << 20),
-      path.c_str(), static_cast<double>(store_options.host_budget_bytes) / (1 << 20),
+      first_loss, loss, static_cast<double>(layout.TotalElements()) * 12 / (1 << 20), path.c_str(),
+      static_cast<double>(store_options.host_budget_bytes) / (1 << 20),
       static_cast<double>(stats.bytes_read) / (1 << 20),
       static_cast<double>(stats.bytes_written) / (1 << 20));
   if (!(loss < first_loss)) return absl::InternalError("the loss did not fall");

@@ -41,9 +41,9 @@ namespace offload_train {
 // kResourceExhausted when the buffers' rules cannot hold the model (a parameter larger
 // than param_buffer_size after the rule raised it cannot happen; fewer than four
 // optimizer buffers or one parameter buffer can).
-absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(const TrainOptions& options,
-                                                                 const memascend::StateLayout& state_layout,
-                                                                 memascend::MemoryLedger* ledger);
+absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(
+    const TrainOptions& options, const memascend::StateLayout& state_layout,
+    memascend::MemoryLedger* ledger);
 
 // The pinned bytes the ZeRO-Infinity rules allocate for this model (after pow2 rounding).
 std::uint64_t ZeroPinnedBytes(const TrainOptions& options);

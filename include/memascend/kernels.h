@@ -41,7 +41,6 @@
 
 namespace memascend {
 
-
 // A tensor's bytes: `elements` values of `dtype` at `data` (no alignment needed).
 struct TensorView {
   const void* data = nullptr;

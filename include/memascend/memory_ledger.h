@@ -37,7 +37,6 @@
 
 namespace memascend {
 
-
 // One change: live and reserved bytes of `use` move by these (signed) amounts.
 struct LedgerDelta {
   Use use;

@@ -10,7 +10,6 @@
 
 namespace memascend {
 
-
 struct MemoryLedger::State {
   explicit State(Options o) : options(o), start(std::chrono::steady_clock::now()) {}
 

@@ -1,9 +1,9 @@
 // The tensor store's eviction policy on its own (store/eviction.h): no memory, no I/O.
+#include "store/eviction.h"
+
 #include <vector>
 
 #include <gtest/gtest.h>
-
-#include "store/eviction.h"
 
 namespace memascend::store {
 namespace {

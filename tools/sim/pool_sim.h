@@ -1,5 +1,5 @@
-// sim/pool_sim.h (tools/, not in libmemascend): replays the host-buffer schedule of one offloaded training step
-// against a pinned-memory policy, with accounting-only backing, so that the allocator
+// sim/pool_sim.h (tools/, not in libmemascend): replays the host-buffer schedule of one offloaded
+// training step against a pinned-memory policy, with accounting-only backing, so that the allocator
 // logic of each policy can be measured on workloads far larger than this machine.
 //
 // The schedule (docs/host-memory.md) is the same for every policy:

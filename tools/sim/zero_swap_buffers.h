@@ -1,4 +1,5 @@
-// sim/zero_swap_buffers.h (tools/, not in libmemascend): ZeRO-Infinity's swap-buffer rules, as the baseline.
+// sim/zero_swap_buffers.h (tools/, not in libmemascend): ZeRO-Infinity's swap-buffer rules, as the
+// baseline.
 //
 // DeepSpeed's NVMe offload stages every swapped tensor through fixed pinned buffers:
 // - parameters: `buffer_count` buffers of `buffer_size` elements (defaults 5 x 1e8), one
