@@ -147,6 +147,22 @@ struct Volume::Impl {
     return std::vector<std::byte>(buf.get(), buf.get() + bytes);
   }
 
+  // A failed superblock write leaves it unknown which superblock the disk holds: nothing
+  // more is written (reopening reads whichever it is; both are whole). A failed journal
+  // commit is sealed off instead (WriteBatch).
+  absl::Status WriteMetadataOrPoison(std::uint64_t offset, std::span<const std::byte> bytes) {
+    absl::Status s = WriteBlocks(offset, bytes);
+    return s.ok() ? s : Poison("a superblock", s);
+  }
+  absl::Status Poison(std::string_view what, const absl::Status& why) {
+    absl::MutexLock lock(&mu);
+    poisoned = absl::DataLossError(
+        fmt::format("writing {} failed ({}); whether it reached the disk is unknown, so the volume "
+                    "accepts no more writes: reopen it",
+                    what, std::string(why.message())));
+    return poisoned;
+  }
+
   // A failed flush leaves the device's contents unknown: nothing more is written.
   absl::Status SyncOrPoison() {
     absl::Status s = target.Sync();
@@ -224,11 +240,12 @@ struct Volume::Impl {
     next.active_half = 1 - next.active_half;
     next.epoch += 1;
     const std::vector<std::byte> bytes = storage::EncodeCommit(all, 0, next.epoch);
+    // Unreferenced until the superblock below lands: a failure here needs no more.
     MEMASCEND_RETURN_IF_ERROR(
         WriteBlocks(next.journal_offset + next.active_half * next.journal_half_bytes, bytes));
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());
     const auto super = storage::EncodeSuperblock(next);
-    MEMASCEND_RETURN_IF_ERROR(WriteBlocks((next.generation % 2) * kMetaBlock, super));
+    MEMASCEND_RETURN_IF_ERROR(WriteMetadataOrPoison((next.generation % 2) * kMetaBlock, super));
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());
     Seal(next.journal_offset + next.active_half * next.journal_half_bytes, blocks, half_blocks,
          next.epoch);
@@ -254,7 +271,17 @@ struct Volume::Impl {
     const std::size_t blocks = storage::CommitBlocks(records);
     if (slot + blocks > half_blocks || blocks > 0xffff) return Compact(records);
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());  // the objects' data first
-    MEMASCEND_RETURN_IF_ERROR(WriteBlocks(offset, storage::EncodeCommit(records, slot, epoch)));
+    if (absl::Status s = WriteBlocks(offset, storage::EncodeCommit(records, slot, epoch));
+        !s.ok()) {
+      // Whether the commit reached the disk is unknown (a write can fail after it landed),
+      // and one that did names extents the caller's failure frees. A seal at its slot,
+      // flushed, ends the journal before it for certain; if even that fails, nothing more
+      // is written (Note [journal seals]).
+      absl::Status sealed = WriteBlocks(offset, storage::EncodeSeal(slot, epoch));
+      if (sealed.ok()) sealed = SyncOrPoison();
+      if (!sealed.ok()) return Poison("a journal commit", s);
+      return s;
+    }
     MEMASCEND_RETURN_IF_ERROR(SyncOrPoison());  // then their records
     Seal(offset - slot * kMetaBlock, slot + blocks, half_blocks, epoch);
     absl::MutexLock lock(&mu);
@@ -657,7 +684,7 @@ absl::StatusOr<bool> Volume::RepairSuperblocks() {
   // The live superblock again, as the next generation, into the damaged copy's slot.
   next.generation += 1;
   const auto block = storage::EncodeSuperblock(next);
-  MEMASCEND_RETURN_IF_ERROR(m.WriteBlocks((next.generation % 2) * kMetaBlock, block));
+  MEMASCEND_RETURN_IF_ERROR(m.WriteMetadataOrPoison((next.generation % 2) * kMetaBlock, block));
   MEMASCEND_RETURN_IF_ERROR(m.SyncOrPoison());
   absl::MutexLock lock(&m.mu);
   m.sb.generation = next.generation;

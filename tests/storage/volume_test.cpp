@@ -560,6 +560,35 @@ TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
   EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
 }
 
+// A journal write that fails after it landed (the fault is reported, the bytes are on disk)
+// must not come back on reopen naming extents that were freed and written since: the
+// failed commit is sealed off (Note [journal seals]).
+TEST(VolumeFaults, AFailedCommitThatLandedDoesNotComeBack) {
+  ScratchPath p("vol");
+  auto faults = std::make_shared<VolumeFaults>();
+  IoEngineOptions eo;
+  eo.backend = IoBackendChoice::kThreadPool;
+  eo.fault_injector = faults;
+  ASSERT_OK_AND_ASSIGN(auto engine, IoEngine::Create(eo));
+  VolumeOpenOptions open;
+  open.engine = engine.get();
+  {
+    auto v = FormatAndOpen(p.path(), 64 * kMiB, 0, open);
+    faults->journal_end = 8192 + 2 * v->stats().journal_bytes;
+    ASSERT_OK(v->Put("keep", Pattern("keep", 1, 200000), Durability::kDurable));
+    faults->journal_errno = EIO;
+    faults->fail_journal_writes = 1;  // the commit of version 2 lands, but is reported failed
+    EXPECT_FALSE(v->Put("keep", Pattern("keep", 2, 200000), Durability::kDurable).ok());
+    // Its extents are free again, and another object's data goes there; then the process
+    // ends with nothing more committed.
+    ASSERT_OK(v->PutStaged("other", Pattern("other", 1, 200000)));
+  }
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), open));
+  ExpectContent(*v, "keep", 1, 200000);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+  EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+}
+
 // Note [journal seals]: damage is never a clean end. A damaged last commit (its seal after
 // it) and a journal overwritten with other bytes are kDataLoss on open, naming the block;
 // allow_data_loss opens what is intact before it.
