@@ -520,13 +520,18 @@ class VolumeFaults final : public FaultInjector {
   std::atomic<bool> short_reads{false};
 };
 
+// A thread-pool engine whose every attempt goes through `faults`.
+absl::StatusOr<std::unique_ptr<IoEngine>> FaultyEngine(std::shared_ptr<VolumeFaults> faults) {
+  IoEngineOptions eo;
+  eo.backend = IoBackendChoice::kThreadPool;
+  eo.fault_injector = std::move(faults);
+  return IoEngine::Create(eo);
+}
+
 TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
   ScratchPath p("vol");
   auto faults = std::make_shared<VolumeFaults>();
-  IoEngineOptions eo;
-  eo.backend = IoBackendChoice::kThreadPool;
-  eo.fault_injector = faults;
-  ASSERT_OK_AND_ASSIGN(auto engine, IoEngine::Create(eo));
+  ASSERT_OK_AND_ASSIGN(auto engine, FaultyEngine(faults));
   VolumeOpenOptions open;
   open.engine = engine.get();
   {
@@ -566,10 +571,7 @@ TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
 TEST(VolumeFaults, AFailedCommitThatLandedDoesNotComeBack) {
   ScratchPath p("vol");
   auto faults = std::make_shared<VolumeFaults>();
-  IoEngineOptions eo;
-  eo.backend = IoBackendChoice::kThreadPool;
-  eo.fault_injector = faults;
-  ASSERT_OK_AND_ASSIGN(auto engine, IoEngine::Create(eo));
+  ASSERT_OK_AND_ASSIGN(auto engine, FaultyEngine(faults));
   VolumeOpenOptions open;
   open.engine = engine.get();
   {
