@@ -129,6 +129,8 @@ class OffloadedAdam {
   // Writes group g's current version from fp32 weights (group size): parameters rounded
   // (if stored), master weights, zero moments. For a new run, before the first Commit.
   absl::Status Initialize(std::size_t group, std::span<const float> weights);
+  // The same from weights of any dtype (converted part by part: no fp32 copy of the group).
+  absl::Status InitializeFrom(std::size_t group, TensorView weights);
   // The last committed step's record, its scaler and Adam step restored; nullopt for a
   // state never committed. kFailedPrecondition for another run's state.
   absl::StatusOr<std::optional<CommitRecord>> Resume();
@@ -138,10 +140,26 @@ class OffloadedAdam {
   absl::Status Commit(std::uint64_t step, std::string_view user = {});
   absl::Status Settle() { return storage_->Settle(); }  // the commit durable
 
+  // ---- the state, whole: export to and import from another optimizer's format
+  // Group g's current `kind` into `out` (the group's elements), part by part: kMaster,
+  // kExpAvg and kExpAvgSq in any dtype (they are fp32), kParameters as LoadParameters.
+  // kInvalidArgument for the gradient kind or a wrong element count.
+  absl::Status ReadState(StateKind kind, std::size_t group, MutableTensorView out);
+  // Overwrites group g's current `kind` from `in` (converted to the stored dtype). A group
+  // with stored parameters keeps them apart from its master weights: write both (derived
+  // parameters follow the master weights by themselves). Committed by the next Commit.
+  // kFailedPrecondition with an update planned; kInvalidArgument as ReadState.
+  absl::Status WriteState(StateKind kind, std::size_t group, TensorView in);
+  // The Adam step the next update follows (its bias correction), for an imported state.
+  // kInvalidArgument for a negative step; kFailedPrecondition with an update planned.
+  absl::Status SetAdamStep(std::int64_t step);
+
   // ---- the gradients
   // Starts a step's gradients: the overflow flag and the norm are reset. May be called
   // while the previous step's update is still to run (Note [optimizer overlap]).
-  void BeginBackward();
+  // `gradient_scale` > 0: the gradients come scaled by it, not by loss_scale() (an outside
+  // loss scaler's, such as PyTorch's GradScaler; the options' scaler then keeps scale 1).
+  void BeginBackward(float gradient_scale = 0);
   // Part `part` of group g's gradient (its elements, scaled by loss_scale()), converted
   // to the layout's gradient dtype, checked for overflow, added to the norm.
   absl::Status SetGradient(std::size_t group, std::size_t part, TensorView gradient);

@@ -138,25 +138,31 @@ std::size_t OffloadedAdam::PartStateBytes(std::size_t g, std::size_t part) const
 // ---- the state --------------------------------------------------------------------------
 
 absl::Status OffloadedAdam::Initialize(std::size_t g, std::span<const float> weights) {
+  return InitializeFrom(g, TensorView{weights.data(), weights.size(), DType::kF32});
+}
+
+absl::Status OffloadedAdam::InitializeFrom(std::size_t g, TensorView weights) {
   const StateLayout& l = layout();
   if (g >= l.groups.size()) return absl::OutOfRangeError(fmt::format("adam: no group {}", g));
-  if (weights.size() != l.groups[g].elements) {
+  if (weights.elements != l.groups[g].elements) {
     return absl::InvalidArgumentError(fmt::format("adam: group '{}' has {} elements, not {}",
                                                   l.groups[g].name, l.groups[g].elements,
-                                                  weights.size()));
+                                                  weights.elements));
   }
+  const std::size_t in_bytes = SizeOf(weights.dtype);
   for (std::size_t part = 0; part < l.Parts(g); ++part) {
     const auto [begin, end] = l.PartRange(g, part);
     const std::size_t n = end - begin;
+    const TensorView from{static_cast<const std::byte*>(weights.data) + begin * in_bytes, n,
+                          weights.dtype};
     if (l.Stored(StateKind::kParameters, g)) {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer param,
                                  storage_->Overwrite(StateKind::kParameters, g, part, false));
-      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({weights.data() + begin, n, DType::kF32},
-                                              {param.data, n, l.param_dtype}, K()));
+      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(from, {param.data, n, l.param_dtype}, K()));
     }
     MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master,
                                storage_->Overwrite(StateKind::kMaster, g, part, false));
-    std::memcpy(master.data, weights.data() + begin, n * 4);
+    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(from, {master.data, n, DType::kF32}, K()));
     for (StateKind k : {StateKind::kExpAvg, StateKind::kExpAvgSq}) {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer st, storage_->Overwrite(k, g, part, false));
       std::memset(st.data, 0, st.bytes);
@@ -200,12 +206,71 @@ absl::Status OffloadedAdam::Commit(std::uint64_t step, std::string_view user) {
   return absl::OkStatus();
 }
 
+// ---- the state, whole ------------------------------------------------------------------
+
+namespace {
+absl::Status CheckStateAccess(const StateLayout& l, StateKind kind, std::size_t g,
+                              std::size_t elements) {
+  if (g >= l.groups.size()) return absl::OutOfRangeError(fmt::format("adam: no group {}", g));
+  if (kind == StateKind::kGradient)
+    return absl::InvalidArgumentError("adam: gradients are not part of the kept state");
+  if (elements != l.groups[g].elements) {
+    return absl::InvalidArgumentError(fmt::format("adam: group '{}' has {} elements, not {}",
+                                                  l.groups[g].name, l.groups[g].elements,
+                                                  elements));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status OffloadedAdam::ReadState(StateKind kind, std::size_t g, MutableTensorView out) {
+  const StateLayout& l = layout();
+  MEMASCEND_RETURN_IF_ERROR(CheckStateAccess(l, kind, g, out.elements));
+  if (kind == StateKind::kParameters) return LoadParameters(g, out);
+  for (std::size_t part = 0; part < l.Parts(g); ++part) {
+    const auto [begin, end] = l.PartRange(g, part);
+    const std::size_t n = end - begin;
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer s, storage_->Read(kind, g, part, false));
+    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
+        {s.data, n, DType::kF32},
+        {static_cast<std::byte*>(out.data) + begin * SizeOf(out.dtype), n, out.dtype}, K()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::WriteState(StateKind kind, std::size_t g, TensorView in) {
+  const StateLayout& l = layout();
+  MEMASCEND_RETURN_IF_ERROR(CheckStateAccess(l, kind, g, in.elements));
+  if (pending_.has_value())
+    return absl::FailedPreconditionError("adam: the state is written with an update planned");
+  if (!l.Stored(kind, g)) return absl::OkStatus();  // derived parameters
+  MEMASCEND_RETURN_IF_ERROR(storage_->Settle());    // a commit may be writing this version
+  const DType stored = kind == StateKind::kParameters ? l.param_dtype : DType::kF32;
+  for (std::size_t part = 0; part < l.Parts(g); ++part) {
+    const auto [begin, end] = l.PartRange(g, part);
+    const std::size_t n = end - begin;
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer s, storage_->Overwrite(kind, g, part, false));
+    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
+        {static_cast<const std::byte*>(in.data) + begin * SizeOf(in.dtype), n, in.dtype},
+        {s.data, n, stored}, K()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::SetAdamStep(std::int64_t step) {
+  if (step < 0) return absl::InvalidArgumentError(fmt::format("adam: step {} < 0", step));
+  if (pending_.has_value())
+    return absl::FailedPreconditionError("adam: the step is set with an update planned");
+  adam_step_ = step;
+  return absl::OkStatus();
+}
+
 // ---- the gradients ----------------------------------------------------------------------
 
-void OffloadedAdam::BeginBackward() {
+void OffloadedAdam::BeginBackward(float gradient_scale) {
   overflow_ = false;
   sum_squares_ = 0;
-  scale_ = scaler_.scale();
+  scale_ = gradient_scale > 0 && std::isfinite(gradient_scale) ? gradient_scale : scaler_.scale();
 }
 
 absl::Status OffloadedAdam::FinishGradient(std::size_t g, std::size_t part,

@@ -230,6 +230,91 @@ TEST(OffloadedAdam, AResumedRunContinuesAsTheUninterruptedOne) {
   ExpectState(off.state.get(), ref);
 }
 
+TEST(OffloadedAdam, AStateExportedAndImportedElsewhereContinuesAsTheOriginal) {
+  // Another optimizer's format (PyTorch's state_dict, say) holds the master weights, both
+  // moments and the step: read out of one run, written into a fresh volume, the next
+  // steps give the bits of the uninterrupted run.
+  const StateLayout l = Layout(/*derive_first=*/true);
+  KernelThreads threads(2);
+  Reference ref(l, Options());
+  std::vector<std::vector<float>> exported[3];
+  std::vector<std::vector<std::uint16_t>> params;
+  std::int64_t step = 0;
+  {
+    Offloaded off(l);
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+    ASSERT_OK(Start(adam.get(), ref));
+    ASSERT_OK(RunSteps(adam.get(), 1, 2));
+    step = adam->adam_step();
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      const std::size_t n = l.groups[g].elements;
+      int i = 0;
+      for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+        exported[i].emplace_back(n);
+        ASSERT_OK(adam->ReadState(k, g, {exported[i++].back().data(), n, DType::kF32}));
+      }
+      params.emplace_back(n);
+      ASSERT_OK(
+          adam->ReadState(StateKind::kParameters, g, {params.back().data(), n, l.param_dtype}));
+      std::vector<float> wrong(n + 1);
+      EXPECT_THAT(adam->ReadState(StateKind::kMaster, g, {wrong.data(), n + 1, DType::kF32}),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("elements")));
+      EXPECT_THAT(adam->ReadState(StateKind::kGradient, g, {wrong.data(), n, DType::kF32}),
+                  StatusIs(absl::StatusCode::kInvalidArgument));
+    }
+  }
+  Offloaded fresh(l);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(fresh.state.get(), Options(), &threads));
+  EXPECT_THAT(adam->SetAdamStep(-1), StatusIs(absl::StatusCode::kInvalidArgument));
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    const std::size_t n = l.groups[g].elements;
+    int i = 0;
+    for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq})
+      ASSERT_OK(adam->WriteState(k, g, {exported[i++][g].data(), n, DType::kF32}));
+    ASSERT_OK(adam->WriteState(StateKind::kParameters, g, {params[g].data(), n, l.param_dtype}));
+  }
+  ASSERT_OK(adam->SetAdamStep(step));
+  ASSERT_OK(adam->Commit(2));
+  ASSERT_OK(RunSteps(adam.get(), 3, 4));
+  for (int s = 1; s <= 4; ++s) ref.Step(s, s, 1024.0f);
+  ExpectState(fresh.state.get(), ref);
+  // With an update planned the state is not written.
+  ASSERT_OK(FeedGradients(adam.get(), 5));
+  ASSERT_OK(adam->EndBackward().status());
+  EXPECT_THAT(adam->WriteState(StateKind::kMaster, 0,
+                               {exported[0][0].data(), l.groups[0].elements, DType::kF32}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(adam->SetAdamStep(3), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(OffloadedAdam, GradientsScaledByAnOutsideScalerAreUnscaledByItsScale) {
+  // PyTorch's GradScaler scales the loss itself: the optimizer is told the scale.
+  const StateLayout l = Layout();
+  KernelThreads threads(2);
+  OffloadedAdamOptions o = Options();
+  o.scaler.initial_scale = 1.0f;
+  Reference ref(l, o);
+  Offloaded off(l);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), o, &threads));
+  ASSERT_OK(Start(adam.get(), ref));
+  adam->BeginBackward(/*gradient_scale=*/1024.0f);
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    const auto f = Gradient(l.groups[g].elements, g, 1, 1024.0f);
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      ASSERT_OK(adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(StepPlan plan, adam->EndBackward());
+  EXPECT_EQ(plan.loss_scale, 1024.0f);
+  ASSERT_OK(adam->UpdateAll());
+  ASSERT_OK(adam->Commit(1));
+  ASSERT_OK(adam->Settle());
+  ref.Step(1, 1, 1024.0f);
+  ExpectState(off.state.get(), ref);
+  EXPECT_EQ(adam->loss_scale(), 1.0f);  // the optimizer's own scaler is untouched
+}
+
 TEST(OffloadedAdam, AnOverflowSkipsTheStepAndLeavesTheStateAsItWas) {
   const StateLayout l = Layout();
   ASSERT_OK_AND_ASSIGN(auto state, InMemoryTrainingState::Create(l));

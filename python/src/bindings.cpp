@@ -1,0 +1,710 @@
+// memascend._core: the extension under the Python package. Thin over the public API:
+// a failed absl::Status becomes a StatusError, turned by the translator below into the
+// exception class of memascend.errors for its code (the only place a status becomes an
+// exception). Tensors cross as addresses, element counts and dtype names, so the
+// extension does not link libtorch and serves any PyTorch version; the Python layer
+// (memascend/torch.py) checks that an address names a contiguous CPU tensor of that size.
+//
+// Every call that does I/O or arithmetic releases the GIL. Lifetimes: a TensorStore
+// holds its Volume (Python reference), an optimizer its TensorStore, a lease its store;
+// closing one that something still uses is refused (kFailedPrecondition).
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <memascend/memascend.h>
+
+namespace py = pybind11;
+
+namespace memascend::python {
+namespace {
+
+struct StatusError {
+  absl::Status status;
+};
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) throw StatusError{s};
+}
+template <typename T>
+T Take(absl::StatusOr<T> v) {
+  Check(v.status());
+  return *std::move(v);
+}
+
+DType ParseDType(const std::string& name) {
+  if (name == "float32" || name == "f32") return DType::kF32;
+  if (name == "float16" || name == "f16") return DType::kF16;
+  if (name == "bfloat16" || name == "bf16") return DType::kBF16;
+  throw StatusError{absl::InvalidArgumentError(
+      fmt::format("dtype '{}' is not one of float32, float16, bfloat16", name))};
+}
+
+StateKind ParseKind(const std::string& name) {
+  if (name == "param") return StateKind::kParameters;
+  if (name == "master") return StateKind::kMaster;
+  if (name == "exp_avg") return StateKind::kExpAvg;
+  if (name == "exp_avg_sq") return StateKind::kExpAvgSq;
+  throw StatusError{absl::InvalidArgumentError(
+      fmt::format("state kind '{}' is not one of param, master, exp_avg, exp_avg_sq", name))};
+}
+
+void* Address(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+// ---- Volume -------------------------------------------------------------------------------
+
+class PyVolume {
+ public:
+  explicit PyVolume(std::unique_ptr<Volume> v, std::string path)
+      : volume_(std::move(v)), path_(std::move(path)) {}
+
+  Volume* get() const {
+    if (!volume_) throw StatusError{absl::FailedPreconditionError("the volume is closed")};
+    return volume_.get();
+  }
+  const std::string& path() const { return path_; }
+  bool closed() const { return volume_ == nullptr; }
+  void close() {
+    if (users_ > 0) {
+      throw StatusError{absl::FailedPreconditionError(fmt::format(
+          "volume {}: {} tensor store(s) still open on it; close them first", path_, users_))};
+    }
+    py::gil_scoped_release nogil;
+    volume_.reset();
+  }
+  int users_ = 0;
+
+ private:
+  std::unique_ptr<Volume> volume_;
+  std::string path_;
+};
+
+py::dict VolumeStatsDict(const VolumeStats& s) {
+  py::dict d;
+  d["uuid"] = s.uuid;
+  d["capacity_bytes"] = s.capacity_bytes;
+  d["data_bytes"] = s.data_bytes;
+  d["used_bytes"] = s.used_bytes;
+  d["free_bytes"] = s.free_bytes;
+  d["largest_free_extent_bytes"] = s.largest_free_extent_bytes;
+  d["unit_bytes"] = s.unit_bytes;
+  d["objects"] = s.objects;
+  d["durable_objects"] = s.durable_objects;
+  d["commits"] = s.commits;
+  return d;
+}
+
+// ---- TensorStore --------------------------------------------------------------------------
+
+class PyStore {
+ public:
+  PyStore(py::object volume, const TensorStoreOptions& options) : volume_obj_(std::move(volume)) {
+    volume_ = volume_obj_.cast<PyVolume*>();
+    Volume* v = volume_->get();
+    {
+      py::gil_scoped_release nogil;
+      store_ = Take(TensorStore::Open(v, options));
+    }
+    ++volume_->users_;
+    budget_ = options.host_budget_bytes;
+  }
+  ~PyStore() {
+    if (store_) {
+      try {
+        close();
+      } catch (...) {  // the store's destructor reports what it could not write back
+      }
+    }
+  }
+  TensorStore* get() const {
+    if (!store_) throw StatusError{absl::FailedPreconditionError("the tensor store is closed")};
+    return store_.get();
+  }
+  PyVolume* volume() const { return volume_; }
+  std::size_t budget() const { return budget_; }
+  bool closed() const { return store_ == nullptr; }
+
+  void close() {
+    if (!store_) return;
+    if (leases_ > 0 || users_ > 0) {
+      throw StatusError{absl::FailedPreconditionError(
+          fmt::format("tensor store: {} lease(s) and {} optimizer(s) still use it; release and "
+                      "close them first",
+                      leases_, users_))};
+    }
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = store_->Close();
+      store_.reset();
+    }
+    --volume_->users_;
+    Check(s);
+  }
+
+  int leases_ = 0;
+  int users_ = 0;
+
+ private:
+  py::object volume_obj_;
+  PyVolume* volume_ = nullptr;
+  std::unique_ptr<TensorStore> store_;
+  std::size_t budget_ = 0;
+};
+
+py::dict StoreStatsDict(const TensorStoreStats& s) {
+  py::dict d;
+  d["tensors"] = s.tensors;
+  d["resident"] = s.resident;
+  d["resident_bytes"] = s.resident_bytes;
+  d["bytes_read"] = s.bytes_read;
+  d["bytes_written"] = s.bytes_written;
+  d["prefetch_hits"] = s.prefetch_hits;
+  d["prefetch_misses"] = s.prefetch_misses;
+  d["evictions"] = s.evictions;
+  d["write_backs"] = s.write_backs;
+  d["discards"] = s.discards;
+  d["gpu_resident_bytes"] = s.gpu_resident_bytes;
+  d["bytes_to_gpu"] = s.bytes_to_gpu;
+  return d;
+}
+
+// A tensor held resident; its bytes are a Python buffer while it is held.
+class PyLease {
+ public:
+  PyLease(py::object store, TensorLease lease, bool writable)
+      : store_obj_(std::move(store)), lease_(std::move(lease)), writable_(writable) {
+    store_ = store_obj_.cast<PyStore*>();
+    ++store_->leases_;
+  }
+  ~PyLease() { release(); }
+  void release() {
+    if (!held_) return;
+    held_ = false;
+    lease_.Release();
+    --store_->leases_;
+  }
+  bool held() const { return held_; }
+  std::byte* data() const {
+    if (!held_) throw StatusError{absl::FailedPreconditionError("the lease was released")};
+    return lease_.data();
+  }
+  std::size_t size() const { return lease_.size(); }
+  bool writable() const { return writable_; }
+
+ private:
+  py::object store_obj_;
+  PyStore* store_ = nullptr;
+  TensorLease lease_;
+  bool writable_;
+  bool held_ = true;
+};
+
+// ---- the offloaded optimizer --------------------------------------------------------------
+
+class PyAdam {
+ public:
+  PyAdam(py::object store, const std::vector<std::pair<std::string, std::size_t>>& groups,
+         const std::string& param_dtype, const std::string& grad_dtype, std::size_t part_elements,
+         const std::vector<float>& lrs, const std::vector<float>& weight_decays, float beta1,
+         float beta2, float eps, float max_grad_norm, bool dynamic_loss_scale, float initial_scale,
+         std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads)
+      : store_obj_(std::move(store)) {
+    store_ = store_obj_.cast<PyStore*>();
+    StateLayout layout;
+    for (const auto& [name, n] : groups) layout.groups.push_back({name, n, true});
+    layout.param_dtype = ParseDType(param_dtype);
+    layout.grad_dtype = ParseDType(grad_dtype);
+    layout.part_elements = part_elements;
+    // fp32 parameters are their master weights: derived, not stored twice.
+    if (layout.param_dtype == DType::kF32) {
+      for (StateGroup& g : layout.groups) g.store_parameters = false;
+    }
+    Check(layout.Validate());
+    const std::size_t minimum = OffloadedAdam::MinimumHostBudget(layout);
+    if (store_->budget() < minimum) {
+      throw StatusError{absl::InvalidArgumentError(fmt::format(
+          "host budget {} bytes is below what one part needs at once ({} bytes: gradient, "
+          "parameters, master weights and both moments of {} elements); raise host_budget or "
+          "lower part_elements",
+          store_->budget(), minimum, layout.MaxPartElements()))};
+    }
+    if (lrs.size() != groups.size() || weight_decays.size() != groups.size())
+      throw StatusError{absl::InvalidArgumentError("one lr and weight decay per group")};
+    OffloadedAdamOptions o;
+    for (std::size_t g = 0; g < groups.size(); ++g) o.groups.push_back({lrs[g], weight_decays[g]});
+    o.beta1 = beta1;
+    o.beta2 = beta2;
+    o.eps = eps;
+    o.max_grad_norm = max_grad_norm;
+    o.fingerprint = fingerprint;
+    o.read_ahead_bytes = read_ahead_bytes;
+    if (dynamic_loss_scale) {
+      o.scaler.initial_scale = initial_scale;
+    } else {  // a fixed scale of 1: gradients as they are, or scaled by an outside scaler
+      o.scaler.initial_scale = 1.0f;
+      o.scaler.min_scale = 1.0f;
+      o.scaler.growth_interval = INT64_MAX;
+    }
+    if (threads < 1) throw StatusError{absl::InvalidArgumentError("threads must be >= 1")};
+    TensorStore* s = store_->get();
+    Volume* v = store_->volume()->get();
+    {
+      py::gil_scoped_release nogil;
+      threads_ = std::make_unique<KernelThreads>(threads);
+      state_ = Take(VersionedTrainingState::Open(s, v, layout));
+      adam_ = Take(OffloadedAdam::Create(state_.get(), o, threads_.get()));
+    }
+    ++store_->users_;
+  }
+  ~PyAdam() {
+    try {
+      close();
+    } catch (...) {  // a failed commit was reported by settle(); nothing more to say here
+    }
+  }
+  void close() {
+    if (!adam_) return;
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = adam_->Settle();
+      adam_.reset();
+      state_.reset();
+      threads_.reset();
+    }
+    --store_->users_;
+    Check(s);
+  }
+  OffloadedAdam* get() const {
+    if (!adam_) throw StatusError{absl::FailedPreconditionError("the optimizer is closed")};
+    return adam_.get();
+  }
+
+  std::optional<py::dict> resume() {
+    std::optional<CommitRecord> r;
+    OffloadedAdam* a = get();
+    {
+      py::gil_scoped_release nogil;
+      r = Take(a->Resume());
+    }
+    if (!r) return std::nullopt;
+    py::dict d;
+    d["step"] = r->step;
+    d["adam_step"] = r->adam_step;
+    d["loss_scale"] = r->scaler.scale;
+    d["user"] = py::bytes(r->user);
+    return d;
+  }
+
+  py::dict end_backward(double lr_factor) {
+    OffloadedAdam* a = get();
+    StepPlan plan;
+    {
+      py::gil_scoped_release nogil;
+      plan = Take(a->EndBackward(lr_factor));
+    }
+    py::dict d;
+    d["skipped"] = plan.skipped;
+    d["grad_norm"] = plan.grad_norm;
+    d["loss_scale"] = plan.loss_scale;
+    d["adam_step"] = plan.adam.step;
+    return d;
+  }
+
+  py::dict stats() const {
+    OffloadedAdam* a = get();
+    py::dict d;
+    d["io_read_bytes"] = a->storage()->io_read_bytes();
+    d["io_write_bytes"] = a->storage()->io_write_bytes();
+    if (auto s = a->storage()->store_stats()) d["store"] = StoreStatsDict(*s);
+    d["skipped_steps"] = a->scaler().skipped_steps();
+    return d;
+  }
+
+ private:
+  py::object store_obj_;
+  PyStore* store_ = nullptr;
+  std::unique_ptr<KernelThreads> threads_;
+  std::unique_ptr<VersionedTrainingState> state_;
+  std::unique_ptr<OffloadedAdam> adam_;
+};
+
+// Runs `f` on the optimizer without the GIL, raising its status.
+template <typename F>
+void NoGil(PyAdam& self, F&& f) {
+  OffloadedAdam* a = self.get();
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = f(a);
+  }
+  Check(s);
+}
+
+}  // namespace
+}  // namespace memascend::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace memascend;          // NOLINT(google-build-using-namespace)
+  using namespace memascend::python;  // NOLINT(google-build-using-namespace)
+  m.doc() = "MemAscend's C++ SDK (the extension under the memascend package)";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object errors = py::module_::import("memascend.errors");
+      py::object exc = errors.attr("from_status")(static_cast<int>(e.status.code()),
+                                                  std::string(e.status.message()));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+
+  m.def("version", [] { return std::string(VersionString()); });
+  m.def("system_info_json", [] {
+    py::gil_scoped_release nogil;
+    return ToJson(ProbeSystem());
+  });
+  m.def("dtype_size", [](const std::string& d) { return SizeOf(ParseDType(d)); });
+
+  // ---- Volume
+  py::class_<PyVolume>(m, "Volume")
+      .def_static(
+          "open_or_create",
+          [](const std::string& path, std::uint64_t size, std::uint32_t unit_bytes) {
+            VolumeFormatOptions f;
+            f.size = size;
+            f.unit_bytes = unit_bytes;
+            std::unique_ptr<Volume> v;
+            {
+              py::gil_scoped_release nogil;
+              v = Take(Volume::OpenOrCreate(path, f));
+            }
+            return std::make_unique<PyVolume>(std::move(v), path);
+          },
+          py::arg("path"), py::arg("size"), py::arg("unit_bytes") = 64 * 1024)
+      .def_static(
+          "open",
+          [](const std::string& path, bool verify_checksums, bool allow_data_loss) {
+            VolumeOpenOptions o;
+            o.verify_checksums = verify_checksums;
+            o.allow_data_loss = allow_data_loss;
+            std::unique_ptr<Volume> v;
+            {
+              py::gil_scoped_release nogil;
+              v = Take(Volume::Open(path, o));
+            }
+            return std::make_unique<PyVolume>(std::move(v), path);
+          },
+          py::arg("path"), py::arg("verify_checksums") = true, py::arg("allow_data_loss") = false)
+      .def_static(
+          "format",
+          [](const std::string& path, std::uint64_t size, bool force) {
+            VolumeFormatOptions f;
+            f.size = size;
+            f.force = force;
+            py::gil_scoped_release nogil;
+            Check(Volume::Format(path, f));
+          },
+          py::arg("path"), py::arg("size"), py::arg("force") = false)
+      .def_property_readonly("path", &PyVolume::path)
+      .def_property_readonly("closed", &PyVolume::closed)
+      .def("stats", [](const PyVolume& v) { return VolumeStatsDict(v.get()->stats()); })
+      .def("objects",
+           [](const PyVolume& v) {
+             py::list out;
+             for (const ObjectInfo& o : v.get()->List()) {
+               py::dict d;
+               d["name"] = o.name;
+               d["size"] = o.size;
+               d["durable"] = o.durability == Durability::kDurable;
+               out.append(d);
+             }
+             return out;
+           })
+      .def(
+          "fsck",
+          [](const PyVolume& v, bool verify_data) {
+            FsckReport r;
+            Volume* vol = v.get();
+            {
+              py::gil_scoped_release nogil;
+              r = Take(vol->Fsck(verify_data));
+            }
+            py::dict d;
+            d["clean"] = r.clean;
+            d["objects"] = r.objects;
+            d["errors"] = r.errors;
+            d["warnings"] = r.warnings;
+            return d;
+          },
+          py::arg("verify_data") = false)
+      .def("close", &PyVolume::close);
+
+  // ---- TensorStore
+  py::class_<PyStore>(m, "TensorStore")
+      .def(py::init([](py::object volume, std::size_t host_budget, std::size_t gpu_budget,
+                       bool defer_prefetches, bool write_behind) {
+             TensorStoreOptions o;
+             o.host_budget_bytes = host_budget;
+             o.gpu_budget_bytes = gpu_budget;
+             o.defer_prefetches = defer_prefetches;
+             o.write_behind = write_behind;
+             return std::make_unique<PyStore>(std::move(volume), o);
+           }),
+           py::arg("volume"), py::arg("host_budget"), py::arg("gpu_budget") = 0,
+           py::arg("defer_prefetches") = true, py::arg("write_behind") = false)
+      .def_property_readonly("closed", &PyStore::closed)
+      .def_property_readonly("host_budget", &PyStore::budget)
+      .def(
+          "register",
+          [](PyStore& s, const std::string& name, std::size_t nbytes, const std::string& dtype,
+             std::vector<std::int64_t> shape, bool durable) {
+            TensorSpec spec;
+            spec.name = name;
+            spec.bytes = nbytes;
+            spec.dtype = ParseDType(dtype);
+            spec.shape = std::move(shape);
+            spec.use = durable ? Use::kParameters : Use::kActivations;
+            spec.durability = durable ? Durability::kDurable : Durability::kScratch;
+            return Take(s.get()->Register(spec));
+          },
+          py::arg("name"), py::arg("nbytes"), py::arg("dtype") = "float32",
+          py::arg("shape") = std::vector<std::int64_t>{}, py::arg("durable") = true)
+      .def("find",
+           [](const PyStore& s, const std::string& name) { return Take(s.get()->Find(name)); })
+      .def("nbytes", [](const PyStore& s, TensorId id) { return Take(s.get()->Spec(id)).bytes; })
+      .def("stored_tensors", [](const PyStore& s) { return s.get()->StoredTensors(); })
+      .def(
+          "acquire",
+          [](py::object self, TensorId id, bool write) {
+            PyStore* s = self.cast<PyStore*>();
+            TensorStore* store = s->get();
+            TensorLease lease;
+            {
+              py::gil_scoped_release nogil;
+              lease = Take(write ? store->AcquireForWrite(id) : store->Acquire(id));
+            }
+            return std::make_unique<PyLease>(self, std::move(lease), write);
+          },
+          py::arg("id"), py::arg("write") = false)
+      .def(
+          "write_from",
+          [](const PyStore& s, TensorId id, std::uintptr_t address, std::size_t nbytes) {
+            TensorStore* store = s.get();
+            py::gil_scoped_release nogil;
+            TensorLease lease = Take(store->AcquireForOverwrite(id));
+            if (lease.size() != nbytes) {
+              throw StatusError{absl::InvalidArgumentError(
+                  fmt::format("tensor {} holds {} bytes, not {}", id, lease.size(), nbytes))};
+            }
+            std::memcpy(lease.data(), Address(address), nbytes);
+          },
+          py::arg("id"), py::arg("address"), py::arg("nbytes"),
+          "Copies `nbytes` at host `address` into the tensor (every byte).")
+      .def(
+          "read_into",
+          [](const PyStore& s, TensorId id, std::uintptr_t address, std::size_t nbytes) {
+            TensorStore* store = s.get();
+            py::gil_scoped_release nogil;
+            TensorLease lease = Take(store->Acquire(id));
+            if (lease.size() != nbytes) {
+              throw StatusError{absl::InvalidArgumentError(
+                  fmt::format("tensor {} holds {} bytes, not {}", id, lease.size(), nbytes))};
+            }
+            std::memcpy(Address(address), lease.data(), nbytes);
+          },
+          py::arg("id"), py::arg("address"), py::arg("nbytes"),
+          "Copies the tensor's bytes to host `address`.")
+      .def("write",
+           [](const PyStore& s, TensorId id, py::buffer b) {
+             py::buffer_info info = b.request();
+             const std::size_t n = static_cast<std::size_t>(info.size * info.itemsize);
+             TensorStore* store = s.get();
+             const void* src = info.ptr;
+             py::gil_scoped_release nogil;
+             TensorLease lease = Take(store->AcquireForOverwrite(id));
+             if (lease.size() != n) {
+               throw StatusError{absl::InvalidArgumentError(
+                   fmt::format("tensor {} holds {} bytes, the buffer {}", id, lease.size(), n))};
+             }
+             std::memcpy(lease.data(), src, n);
+           })
+      .def("read",
+           [](const PyStore& s, TensorId id) {
+             TensorStore* store = s.get();
+             std::string out;
+             {
+               py::gil_scoped_release nogil;
+               TensorLease lease = Take(store->Acquire(id));
+               out.assign(reinterpret_cast<const char*>(lease.data()), lease.size());
+             }
+             return py::bytes(out);
+           })
+      .def("prefetch", [](const PyStore& s, TensorId id) { s.get()->Prefetch(id); })
+      .def("evict", [](const PyStore& s, TensorId id) { Check(s.get()->Evict(id)); })
+      .def("discard", [](const PyStore& s, TensorId id) { Check(s.get()->Discard(id)); })
+      .def("flush",
+           [](const PyStore& s) {
+             TensorStore* store = s.get();
+             py::gil_scoped_release nogil;
+             Check(store->Flush());
+           })
+      .def("stats", [](const PyStore& s) { return StoreStatsDict(s.get()->stats()); })
+      .def("close", &PyStore::close);
+
+  py::class_<PyLease>(m, "Lease", py::buffer_protocol())
+      .def_buffer([](PyLease& l) {
+        return py::buffer_info(l.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(l.size())}, {1}, !l.writable());
+      })
+      .def_property_readonly(
+          "address", [](const PyLease& l) { return reinterpret_cast<std::uintptr_t>(l.data()); })
+      .def_property_readonly("nbytes", &PyLease::size)
+      .def_property_readonly("held", &PyLease::held)
+      .def("release", &PyLease::release);
+
+  // ---- the offloaded optimizer (memascend.torch.OffloadedAdamW drives it)
+  py::class_<PyAdam>(m, "OffloadedAdam")
+      .def(py::init<py::object, const std::vector<std::pair<std::string, std::size_t>>&,
+                    const std::string&, const std::string&, std::size_t, const std::vector<float>&,
+                    const std::vector<float>&, float, float, float, float, bool, float,
+                    std::uint64_t, std::size_t, int>(),
+           py::arg("store"), py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
+           py::arg("part_elements"), py::arg("lrs"), py::arg("weight_decays"), py::arg("beta1"),
+           py::arg("beta2"), py::arg("eps"), py::arg("max_grad_norm"),
+           py::arg("dynamic_loss_scale"), py::arg("initial_scale"), py::arg("fingerprint"),
+           py::arg("read_ahead_bytes"), py::arg("threads"))
+      .def_static("minimum_host_budget",
+                  [](std::size_t max_group_elements, std::size_t part_elements,
+                     const std::string& param, const std::string& grad) {
+                    StateLayout l;
+                    l.groups = {{"g", max_group_elements, true}};
+                    l.param_dtype = ParseDType(param);
+                    l.grad_dtype = ParseDType(grad);
+                    l.part_elements = part_elements;
+                    return OffloadedAdam::MinimumHostBudget(l);
+                  })
+      .def_static("stored_bytes",
+                  [](const std::vector<std::pair<std::string, std::size_t>>& groups,
+                     const std::string& param, const std::string& grad, std::size_t part) {
+                    StateLayout l;
+                    for (const auto& [name, n] : groups) l.groups.push_back({name, n, true});
+                    l.param_dtype = ParseDType(param);
+                    l.grad_dtype = ParseDType(grad);
+                    l.part_elements = part;
+                    if (l.param_dtype == DType::kF32)
+                      for (StateGroup& g : l.groups) g.store_parameters = false;
+                    return VersionedTrainingState::StoredBytes(l);
+                  })
+      .def("resume", &PyAdam::resume)
+      .def("initialize",
+           [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
+              const std::string& dtype) {
+             const DType d = ParseDType(dtype);
+             NoGil(self, [&](OffloadedAdam* a) {
+               return a->InitializeFrom(g, TensorView{Address(address), n, d});
+             });
+           })
+      .def(
+          "begin_backward", [](PyAdam& self, float scale) { self.get()->BeginBackward(scale); },
+          py::arg("gradient_scale") = 0.0f)
+      .def("set_gradient",
+           [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
+              const std::string& dtype) {
+             const DType d = ParseDType(dtype);
+             NoGil(self, [&](OffloadedAdam* a) -> absl::Status {
+               const StateLayout& l = a->layout();
+               if (g >= l.groups.size())
+                 return absl::OutOfRangeError(fmt::format("no group {}", g));
+               if (n != l.groups[g].elements) {
+                 return absl::InvalidArgumentError(
+                     fmt::format("group '{}' has {} elements, the gradient {}", l.groups[g].name,
+                                 l.groups[g].elements, n));
+               }
+               for (std::size_t p = 0; p < l.Parts(g); ++p) {
+                 const auto [begin, end] = l.PartRange(g, p);
+                 MEMASCEND_RETURN_IF_ERROR(a->SetGradient(
+                     g, p,
+                     {static_cast<const std::byte*>(Address(address)) + begin * SizeOf(d),
+                      end - begin, d}));
+               }
+               return absl::OkStatus();
+             });
+           })
+      .def("end_backward", &PyAdam::end_backward, py::arg("lr_factor") = 1.0)
+      .def("read_ahead", [](PyAdam& self) { self.get()->ReadAheadForUpdate(); })
+      .def(
+          "update_group",
+          [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
+             const std::string& dtype) {
+            const DType d = ParseDType(dtype);
+            NoGil(self, [&](OffloadedAdam* a) {
+              return a->UpdateGroup(g, MutableTensorView{Address(address), address ? n : 0, d});
+            });
+          },
+          py::arg("group"), py::arg("address") = 0, py::arg("n") = 0, py::arg("dtype") = "float32")
+      .def(
+          "commit",
+          [](PyAdam& self, std::uint64_t step, const py::bytes& user) {
+            std::string u = user;
+            NoGil(self, [&](OffloadedAdam* a) { return a->Commit(step, u); });
+          },
+          py::arg("step"), py::arg("user") = py::bytes())
+      .def("settle",
+           [](PyAdam& self) { NoGil(self, [](OffloadedAdam* a) { return a->Settle(); }); })
+      .def("load_parameters",
+           [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
+              const std::string& dtype) {
+             const DType d = ParseDType(dtype);
+             NoGil(self, [&](OffloadedAdam* a) {
+               return a->LoadParameters(g, MutableTensorView{Address(address), n, d});
+             });
+           })
+      .def("prefetch_parameters",
+           [](PyAdam& self, std::size_t g) {
+             OffloadedAdam* a = self.get();
+             py::gil_scoped_release nogil;
+             a->PrefetchParameters(g);
+           })
+      .def("read_state",
+           [](PyAdam& self, const std::string& kind, std::size_t g, std::uintptr_t address,
+              std::size_t n, const std::string& dtype) {
+             const StateKind k = ParseKind(kind);
+             const DType d = ParseDType(dtype);
+             NoGil(self, [&](OffloadedAdam* a) {
+               return a->ReadState(k, g, MutableTensorView{Address(address), n, d});
+             });
+           })
+      .def("write_state",
+           [](PyAdam& self, const std::string& kind, std::size_t g, std::uintptr_t address,
+              std::size_t n, const std::string& dtype) {
+             const StateKind k = ParseKind(kind);
+             const DType d = ParseDType(dtype);
+             NoGil(self, [&](OffloadedAdam* a) {
+               return a->WriteState(k, g, TensorView{Address(address), n, d});
+             });
+           })
+      .def("set_adam_step",
+           [](PyAdam& self, std::int64_t step) { Check(self.get()->SetAdamStep(step)); })
+      .def("set_group_options",
+           [](PyAdam& self, std::size_t g, float lr, float weight_decay) {
+             Check(self.get()->SetGroupOptions(g, {lr, weight_decay}));
+           })
+      .def_property_readonly("loss_scale",
+                             [](const PyAdam& self) { return self.get()->loss_scale(); })
+      .def_property_readonly("adam_step",
+                             [](const PyAdam& self) { return self.get()->adam_step(); })
+      .def_property_readonly("update_pending",
+                             [](const PyAdam& self) { return self.get()->update_pending(); })
+      .def("stats", &PyAdam::stats)
+      .def("close", &PyAdam::close);
+}

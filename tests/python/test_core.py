@@ -1,0 +1,66 @@
+"""memascend.Volume, memascend.TensorStore, system_info() and the exceptions."""
+import pytest
+
+import memascend
+from memascend import errors
+
+
+def test_system_info_describes_the_machine():
+    info = memascend.system_info()
+    assert info["cpu"]["online_cpus"] >= 1
+    assert info["page_size"] >= 4096 and info["memory"]["total_bytes"] > 0
+    assert isinstance(info["io_uring"], bool)
+    assert info["io_backend"] in ("io_uring", "threadpool", "thread_pool")
+
+
+def test_a_tensor_written_to_a_store_comes_back_after_reopening(tmp_path):
+    path = str(tmp_path / "v.vol")
+    payload = bytes(range(256)) * 1024  # 256 KiB
+    with memascend.Volume.open_or_create(path, size=64 << 20) as vol:
+        with memascend.TensorStore(vol, host_budget=1 << 20) as store:
+            t = store.register("w", len(payload), dtype="float32")
+            store.write(t, payload)
+            with store.acquire(t) as lease:
+                assert bytes(memoryview(lease)[:4]) == payload[:4]
+                assert lease.nbytes == len(payload)
+        assert vol.stats()["durable_objects"] >= 1
+    with memascend.Volume.open(path) as vol, memascend.TensorStore(vol, host_budget=1 << 20) as s:
+        assert "w" in s.stored_tensors()
+        assert s.read(s.register("w", len(payload))) == payload
+
+
+def test_errors_carry_the_status_code_and_a_builtin_base(tmp_path):
+    with pytest.raises(errors.NotFoundError) as e:
+        memascend.Volume.open(str(tmp_path / "missing.vol"))
+    assert e.value.code == errors.StatusCode.NOT_FOUND
+    assert isinstance(e.value, LookupError)
+    # a file that is not a volume is refused and left as it was
+    foreign = tmp_path / "notes.txt"
+    foreign.write_bytes(b"my thesis" * 1000)
+    with pytest.raises(errors.FailedPreconditionError):
+        memascend.Volume.open(str(foreign))
+    with pytest.raises(errors.FailedPreconditionError):
+        memascend.Volume.open_or_create(str(foreign), size=64 << 20)
+    assert foreign.read_bytes() == b"my thesis" * 1000
+
+
+def test_bad_input_to_the_store_is_refused(tmp_path):
+    with memascend.Volume.open_or_create(str(tmp_path / "v.vol"), size=64 << 20) as vol:
+        with pytest.raises(errors.InvalidArgumentError):
+            memascend.TensorStore(vol, host_budget=0)
+        with memascend.TensorStore(vol, host_budget=1 << 20) as store:
+            t = store.register("w", 4096)
+            with pytest.raises(errors.AlreadyExistsError):
+                store.register("w", 4096)
+            with pytest.raises(errors.InvalidArgumentError):
+                store.write(t, b"short")
+            with pytest.raises(errors.InvalidArgumentError):
+                store.register("x", 16, dtype="int7")
+            lease = store.acquire(t)
+            with pytest.raises(errors.FailedPreconditionError):
+                store.close()  # a lease is held
+            with pytest.raises(errors.FailedPreconditionError):
+                vol.close()  # a store is open on it
+            lease.release()
+            with pytest.raises(errors.FailedPreconditionError):
+                lease.address

@@ -1,0 +1,299 @@
+"""memascend.torch against torch.optim.AdamW, on the small GPT of gpt.py."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gpt
+import memascend
+import memascend.torch as mt
+from memascend import errors
+
+HERE = os.path.dirname(__file__)
+STEPS = 20
+
+
+def train(model, opt, steps=STEPS, first=0, activations=None):
+    losses = []
+    for step in range(first, steps):
+        x, y = gpt.batch(step)
+        if activations is not None:
+            with activations:
+                loss = model(x, y)
+        else:
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def reference(steps=STEPS, **adamw):
+    model = gpt.make(seed=0)
+    groups = param_groups(model)
+    opt = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.01, **adamw)
+    return model, train(model, opt, steps)
+
+
+def param_groups(model):
+    """Two groups, as fine-tuning scripts make them: no weight decay for norms and biases."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return [{"params": decay}, {"params": rest, "weight_decay": 0.0, "lr": 2e-3}]
+
+
+def offloaded(tmp_path, model, name="opt.vol", **kw):
+    kw.setdefault("host_budget", 1 << 20)  # a third of the state: it is evicted and read back
+    kw.setdefault("part_elements", 1 << 18)
+    return mt.OffloadedAdamW(param_groups(model), lr=1e-3, weight_decay=0.01,
+                             volume=str(tmp_path / name), **kw)
+
+
+def assert_same(model_a, model_b, tol=1e-5):
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.allclose(a.detach(), b.detach(), rtol=tol, atol=tol), name
+
+
+def test_offloaded_adamw_trains_as_torch_adamw(tmp_path):
+    ref_model, ref_losses = reference()
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model)
+    losses = train(model, opt)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert_same(ref_model, model)
+    assert losses[-1] < losses[0]
+    stats = opt.stats()
+    assert stats["store"]["evictions"] > 0  # the budget is below the state
+    opt.close()
+
+
+def test_with_parameters_and_activations_offloaded_too(tmp_path):
+    ref_model, ref_losses = reference()
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model)
+    offload = mt.offload_parameters(model, opt, window=2)
+    # Between uses a parameter holds nothing.
+    assert model.blocks[0].fc.weight.numel() == 0
+    vol = memascend.Volume.open_or_create(str(tmp_path / "act.vol"), size=256 << 20)
+    store = memascend.TensorStore(vol, host_budget=1 << 20)
+    acts = mt.offload_activations(store, min_bytes=4096)
+    losses = train(model, opt, activations=acts)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert acts.saved_bytes > 0 and acts.peak_bytes > 1 << 20  # beyond the budget: spilled
+    assert store.stats()["evictions"] > 0
+    assert offload.fetches > 0
+    offload.remove()
+    assert_same(ref_model, model)
+    opt.close()
+    del acts
+    store.close()
+    vol.close()
+
+
+def test_state_dict_moves_between_torch_adamw_and_offloaded(tmp_path):
+    # 10 steps with torch, its state into OffloadedAdamW, 10 more: as 20 with torch.
+    ref_model, ref_losses = reference()
+    model = gpt.make(seed=0)
+    torch_opt = torch.optim.AdamW(param_groups(model), lr=1e-3, weight_decay=0.01)
+    first = train(model, torch_opt, steps=10)
+    opt = offloaded(tmp_path, model)
+    opt.load_state_dict(torch_opt.state_dict())
+    rest = train(model, opt, steps=STEPS, first=10)
+    assert first + rest == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    # and back: the offloaded state into torch.optim.AdamW
+    sd = opt.state_dict()
+    assert sd["state"][0]["exp_avg"].shape == next(model.parameters()).shape
+    assert float(sd["state"][0]["step"]) == STEPS
+    back = torch.optim.AdamW(param_groups(model), lr=1e-3, weight_decay=0.01)
+    back.load_state_dict(sd)
+    ordered = [p for g in param_groups(model) for p in g["params"]]
+    for i, p in enumerate(ordered):
+        assert torch.equal(back.state[p]["exp_avg"], sd["state"][i]["exp_avg"])
+        assert torch.equal(back.state[p]["exp_avg_sq"], sd["state"][i]["exp_avg_sq"])
+    opt.close()
+
+
+def test_a_grad_scaler_drives_the_scale_and_sees_overflows(tmp_path):
+    # torch 1.x's GradScaler protocol: step(grad_scaler=...) with the scale the loss was
+    # multiplied by; the optimizer tells it whether the fused check found inf/NaN.
+    class Scaler:
+        def __init__(self, scale):
+            self.scale = torch.tensor(scale)
+            self._per_optimizer_states = {}
+
+        def _get_scale_async(self):
+            return self.scale
+
+    ref_model, ref_losses = reference(steps=3)
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model)
+    scaler = Scaler(1024.0)
+    for step in range(3):
+        scaler._per_optimizer_states[id(opt)] = {"found_inf_per_device": {}}
+        x, y = gpt.batch(step)
+        (model(x, y) * 1024.0).backward()
+        opt.step(grad_scaler=scaler)
+        found = scaler._per_optimizer_states[id(opt)]["found_inf_per_device"]
+        assert [float(v) for v in found.values()] == [0.0]
+        opt.zero_grad(set_to_none=True)
+    assert_same(ref_model, model, tol=1e-4)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = gpt.batch(3)
+    model(x, y).backward()
+    next(model.parameters()).grad[0, 0] = float("inf")
+    scaler._per_optimizer_states[id(opt)] = {"found_inf_per_device": {}}
+    opt.step(grad_scaler=scaler)
+    assert opt.last_step["skipped"] and opt.skipped_steps == 1
+    assert [float(v) for v in
+            scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values()] == [1.0]
+    for a, b in zip(before, model.parameters()):
+        assert torch.equal(a, b.detach())
+    opt.close()
+
+
+def test_bad_input_gets_a_clear_exception(tmp_path):
+    model = gpt.make(seed=0)
+    # a budget below one part
+    with pytest.raises(errors.InvalidArgumentError, match="below what one part needs"):
+        offloaded(tmp_path, model, name="a.vol", host_budget=64 << 10)
+    # the volume is left usable: the same path works with a sound budget
+    opt = offloaded(tmp_path, model, name="a.vol")
+    # a parameter added after construction
+    with pytest.raises(errors.FailedPreconditionError, match="after construction"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    opt.param_groups[0]["params"].append(torch.nn.Parameter(torch.zeros(3)))
+    with pytest.raises(errors.FailedPreconditionError, match="changed after construction"):
+        opt.step()
+    opt.param_groups[0]["params"].pop()
+    # a sparse gradient
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    p0 = next(model.parameters())
+    p0.grad = torch.zeros_like(p0).to_sparse()
+    with pytest.raises(errors.InvalidArgumentError, match="sparse"):
+        opt.step()
+    opt.close()
+    # a volume holding this model's state is not started over without a word
+    with pytest.raises(errors.FailedPreconditionError, match="resume=True"):
+        offloaded(tmp_path, model, name="a.vol")
+    # a volume of another model
+    other = gpt.make(seed=0, d=32)
+    with pytest.raises(errors.Error) as e:
+        offloaded(tmp_path, other, name="a.vol", resume=True)
+    assert e.value.code in (errors.StatusCode.FAILED_PRECONDITION,
+                            errors.StatusCode.INVALID_ARGUMENT)
+    # ... which is still there, whole, for the model it belongs to
+    opt = offloaded(tmp_path, model, name="a.vol", resume=True)
+    assert opt.resumed_step == 0
+    opt.close()
+    # mixed dtypes and unsupported options
+    mixed = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4).half())]
+    with pytest.raises(errors.InvalidArgumentError, match="dtypes"):
+        mt.OffloadedAdamW(mixed, volume=str(tmp_path / "b.vol"), host_budget=8 << 20)
+    with pytest.raises(errors.UnimplementedError):
+        mt.OffloadedAdamW(model.parameters(), amsgrad=True, volume=str(tmp_path / "b.vol"),
+                          host_budget=8 << 20)
+
+
+def test_bf16_parameters_keep_fp32_master_weights(tmp_path):
+    # bf16 weights and gradients; the update runs on fp32 master weights, as mixed
+    # precision training does: the master weights follow fp32 AdamW fed the same
+    # gradients, and the parameters are the master weights rounded to bf16.
+    model = gpt.make(seed=0).to(torch.bfloat16)
+    ref = gpt.make(seed=0).to(torch.bfloat16).float()  # starts from the same values
+    opt = offloaded(tmp_path, model)
+    ref_opt = torch.optim.AdamW(param_groups(ref), lr=1e-3, weight_decay=0.01)
+    for step in range(3):
+        x, y = gpt.batch(step)
+        model(x, y).backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            q.grad = p.grad.float()  # the same gradients, in fp32
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad(set_to_none=True)
+        ref_opt.zero_grad(set_to_none=True)
+    state = opt.state_dict()["state"]
+    ordered = [p for g in param_groups(model) for p in g["params"]]
+    ref_ordered = [p for g in param_groups(ref) for p in g["params"]]
+    for i, (p, q) in enumerate(zip(ordered, ref_ordered)):
+        master = state[i]["master"]
+        assert master.dtype == torch.float32
+        assert torch.allclose(master, q.detach(), rtol=1e-5, atol=1e-6), i
+        assert torch.equal(p.detach(), master.to(torch.bfloat16)), i
+        # 1 - beta2 is formed in fp32 by the fused kernel (as DeepSpeed's CPU Adam) and
+        # in double by torch: 1.3e-5 apart relatively, and so are the second moments.
+        assert torch.allclose(state[i]["exp_avg_sq"], ref_opt.state[q]["exp_avg_sq"],
+                              rtol=3e-5, atol=1e-12), i
+    opt.close()
+
+
+def run_worker(*args):
+    env = dict(os.environ)
+    # glibc's dynamic mmap threshold keeps freed tensors of a few MiB in the heap, which
+    # makes peak RSS wander by tens of MiB from run to run; a fixed threshold (the same
+    # for every worker) returns them to the system as PyTorch frees them.
+    env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    r = subprocess.run([sys.executable, os.path.join(HERE, "worker.py"), *args],
+                       capture_output=True, text=True, env=env, timeout=600)
+    return r
+
+
+def parse(out):
+    losses, rss = {}, None
+    for line in out.splitlines():
+        f = line.split()
+        if f[:1] == ["step"]:
+            losses[int(f[1])] = float(f[3])
+        elif f[:1] == ["peak_rss_bytes"]:
+            rss = int(f[1])
+    return losses, rss
+
+
+def test_a_killed_run_resumes_from_the_volume_with_the_same_losses(tmp_path):
+    vol = str(tmp_path / "kill.vol")
+    whole = run_worker("offloaded", "12", "--volume", str(tmp_path / "whole.vol"))
+    assert whole.returncode == 0, whole.stderr
+    want, _ = parse(whole.stdout)
+    killed = run_worker("offloaded", "12", "--volume", vol, "--kill-after", "7")
+    assert killed.returncode == -9, killed.stderr
+    before, _ = parse(killed.stdout)
+    assert max(before) == 7
+    resumed = run_worker("offloaded", "12", "--volume", vol, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    after, _ = parse(resumed.stdout)
+    # the commit of step 7 may or may not have landed before the kill
+    assert min(after) in (7, 8)
+    for step, loss in {**before, **after}.items():
+        assert loss == want[step], step
+
+
+def test_the_offloaded_run_peaks_far_below_adamw_in_rss(tmp_path):
+    adamw = run_worker("adamw", "2", "--model", "rss")
+    assert adamw.returncode == 0, adamw.stderr
+    off = run_worker("offloaded", "2", "--model", "rss", "--volume", str(tmp_path / "r.vol"))
+    assert off.returncode == 0, off.stderr
+    both = run_worker("offloaded", "2", "--model", "rss", "--volume", str(tmp_path / "p.vol"),
+                      "--offload-parameters")
+    assert both.returncode == 0, both.stderr
+    a_losses, a_rss = parse(adamw.stdout)
+    o_losses, o_rss = parse(off.stdout)
+    b_losses, b_rss = parse(both.stdout)
+    params = sum(p.numel() for p in gpt.make(seed=0, **worker_model("rss")).parameters())
+    moments = 8 * params  # AdamW's exp_avg and exp_avg_sq, fp32
+    print(f"\nparams {params}: peak RSS adamw {a_rss >> 20} MiB, offloaded {o_rss >> 20} MiB, "
+          f"offloaded + parameters {b_rss >> 20} MiB; moments {moments >> 20} MiB")
+    assert a_rss - o_rss > 0.6 * moments
+    # the parameters too (fp32): all but those in use at once
+    assert o_rss - b_rss > 0.25 * 4 * params
+    for s in a_losses:
+        assert o_losses[s] == pytest.approx(a_losses[s], rel=1e-5)
+        assert b_losses[s] == pytest.approx(a_losses[s], rel=1e-5)
+
+
+def worker_model(name):
+    sys.path.insert(0, HERE)
+    import worker
+    return worker.MODELS[name]
