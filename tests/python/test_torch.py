@@ -154,6 +154,42 @@ def test_a_grad_scaler_drives_the_scale_and_sees_overflows(tmp_path):
     opt.close()
 
 
+def test_torch2_grad_scaler_attributes_and_the_sdk_scaler(tmp_path):
+    # torch 2.x's GradScaler sets optimizer.grad_scale and optimizer.found_inf instead.
+    ref_model, _ = reference(steps=2)
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model)
+    for step in range(2):
+        x, y = gpt.batch(step)
+        (model(x, y) * 256.0).backward()
+        opt.grad_scale, opt.found_inf = torch.tensor(256.0), torch.tensor([0.0])
+        opt.step()
+        del opt.grad_scale, opt.found_inf
+        opt.zero_grad(set_to_none=True)
+    assert_same(ref_model, model, tol=1e-5)
+    x, y = gpt.batch(2)
+    model(x, y).backward()
+    opt.grad_scale, opt.found_inf = torch.tensor(256.0), torch.tensor([1.0])
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()  # the scaler saw inf: no step
+    del opt.grad_scale, opt.found_inf
+    assert opt.last_step["skipped"]
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+    opt.close()
+    # The SDK's own dynamic scaler: the loss times a power of two, unscaled exactly.
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, name="dyn.vol", dynamic_loss_scale=True,
+                    initial_scale=1024.0)
+    assert opt.loss_scale == 1024.0
+    for step in range(2):
+        x, y = gpt.batch(step)
+        opt.scale_loss(model(x, y)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert_same(ref_model, model, tol=1e-5)
+    opt.close()
+
+
 def test_bad_input_gets_a_clear_exception(tmp_path):
     model = gpt.make(seed=0)
     # a budget below one part
