@@ -266,6 +266,32 @@ def test_bf16_parameters_keep_fp32_master_weights(tmp_path):
     opt.close()
 
 
+def test_fp16_parameters_and_a_closure(tmp_path):
+    # fp16 parameters with gradients given by hand (PyTorch 1.13's CPU kernels lack fp16
+    # layer norms), step(closure) returning the closure's loss.
+    torch.manual_seed(3)
+    init = torch.randn(1000, 300) * 0.1
+    p16 = torch.nn.Parameter(init.half())
+    ref = torch.nn.Parameter(init.half().float())
+    opt = mt.OffloadedAdamW([p16], lr=1e-2, weight_decay=0.1, volume=str(tmp_path / "h.vol"),
+                            host_budget=8 << 20, part_elements=1 << 18)
+    ref_opt = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.1)
+    for step in range(3):
+        g = torch.randn(1000, 300, generator=torch.Generator().manual_seed(step)).half()
+
+        def closure():
+            p16.grad = g.clone()
+            return torch.tensor(float(step))
+
+        assert float(opt.step(closure)) == step
+        ref.grad = g.float()
+        ref_opt.step()
+    master = opt.state_dict()["state"][0]["master"]
+    assert torch.allclose(master, ref.detach(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(p16.detach(), master.half())
+    opt.close()
+
+
 def run_worker(*args):
     env = dict(os.environ)
     # glibc's dynamic mmap threshold keeps freed tensors of a few MiB in the heap, which
