@@ -24,7 +24,7 @@ PUBLIC = {
     "io_engine.h": "io", "io_scheduler.h": "io",
     "block_target.h": "storage", "volume.h": "storage",
     "tensor_store.h": "store",
-    "training_state.h": "train", "offloaded_optimizer.h": "train",
+    "training_state.h": "train", "offloaded_optimizer.h": "train", "safetensors.h": "train",
 }
 UMBRELLA = {"memascend.h"}  # includes everything; for users only
 

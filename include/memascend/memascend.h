@@ -16,6 +16,7 @@
 #include <memascend/memory_ledger.h>
 #include <memascend/offloaded_optimizer.h>
 #include <memascend/pinned_pool.h>
+#include <memascend/safetensors.h>
 #include <memascend/status.h>
 #include <memascend/system.h>
 #include <memascend/tensor_store.h>

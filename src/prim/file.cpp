@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <linux/stat.h>
@@ -69,6 +70,28 @@ absl::Status Preallocate(int fd, std::uint64_t bytes) {
     return absl::ErrnoToStatus(errno, fmt::format("fallocate({} bytes)", bytes));
   }
   return absl::OkStatus();
+}
+
+absl::Status Fsync(int fd) {
+  int rc;
+  do {
+    rc = ::fsync(fd);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) return absl::ErrnoToStatus(errno, "fsync");
+  return absl::OkStatus();
+}
+
+absl::Status Rename(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    return absl::ErrnoToStatus(errno, fmt::format("rename({}, {})", from, to));
+  return absl::OkStatus();
+}
+
+void RemoveQuietly(const std::string& path) noexcept { ::unlink(path.c_str()); }
+
+bool PathExists(const std::string& path) noexcept {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
 }
 
 absl::StatusOr<std::uint64_t> FreeBytes(const std::string& path) {

@@ -34,6 +34,12 @@ absl::Status Preallocate(int fd, std::uint64_t bytes);
 // (statvfs: f_bavail x f_frsize).
 absl::StatusOr<std::uint64_t> FreeBytes(const std::string& path);
 
+// fsync(2); rename(2), which replaces `to`; unlink(2), quiet about a missing file.
+absl::Status Fsync(int fd);
+absl::Status Rename(const std::string& from, const std::string& to);
+void RemoveQuietly(const std::string& path) noexcept;
+bool PathExists(const std::string& path) noexcept;
+
 // An eventfd (counter semantics, blocking, close-on-exec).
 absl::StatusOr<UniqueFd> MakeEventFd();
 void SignalEventFd(int fd) noexcept;

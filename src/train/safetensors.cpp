@@ -1,0 +1,456 @@
+#include <algorithm>
+#include <cstring>
+#include <fcntl.h>
+#include <limits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <memascend/safetensors.h>
+#include <memascend/status.h>
+
+#include "prim/file.h"
+#include "prim/unique_fd.h"
+#include "util/json_reader.h"
+#include "util/json_writer.h"
+
+namespace memascend {
+namespace {
+
+// A header larger than this is not a checkpoint's (the format's own reader refuses
+// 100 MB too): it would be read whole into memory.
+constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;
+constexpr std::size_t kChunkBytes = 4u << 20;  // staged per read or write
+
+absl::Status ReadFully(int fd, void* buffer, std::size_t length, std::uint64_t offset,
+                       const std::string& path) {
+  auto* p = static_cast<std::byte*>(buffer);
+  while (length > 0) {
+    const std::int64_t n = prim::PreadOnce(fd, p, length, offset);
+    if (n == -EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(static_cast<int>(-n), fmt::format("{}: read", path));
+    if (n == 0) {
+      return absl::DataLossError(
+          fmt::format("{}: the file ends at byte {} (truncated)", path, offset));
+    }
+    p += n;
+    length -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFully(int fd, const void* buffer, std::size_t length, std::uint64_t offset,
+                        const std::string& path) {
+  const auto* p = static_cast<const std::byte*>(buffer);
+  while (length > 0) {
+    const std::int64_t n = prim::PwriteOnce(fd, p, length, offset);
+    if (n == -EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(static_cast<int>(-n), fmt::format("{}: write", path));
+    if (n == 0) return absl::DataLossError(fmt::format("{}: a write made no progress", path));
+    p += n;
+    length -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+bool MulOverflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+}  // namespace
+
+std::size_t SafetensorsElementBytes(std::string_view d) noexcept {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+std::string_view SafetensorsName(DType t) noexcept {
+  switch (t) {
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+std::uint64_t SafetensorsTensor::elements() const noexcept {
+  std::uint64_t n = 1;
+  for (std::uint64_t d : shape) n *= d;
+  return n;
+}
+
+absl::StatusOr<DType> SafetensorsTensor::Type() const {
+  if (dtype == "F32") return DType::kF32;
+  if (dtype == "F16") return DType::kF16;
+  if (dtype == "BF16") return DType::kBF16;
+  return absl::InvalidArgumentError(
+      fmt::format("tensor '{}' has dtype {}; MemAscend reads F32, F16 and BF16", name, dtype));
+}
+
+// ---- the reader ---------------------------------------------------------------------------
+
+struct SafetensorsReader::File {
+  prim::UniqueFd fd;
+};
+
+SafetensorsReader::SafetensorsReader() = default;
+SafetensorsReader::~SafetensorsReader() = default;
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
+    const std::string& path) {
+  auto r = std::unique_ptr<SafetensorsReader>(new SafetensorsReader());
+  r->path_ = path;
+  r->file_ = std::make_unique<File>();
+  MEMASCEND_ASSIGN_OR_RETURN(r->file_->fd, prim::Open(path, O_RDONLY | O_CLOEXEC));
+  const int fd = r->file_->fd.get();
+  MEMASCEND_ASSIGN_OR_RETURN(prim::FileFacts facts, prim::StatFile(fd));
+  const std::uint64_t size = facts.size;
+  if (size < 8) {
+    return absl::FailedPreconditionError(
+        fmt::format("{}: {} bytes is too short for a safetensors file", path, size));
+  }
+  unsigned char len_bytes[8];
+  MEMASCEND_RETURN_IF_ERROR(ReadFully(fd, len_bytes, 8, 0, path));
+  std::uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | len_bytes[i];
+  if (header_bytes > kMaxHeaderBytes) {
+    return absl::FailedPreconditionError(
+        fmt::format("{}: a header of {} bytes: not a safetensors file (or one this reader refuses)",
+                    path, header_bytes));
+  }
+  if (header_bytes > size - 8) {
+    return absl::DataLossError(fmt::format(
+        "{}: the header of {} bytes passes the end of the {}-byte file", path, header_bytes, size));
+  }
+  std::string header(header_bytes, '\0');
+  MEMASCEND_RETURN_IF_ERROR(ReadFully(fd, header.data(), header.size(), 8, path));
+  if (header.empty() || header[0] != '{') {
+    return absl::FailedPreconditionError(
+        fmt::format("{}: the header is not a JSON object: not a safetensors file", path));
+  }
+  auto parsed = util::ParseJson(header);
+  if (!parsed.ok()) {
+    return absl::DataLossError(
+        fmt::format("{}: header: {}", path, std::string(parsed.status().message())));
+  }
+  if (!parsed->is_object())
+    return absl::DataLossError(fmt::format("{}: the header is not a JSON object", path));
+  r->data_offset_ = 8 + header_bytes;
+  const std::uint64_t data_bytes = size - r->data_offset_;
+  for (const auto& [name, v] : parsed->members()) {
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        return absl::DataLossError(fmt::format("{}: __metadata__ is not an object", path));
+      for (const auto& [k, m] : v.members()) {
+        auto s = m.AsString();
+        if (!s.ok())
+          return absl::DataLossError(fmt::format("{}: __metadata__ '{}' is not a string", path, k));
+        r->metadata_[k] = *s;
+      }
+      continue;
+    }
+    auto bad = [&](std::string_view what) {
+      return absl::DataLossError(fmt::format("{}: tensor '{}': {}", path, name, what));
+    };
+    if (!v.is_object()) return bad("its entry is not an object");
+    SafetensorsTensor t;
+    t.name = name;
+    auto dtype = v.GetString("dtype");
+    if (!dtype.ok()) return bad(std::string(dtype.status().message()));
+    t.dtype = *dtype;
+    const std::size_t esize = SafetensorsElementBytes(t.dtype);
+    if (esize == 0) return bad(fmt::format("unknown dtype '{}'", t.dtype));
+    const util::JsonValue* shape = v.Find("shape");
+    if (shape == nullptr || !shape->is_array()) return bad("no shape array");
+    std::uint64_t elements = 1;
+    for (const util::JsonValue& d : shape->items()) {
+      auto n = d.AsInt();
+      if (!n.ok() || *n < 0) return bad("a shape entry that is not a count");
+      t.shape.push_back(static_cast<std::uint64_t>(*n));
+      if (MulOverflows(elements, t.shape.back(), &elements)) return bad("a shape that overflows");
+    }
+    const util::JsonValue* offsets = v.Find("data_offsets");
+    if (offsets == nullptr || !offsets->is_array() || offsets->items().size() != 2)
+      return bad("no data_offsets pair");
+    auto begin = offsets->items()[0].AsInt();
+    auto end = offsets->items()[1].AsInt();
+    if (!begin.ok() || !end.ok() || *begin < 0 || *end < *begin)
+      return bad("data_offsets that are not an ordered pair of byte counts");
+    t.begin = static_cast<std::uint64_t>(*begin);
+    t.end = static_cast<std::uint64_t>(*end);
+    std::uint64_t want = 0;
+    if (MulOverflows(elements, esize, &want) || want != t.end - t.begin) {
+      return bad(fmt::format("data_offsets [{}, {}) hold {} bytes, {} x shape needs {}", t.begin,
+                             t.end, t.end - t.begin, t.dtype, want));
+    }
+    if (t.end > data_bytes) {
+      return bad(
+          fmt::format("data_offsets [{}, {}) pass the end of the data ({} bytes): the "
+                      "file is truncated or the header wrong",
+                      t.begin, t.end, data_bytes));
+    }
+    r->tensors_.push_back(std::move(t));
+  }
+  // The tensors tile the data region: no overlap (two tensors sharing bytes would be
+  // written through each other) and no gap.
+  std::sort(r->tensors_.begin(), r->tensors_.end(),
+            [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+              return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+            });
+  std::uint64_t at = 0;
+  for (std::size_t i = 0; i < r->tensors_.size(); ++i) {
+    const SafetensorsTensor& t = r->tensors_[i];
+    if (t.begin < at) {
+      return absl::DataLossError(fmt::format("{}: tensor '{}' [{}, {}) overlaps tensor '{}'", path,
+                                             t.name, t.begin, t.end, r->tensors_[i - 1].name));
+    }
+    if (t.begin > at) {
+      return absl::DataLossError(fmt::format("{}: {} bytes before tensor '{}' belong to no tensor",
+                                             path, t.begin - at, t.name));
+    }
+    at = t.end;
+    r->index_[t.name] = i;
+  }
+  if (at != data_bytes) {
+    return absl::DataLossError(fmt::format("{}: {} bytes after the last tensor belong to no tensor",
+                                           path, data_bytes - at));
+  }
+  return r;
+}
+
+const SafetensorsTensor* SafetensorsReader::Find(std::string_view name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+absl::Status SafetensorsReader::Read(const SafetensorsTensor& t, std::uint64_t first,
+                                     MutableTensorView out) const {
+  MEMASCEND_ASSIGN_OR_RETURN(DType from, t.Type());
+  const std::uint64_t n = t.elements();
+  if (first > n || out.elements > n - first) {
+    return absl::InvalidArgumentError(fmt::format("{}: tensor '{}' has {} elements, not [{}, {})",
+                                                  path_, t.name, n, first, first + out.elements));
+  }
+  const std::size_t esize = SizeOf(from);
+  if (from == out.dtype) {
+    return ReadFully(file_->fd.get(), out.data, out.elements * esize,
+                     data_offset_ + t.begin + first * esize, path_);
+  }
+  std::vector<std::byte> stage(std::min<std::size_t>(kChunkBytes, out.elements * esize));
+  const std::size_t per = stage.size() / esize;
+  for (std::size_t done = 0; done < out.elements; done += per) {
+    const std::size_t k = std::min(per, out.elements - done);
+    MEMASCEND_RETURN_IF_ERROR(ReadFully(file_->fd.get(), stage.data(), k * esize,
+                                        data_offset_ + t.begin + (first + done) * esize, path_));
+    MEMASCEND_RETURN_IF_ERROR(
+        Convert({stage.data(), k, from},
+                {static_cast<std::byte*>(out.data) + done * SizeOf(out.dtype), k, out.dtype}));
+  }
+  return absl::OkStatus();
+}
+
+// ---- the checkpoint -----------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Open(
+    const std::string& dir) {
+  auto c = std::make_unique<SafetensorsCheckpoint>();
+  c->dir_ = dir;
+  const std::string single = dir + "/model.safetensors";
+  const std::string index = dir + "/model.safetensors.index.json";
+  auto add_file = [&](const std::string& path) -> absl::StatusOr<const SafetensorsReader*> {
+    MEMASCEND_ASSIGN_OR_RETURN(auto r, SafetensorsReader::Open(path));
+    c->files_.push_back(std::move(r));
+    return c->files_.back().get();
+  };
+  if (prim::PathExists(single)) {
+    MEMASCEND_ASSIGN_OR_RETURN(const SafetensorsReader* r, add_file(single));
+    for (const SafetensorsTensor& t : r->tensors()) c->where_[t.name] = {r, &t};
+    return c;
+  }
+  if (!prim::PathExists(index)) {
+    return absl::NotFoundError(fmt::format(
+        "{}: neither model.safetensors nor model.safetensors.index.json is there", dir));
+  }
+  std::string text;
+  {
+    MEMASCEND_ASSIGN_OR_RETURN(prim::UniqueFd fd, prim::Open(index, O_RDONLY | O_CLOEXEC));
+    MEMASCEND_ASSIGN_OR_RETURN(prim::FileFacts facts, prim::StatFile(fd.get()));
+    if (facts.size > kMaxHeaderBytes)
+      return absl::DataLossError(fmt::format("{}: {} bytes is not an index", index, facts.size));
+    text.resize(facts.size);
+    MEMASCEND_RETURN_IF_ERROR(ReadFully(fd.get(), text.data(), text.size(), 0, index));
+  }
+  auto parsed = util::ParseJson(text);
+  if (!parsed.ok())
+    return absl::DataLossError(
+        fmt::format("{}: {}", index, std::string(parsed.status().message())));
+  const util::JsonValue* map = parsed->Find("weight_map");
+  if (map == nullptr || !map->is_object())
+    return absl::DataLossError(fmt::format("{}: no weight_map object", index));
+  std::map<std::string, const SafetensorsReader*> shards;
+  for (const auto& [name, v] : map->members()) {
+    auto file = v.AsString();
+    if (!file.ok() || file->empty() || file->find('/') != std::string::npos || *file == "." ||
+        *file == "..") {
+      return absl::DataLossError(fmt::format(
+          "{}: tensor '{}' is mapped to something that is not a file name", index, name));
+    }
+    auto it = shards.find(*file);
+    if (it == shards.end()) {
+      auto r = add_file(dir + "/" + *file);
+      if (!r.ok()) {
+        return absl::Status(r.status().code(),
+                            fmt::format("{} (shard of {}, named by {}): {}", *file, dir, index,
+                                        std::string(r.status().message())));
+      }
+      it = shards.emplace(*file, *r).first;
+    }
+    const SafetensorsTensor* t = it->second->Find(name);
+    if (t == nullptr) {
+      return absl::DataLossError(
+          fmt::format("{}: names tensor '{}' in {}, which does not hold it", index, name, *file));
+    }
+    c->where_[name] = {it->second, t};
+  }
+  return c;
+}
+
+absl::StatusOr<SafetensorsCheckpoint::Where> SafetensorsCheckpoint::Find(
+    std::string_view name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end())
+    return absl::NotFoundError(fmt::format("{}: the checkpoint has no tensor '{}'", dir_, name));
+  return it->second;
+}
+
+std::vector<std::string> SafetensorsCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, w] : where_) out.push_back(name);
+  return out;
+}
+
+// ---- the writer ---------------------------------------------------------------------------
+
+struct SafetensorsWriter::File {
+  prim::UniqueFd fd;
+};
+
+SafetensorsWriter::SafetensorsWriter() = default;
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (!finished_ && file_ != nullptr && file_->fd.get() >= 0) {
+    file_->fd = prim::UniqueFd();
+    prim::RemoveQuietly(partial_);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, std::vector<SafetensorsTensor> tensors,
+    const std::map<std::string, std::string>& metadata, bool overwrite) {
+  if (!overwrite && prim::PathExists(path)) {
+    return absl::AlreadyExistsError(
+        fmt::format("{} exists; it is not replaced without the overwrite flag", path));
+  }
+  auto w = std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter());
+  w->path_ = path;
+  w->partial_ = path + ".partial";
+  std::map<std::string_view, int> seen;
+  std::uint64_t at = 0;
+  for (SafetensorsTensor& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__" || !seen.emplace(t.name, 0).second)
+      return absl::InvalidArgumentError(
+          fmt::format("{}: a bad or repeated tensor name '{}'", path, t.name));
+    const std::size_t esize = SafetensorsElementBytes(t.dtype);
+    if (esize == 0)
+      return absl::InvalidArgumentError(
+          fmt::format("{}: tensor '{}': dtype '{}'", path, t.name, t.dtype));
+    t.begin = at;
+    t.end = at + t.elements() * esize;
+    at = t.end;
+  }
+  util::JsonWriter j;
+  j.BeginObject();
+  if (!metadata.empty()) {
+    j.Key("__metadata__").BeginObject();
+    for (const auto& [k, v] : metadata) j.Field(k, v);
+    j.EndObject();
+  }
+  for (const SafetensorsTensor& t : tensors) {
+    j.Key(t.name).BeginObject().Field("dtype", t.dtype).Key("shape").BeginArray();
+    for (std::uint64_t d : t.shape) j.Uint(d);
+    j.EndArray().Key("data_offsets").BeginArray().Uint(t.begin).Uint(t.end).EndArray().EndObject();
+  }
+  j.EndObject();
+  std::string header = j.str();
+  header.resize((header.size() + 7) / 8 * 8, ' ');  // the data region 8-byte aligned
+  w->tensors_ = std::move(tensors);
+  w->total_ = 8 + header.size() + at;
+  w->data_offset_ = 8 + header.size();
+  w->file_ = std::make_unique<File>();
+  MEMASCEND_ASSIGN_OR_RETURN(
+      w->file_->fd, prim::Open(w->partial_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(header.size() >> (8 * i));
+  MEMASCEND_RETURN_IF_ERROR(WriteFully(w->file_->fd.get(), len, 8, 0, w->partial_));
+  MEMASCEND_RETURN_IF_ERROR(
+      WriteFully(w->file_->fd.get(), header.data(), header.size(), 8, w->partial_));
+  while (w->current_ < w->tensors_.size() &&
+         w->tensors_[w->current_].begin == w->tensors_[w->current_].end)
+    ++w->current_;  // empty tensors are whole already
+  return w;
+}
+
+absl::Status SafetensorsWriter::Append(TensorView data) {
+  std::size_t done = 0;
+  while (done < data.elements) {
+    if (current_ >= tensors_.size())
+      return absl::FailedPreconditionError(fmt::format("{}: bytes past the last tensor", path_));
+    const SafetensorsTensor& t = tensors_[current_];
+    MEMASCEND_ASSIGN_OR_RETURN(DType to, t.Type());
+    const std::size_t esize = SizeOf(to);
+    const std::size_t room = (t.end - t.begin - written_) / esize;
+    const std::size_t k = std::min({room, data.elements - done, kChunkBytes / esize});
+    const std::byte* src = static_cast<const std::byte*>(data.data) + done * SizeOf(data.dtype);
+    const std::uint64_t offset = data_offset_ + t.begin + written_;
+    if (to == data.dtype) {
+      MEMASCEND_RETURN_IF_ERROR(WriteFully(file_->fd.get(), src, k * esize, offset, partial_));
+    } else {
+      buffer_.resize(k * esize);
+      MEMASCEND_RETURN_IF_ERROR(Convert({src, k, data.dtype}, {buffer_.data(), k, to}));
+      MEMASCEND_RETURN_IF_ERROR(
+          WriteFully(file_->fd.get(), buffer_.data(), k * esize, offset, partial_));
+    }
+    written_ += k * esize;
+    done += k;
+    while (current_ < tensors_.size() &&
+           written_ == tensors_[current_].end - tensors_[current_].begin) {
+      ++current_;
+      written_ = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Finish() {
+  if (finished_) return absl::OkStatus();
+  if (current_ < tensors_.size()) {
+    return absl::FailedPreconditionError(
+        fmt::format("{}: tensor '{}' has {} of its {} bytes", path_, tensors_[current_].name,
+                    written_, tensors_[current_].end - tensors_[current_].begin));
+  }
+  MEMASCEND_RETURN_IF_ERROR(prim::Fsync(file_->fd.get()));
+  file_->fd = prim::UniqueFd();
+  MEMASCEND_RETURN_IF_ERROR(prim::Rename(partial_, path_));
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace memascend
