@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numbers>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "llama_ops.h"
 #include "ops.h"
 
 namespace offload_train {
@@ -117,6 +119,138 @@ TEST(Gradients, CausalAttention) {
   qkv[(seq - 1) * 3 * ch + ch] += 1.0;  // a key of the last position of sequence 0
   ops::AttentionForward(y2.data(), att.data(), qkv.data(), batch, seq, ch, heads, nullptr);
   for (std::size_t i = 0; i < (seq - 1) * ch; ++i) EXPECT_EQ(y1[i], y2[i]) << i;
+}
+
+TEST(Gradients, RmsNorm) {
+  std::mt19937_64 rng(12);
+  const std::size_t rows = 4, ch = 9;
+  Vec x = Random(rows * ch, rng), w = Random(ch, rng);
+  const Vec upstream = Random(rows * ch, rng);
+  Vec rstd(rows);
+  auto loss = [&] {
+    Vec y(rows * ch);
+    ops::RmsNormForward(y.data(), rstd.data(), x.data(), w.data(), rows, ch, 1e-5, nullptr);
+    return Weighted(y, upstream);
+  };
+  loss();
+  Vec dx(x.size()), dw(w.size());
+  ops::RmsNormBackward(dx.data(), dw.data(), upstream.data(), x.data(), w.data(), rstd.data(), rows,
+                       ch, nullptr);
+  ExpectClose(dx, Numeric(x, loss), "input");
+  ExpectClose(dw, Numeric(w, loss), "gain");
+}
+
+TEST(Gradients, RotaryEmbeddingsRotateHalvesAndTheirBackwardIsTheInverse) {
+  std::mt19937_64 rng(13);
+  const std::size_t seq = 5, rows = 2 * seq, heads = 3, hd = 8;
+  const std::vector<float> inv = ops::RopeInverseFrequencies(hd, 10000.0, {});
+  EXPECT_FLOAT_EQ(inv[0], 1.0f);
+  EXPECT_FLOAT_EQ(inv[1], 1.0f / std::pow(10000.0f, 0.25f));
+  Vec cos, sin;
+  ops::RopeTables(&cos, &sin, inv, seq);
+  Vec x = Random(rows * heads * hd, rng);
+  const Vec upstream = Random(x.size(), rng);
+  // Element i pairs with i + hd/2 (rotate_half), by the row's position's angle.
+  Vec y = x;
+  ops::RopeApply(y.data(), cos.data(), sin.data(), rows, seq, heads, hd, false, nullptr);
+  const std::size_t r = seq + 3, h = 1, i = 2;  // position 3
+  const double angle = 3.0 * static_cast<double>(inv[i]);
+  const double a = x[(r * heads + h) * hd + i], b = x[(r * heads + h) * hd + i + hd / 2];
+  EXPECT_NEAR(y[(r * heads + h) * hd + i], a * std::cos(angle) - b * std::sin(angle), 1e-6);
+  EXPECT_NEAR(y[(r * heads + h) * hd + i + hd / 2], b * std::cos(angle) + a * std::sin(angle),
+              1e-6);
+  auto loss = [&] {
+    Vec z = x;
+    ops::RopeApply(z.data(), cos.data(), sin.data(), rows, seq, heads, hd, false, nullptr);
+    return Weighted(z, upstream);
+  };
+  Vec dx = upstream;
+  ops::RopeApply(dx.data(), cos.data(), sin.data(), rows, seq, heads, hd, true, nullptr);
+  ExpectClose(dx, Numeric(x, loss), "input");
+}
+
+TEST(Rope, Llama3ScalingKeepsShortWavelengthsAndStretchesLongOnes) {
+  // Llama 3.2's: theta 500000, factor 32, low 1, high 4, original context 8192, head 64.
+  ops::RopeScaling s;
+  s.llama3 = true;
+  s.factor = 32;
+  const std::vector<float> plain = ops::RopeInverseFrequencies(64, 500000.0, {});
+  const std::vector<float> scaled = ops::RopeInverseFrequencies(64, 500000.0, s);
+  int kept = 0, divided = 0, blended = 0;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    const double wavelen = 2 * std::numbers::pi / static_cast<double>(plain[i]);
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_EQ(scaled[i], plain[i]) << i;
+      ++kept;
+    } else if (wavelen > 8192.0) {
+      EXPECT_FLOAT_EQ(scaled[i], plain[i] / 32.0f) << i;
+      ++divided;
+    } else {
+      EXPECT_LT(scaled[i], plain[i]) << i;
+      EXPECT_GT(scaled[i], plain[i] / 32.0f) << i;
+      ++blended;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+}
+
+TEST(Gradients, GroupedQueryAttention) {
+  std::mt19937_64 rng(14);
+  const ops::AttentionShape a{2, 4, 4, 2, 3};  // batch, seq, heads, kv heads, head dim
+  const std::size_t rows = a.batch * a.seq;
+  Vec q = Random(rows * a.heads * a.head_dim, rng), k = Random(rows * a.kv_heads * a.head_dim, rng),
+      v = Random(rows * a.kv_heads * a.head_dim, rng);
+  const Vec upstream = Random(q.size(), rng);
+  Vec att(a.batch * a.heads * a.seq * a.seq);
+  auto loss = [&] {
+    Vec y(q.size());
+    ops::GqaForward(y.data(), att.data(), q.data(), k.data(), v.data(), a, nullptr);
+    return Weighted(y, upstream);
+  };
+  loss();
+  Vec dq(q.size()), dk(k.size()), dv(v.size());
+  ops::GqaBackward(dq.data(), dk.data(), dv.data(), upstream.data(), q.data(), k.data(), v.data(),
+                   att.data(), a, nullptr);
+  ExpectClose(dq, Numeric(q, loss), "q");
+  ExpectClose(dk, Numeric(k, loss), "k");
+  ExpectClose(dv, Numeric(v, loss), "v");
+}
+
+TEST(Gqa, WithAsManyKeyHeadsAsQueryHeadsItIsMultiHeadAttention) {
+  std::mt19937_64 rng(15);
+  const std::size_t batch = 2, seq = 5, ch = 8, heads = 2, rows = batch * seq;
+  const Vec qkv = Random(rows * 3 * ch, rng);
+  Vec q(rows * ch), k(rows * ch), v(rows * ch);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < ch; ++c) {
+      q[r * ch + c] = qkv[r * 3 * ch + c];
+      k[r * ch + c] = qkv[r * 3 * ch + ch + c];
+      v[r * ch + c] = qkv[r * 3 * ch + 2 * ch + c];
+    }
+  }
+  Vec mha(rows * ch), gqa(rows * ch), att(batch * heads * seq * seq);
+  ops::AttentionForward(mha.data(), att.data(), qkv.data(), batch, seq, ch, heads, nullptr);
+  ops::GqaForward(gqa.data(), att.data(), q.data(), k.data(), v.data(),
+                  {batch, seq, heads, heads, ch / heads}, nullptr);
+  EXPECT_EQ(mha, gqa);
+}
+
+TEST(Gradients, Swiglu) {
+  std::mt19937_64 rng(16);
+  const std::size_t n = 20;
+  Vec gate = Random(n, rng, 2.0), up = Random(n, rng);
+  const Vec upstream = Random(n, rng);
+  auto loss = [&] {
+    Vec y(n);
+    ops::SwigluForward(y.data(), gate.data(), up.data(), n);
+    return Weighted(y, upstream);
+  };
+  Vec dgate(n), dup(n);
+  ops::SwigluBackward(dgate.data(), dup.data(), upstream.data(), gate.data(), up.data(), n);
+  ExpectClose(dgate, Numeric(gate, loss), "gate");
+  ExpectClose(dup, Numeric(up, loss), "up");
 }
 
 TEST(Gradients, GeluAndCrossEntropyAndEmbedding) {
