@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ops.h"
+#include "split_mix.h"
 
 namespace offload_train {
 namespace {
@@ -31,22 +32,6 @@ struct BlockParams {
     fcp_w = take(4 * c * c);
     fcp_b = take(c);
     total = o;
-  }
-};
-
-// splitmix64: the initialisation's random stream, the same on every platform.
-struct SplitMix {
-  std::uint64_t state;
-  std::uint64_t Next() {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-  double Normal() {  // Box-Muller
-    const double u1 = std::max(Uniform(), 1e-300), u2 = Uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
 };
 

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "llama.h"
 #include "llama_ops.h"
 #include "ops.h"
 
@@ -360,6 +361,116 @@ TEST(Gradients, WholeModelEveryGroup) {
       }
     }
   }
+}
+
+// Llama, whole, in double: every slice of every group against central differences, with
+// grouped-query attention and llama3 rope scaling, tied and untied.
+void CheckLlamaGradients(bool tied) {
+  HfConfig c;
+  c.arch = Arch::kLlama;
+  c.vocab = 11;
+  c.hidden = 8;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 4;
+  c.intermediate = 12;
+  c.max_positions = 64;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 500000;
+  c.rope.llama3 = true;
+  c.rope.factor = 32;
+  c.rope.original_max_position_embeddings = 16;  // so the short test sequence sees every band
+  c.tie_embeddings = tied;
+  const std::size_t batch = 2, seq = 6, groups = LlamaGroupCount(c), head = groups - 1;
+  memascend::KernelThreads threads(2);
+  Llama<double> model(c, batch, seq, &threads);
+  std::vector<Vec> params(groups);
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::vector<float> f(LlamaGroupParams(c, g));
+    InitLlamaGroup(c, g, 7, f.data());
+    std::mt19937_64 rng(g);
+    params[g].resize(f.size());
+    for (std::size_t i = 0; i < f.size(); ++i)
+      params[g][i] = double{f[i]} * 10 + static_cast<double>(rng() % 100) * 1e-3;
+  }
+  std::vector<std::int32_t> tokens(batch * seq), targets(batch * seq);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % c.vocab);
+    targets[i] = static_cast<std::int32_t>((i * 5 + 1) % c.vocab);
+  }
+  auto forward = [&](std::vector<Vec>* grads) {
+    model.Embed(params[0].data(), tokens.data());
+    for (std::size_t l = 0; l < c.layers; ++l) model.Block(l, params[l + 1].data());
+    const double loss =
+        model.Head(params[head].data(), params[0].data(), targets.data(), 1.0, grads != nullptr);
+    if (grads != nullptr) {
+      model.HeadGradient((*grads)[head].data(), 0, (*grads)[head].size());
+      for (std::size_t l = c.layers; l-- > 0;)
+        model.BlockBackward(l, params[l + 1].data(), (*grads)[l + 1].data());
+      model.EmbedGradient((*grads)[0].data(), 0, (*grads)[0].size());
+    }
+    return loss;
+  };
+  std::vector<Vec> grads(groups);
+  for (std::size_t g = 0; g < groups; ++g) grads[g].assign(params[g].size(), 0.0);
+  forward(&grads);
+  for (std::size_t g = 0; g < groups; ++g) {
+    for (const Slice& s : LlamaGroupLayout(c, g)) {
+      for (std::size_t k = 0; k < std::min<std::size_t>(s.count, 6); ++k) {
+        const std::size_t i = s.offset + (k * 7919) % s.count;
+        const double keep = params[g][i];
+        auto central = [&](double h) {
+          params[g][i] = keep + h;
+          const double up = forward(nullptr);
+          params[g][i] = keep - h;
+          const double down = forward(nullptr);
+          params[g][i] = keep;
+          return (up - down) / (2 * h);
+        };
+        // Richardson's extrapolation: the O(h^2) error of central differences cancels
+        // (the weights are large, so the loss curves sharply).
+        const double numeric = (4 * central(5e-6) - central(1e-5)) / 3;
+        EXPECT_NEAR(grads[g][i], numeric, 1e-6 + 1e-5 * std::abs(numeric))
+            << LlamaTensorName(c, g, s) << "[" << i - s.offset << "]" << (tied ? " tied" : "");
+      }
+    }
+  }
+  // Range by range, the embeddings' gradient (with the tied head's share) has the bits
+  // of the whole.
+  Vec whole(params[0].size()), parts(params[0].size());
+  model.EmbedGradient(whole.data(), 0, whole.size());
+  for (std::size_t at = 0; at < parts.size(); at += 13)
+    model.EmbedGradient(parts.data() + at, at, std::min(parts.size(), at + 13));
+  EXPECT_EQ(whole, parts);
+}
+
+TEST(Gradients, LlamaWholeModelEveryGroupUntied) { CheckLlamaGradients(false); }
+TEST(Gradients, LlamaWholeModelEveryGroupTied) { CheckLlamaGradients(true); }
+
+TEST(Llama, GroupsCarryHuggingFacesNames) {
+  HfConfig c;
+  c.vocab = 10;
+  c.hidden = 4;
+  c.layers = 2;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 2;
+  c.intermediate = 6;
+  c.tie_embeddings = false;
+  std::size_t total = 0;
+  for (std::size_t g = 0; g < LlamaGroupCount(c); ++g) total += LlamaGroupParams(c, g);
+  c.max_positions = 8;
+  EXPECT_EQ(total, c.ParameterCount());
+  const auto block = LlamaGroupLayout(c, 2);
+  EXPECT_EQ(LlamaTensorName(c, 2, block[1]), "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(block[2].count, 4u * 2u);  // k_proj: [kv_heads * head_dim, hidden]
+  const auto head = LlamaGroupLayout(c, 3);
+  EXPECT_EQ(LlamaTensorName(c, 3, head[0]), "model.norm.weight");
+  EXPECT_EQ(LlamaTensorName(c, 3, head[1]), "lm_head.weight");
+  EXPECT_EQ(LlamaTensorName(c, 0, LlamaGroupLayout(c, 0)[0]), "model.embed_tokens.weight");
+  c.tie_embeddings = true;
+  EXPECT_EQ(LlamaGroupLayout(c, 3).size(), 1u);
 }
 
 // Note [gradient parts] (trainer.h): the embeddings' and the head's gradients made range by
