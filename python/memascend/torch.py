@@ -85,7 +85,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  volume, host_budget, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
                  max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
-                 amsgrad=False, maximize=False):
+                 amsgrad=False, maximize=False, process_group=None):
         self._core = None
         self._store = None
         self._volume = None
@@ -126,7 +126,28 @@ class OffloadedAdamW(torch.optim.Optimizer):
         for i, n in enumerate(self._numels):
             if n == 0:
                 raise errors.InvalidArgumentError(f"parameter {i} has no elements")
-        layout = [(f"p{i}", n) for i, n in enumerate(self._numels)]
+        # Note [sharded state]: under torch.distributed each rank owns a contiguous 1/N of
+        # every parameter's elements (its master weights and moments, on its own volume);
+        # the gradients are averaged across the ranks (all_reduce), each rank updates its
+        # shard, and the new parameters are all-gathered. One process owns everything.
+        self._pg, self._world, self._rank = _process_group(process_group)
+        if self._world > 1 and dynamic_loss_scale:
+            raise errors.UnimplementedError(
+                "dynamic_loss_scale under torch.distributed: the ranks' overflow checks would "
+                "disagree; train bf16 without loss scaling, or in one process")
+        self._shards = []  # per parameter: (its group in the SDK's layout or None, begin, end)
+        layout = []
+        for i, n in enumerate(self._numels):
+            chunk = -(-n // self._world)
+            begin, end = min(n, self._rank * chunk), min(n, (self._rank + 1) * chunk)
+            self._shards.append((len(layout) if end > begin else None, begin, end))
+            if end > begin:
+                layout.append((f"p{i}", end - begin))
+        if not layout:
+            raise errors.InvalidArgumentError(
+                f"rank {self._rank} of {self._world} owns no parameter element: fewer ranks")
+        self._max_grad_norm = float(max_grad_norm)
+        self.comm_bytes = 0  # bytes this rank sent into collectives, all steps together
         self._part_elements = int(part_elements)
         self._step_count = 0
         self.resumed_step = None
@@ -134,7 +155,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self.skipped_steps = 0
         try:
             if isinstance(volume, (str, os.PathLike)):
-                path = os.fspath(volume)
+                path = os.fspath(volume).replace("{rank}", str(self._rank))
                 if volume_size is None:
                     need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt,
                                                             self._part_elements)
@@ -147,16 +168,20 @@ class OffloadedAdamW(torch.optim.Optimizer):
                                             defer_prefetches=True)
             self._core = _core.OffloadedAdam(
                 self._store, layout, self._dt, self._dt, self._part_elements,
-                [float(self.param_groups[g]["lr"]) for g in self._group_of],
-                [float(self.param_groups[g]["weight_decay"]) for g in self._group_of],
-                float(betas[0]), float(betas[1]), float(eps), float(max_grad_norm),
+                [float(self.param_groups[self._group_of[i]]["lr"]) for i in self._owned()],
+                [float(self.param_groups[self._group_of[i]]["weight_decay"])
+                 for i in self._owned()],
+                float(betas[0]), float(betas[1]), float(eps),
+                float(max_grad_norm) if self._world == 1 else 0.0,  # sharded: clipped here
                 bool(dynamic_loss_scale), float(initial_scale), int(run_id),
                 int(read_ahead or 0), int(threads or torch.get_num_threads()))
-            self._applied = [(float(self.param_groups[g]["lr"]),
-                              float(self.param_groups[g]["weight_decay"]))
-                             for g in self._group_of]
+            self._applied = {i: (float(self.param_groups[self._group_of[i]]["lr"]),
+                                 float(self.param_groups[self._group_of[i]]["weight_decay"]))
+                             for i in self._owned()}
             self._dynamic = bool(dynamic_loss_scale)
             record = self._core.resume()
+            if self._world > 1:
+                self._agree_on_resume(record)
             if record is not None and not (resume or overwrite):
                 raise errors.FailedPreconditionError(
                     f"volume {self._volume.path} holds this model's training state at step "
@@ -175,20 +200,59 @@ class OffloadedAdamW(torch.optim.Optimizer):
 
     # ---- construction and teardown
 
+    def _owned(self):
+        """The parameters this rank holds a shard of, in the order of its layout."""
+        return [i for i, (k, _, _) in enumerate(self._shards) if k is not None]
+
+    def _agree_on_resume(self, record):
+        import torch.distributed as dist
+        mine = torch.tensor([-1 if record is None else int(record["step"])], dtype=torch.int64)
+        steps = [torch.zeros_like(mine) for _ in range(self._world)]
+        dist.all_gather(steps, mine, group=self._pg)
+        steps = [int(t) for t in steps]
+        if len(set(steps)) > 1:
+            raise errors.FailedPreconditionError(
+                f"the ranks' volumes hold different steps ({steps}, -1: none); a rank killed "
+                "between its commit and the others' left them apart, and rolling the ahead "
+                "ranks back is not supported yet: start over (overwrite=True)")
+
     def _initialize(self):
         with torch.no_grad():
             for i, p in enumerate(self._params):
-                h = _host(p.detach())
-                self._core.initialize(i, h.data_ptr(), h.numel(), self._dt)
+                k, begin, end = self._shards[i]
+                if k is None:
+                    continue
+                h = _host(p.detach()).reshape(-1)[begin:end].contiguous()
+                self._core.initialize(k, h.data_ptr(), h.numel(), self._dt)
         self._core.commit(self._step_count)
 
     def _load_into_parameters(self):
         with torch.no_grad():
+            if self._world > 1:
+                for i, p in enumerate(self._params):
+                    k, begin, end = self._shards[i]
+                    mine = torch.empty(end - begin, dtype=self._dtype)
+                    if k is not None:
+                        self._core.load_parameters(k, mine.data_ptr(), mine.numel(), self._dt)
+                    p.data.copy_(self._gather(i, mine).view(self._shapes[i]))
+                return
             for i, p in enumerate(self._params):
                 if _offloaded(p):
                     continue
                 self._write_parameter(i, p, lambda h: self._core.load_parameters(
                     i, h.data_ptr(), h.numel(), self._dt))
+
+    def _gather(self, i, mine):
+        """Parameter i's shards from every rank, whole (flat), in fp32 on the wire."""
+        import torch.distributed as dist
+        n = self._numels[i]
+        chunk = -(-n // self._world)
+        padded = torch.zeros(chunk, dtype=torch.float32)
+        padded[:mine.numel()] = mine.float()
+        parts = [torch.empty(chunk, dtype=torch.float32) for _ in range(self._world)]
+        dist.all_gather(parts, padded, group=self._pg)
+        self.comm_bytes += 4 * chunk
+        return torch.cat(parts)[:n].to(self._dtype)
 
     def _write_parameter(self, i, p, fill):
         """Runs fill(host tensor) to produce parameter i's values, in place in p."""
@@ -301,6 +365,13 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._world > 1:
+            if grad_scaler is not None or getattr(self, "grad_scale", None) is not None:
+                raise errors.UnimplementedError(
+                    "a GradScaler under torch.distributed: its overflow checks see each rank's "
+                    "gradients before they are averaged; train bf16 without loss scaling")
+            self._step_sharded()
+            return loss
         scale, skip = self._outside_scale(grad_scaler)
         if skip:  # the GradScaler saw inf/NaN: no step, as torch's optimizers do
             self.skipped_steps += 1
@@ -309,24 +380,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         core = self._core
         core.begin_backward(scale)
         for i, p in enumerate(self._params):
-            g = p.grad
-            if g is None:
-                g = torch.zeros(self._shapes[i], dtype=self._dtype)
-            elif g.is_sparse:
-                raise errors.InvalidArgumentError(
-                    f"parameter {i} (shape {list(self._shapes[i])}) has a sparse gradient; "
-                    "OffloadedAdamW takes dense gradients, as torch.optim.AdamW")
-            if g.numel() != self._numels[i]:
-                raise errors.InvalidArgumentError(
-                    f"parameter {i}'s gradient has {g.numel()} elements, not {self._numels[i]}")
-            g = _host(g)
+            g = _host(self._grad(i, p))
             core.set_gradient(i, g.data_ptr(), g.numel(), _dtype_name(g.dtype, "a gradient"))
-        for i, gi in enumerate(self._group_of):
-            group = self.param_groups[gi]
-            now = (float(group["lr"]), float(group["weight_decay"]))
-            if now != self._applied[i]:
-                core.set_group_options(i, *now)
-                self._applied[i] = now
+        self._apply_group_options()
         plan = core.end_backward(1.0)
         if grad_scaler is not None:  # tell the GradScaler what the fused check found
             scale_t = grad_scaler._get_scale_async()
@@ -349,6 +405,75 @@ class OffloadedAdamW(torch.optim.Optimizer):
                           "loss_scale": plan["loss_scale"]}
         return loss
 
+    def _apply_group_options(self):
+        """A scheduler's changes of lr and weight_decay, into the SDK's groups."""
+        for i in self._owned():
+            group = self.param_groups[self._group_of[i]]
+            now = (float(group["lr"]), float(group["weight_decay"]))
+            if now != self._applied[i]:
+                self._core.set_group_options(self._shards[i][0], *now)
+                self._applied[i] = now
+
+    def _grad(self, i, p):
+        g = p.grad
+        if g is None:
+            return torch.zeros(self._shapes[i], dtype=self._dtype)
+        if g.is_sparse:
+            raise errors.InvalidArgumentError(
+                f"parameter {i} (shape {list(self._shapes[i])}) has a sparse gradient; "
+                "OffloadedAdamW takes dense gradients, as torch.optim.AdamW")
+        if g.numel() != self._numels[i]:
+            raise errors.InvalidArgumentError(
+                f"parameter {i}'s gradient has {g.numel()} elements, not {self._numels[i]}")
+        return g
+
+    def _step_sharded(self):
+        """Note [sharded state]: average, check, clip, update the shard, gather."""
+        import torch.distributed as dist
+        core = self._core
+        grads, finite, sum_sq = [], True, 0.0
+        for i, p in enumerate(self._params):
+            g = _host(self._grad(i, p)).reshape(-1).to(torch.float32).clone()
+            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=self._pg)
+            self.comm_bytes += 4 * g.numel()
+            g.div_(self._world)
+            finite = finite and bool(torch.isfinite(g).all())
+            if finite and self._max_grad_norm > 0:
+                sum_sq += float(g.double().pow(2).sum())
+            grads.append(g)
+        # Every rank holds the same averaged gradients, so every rank decides alike.
+        if not finite:
+            self.skipped_steps += 1
+            self.last_step = {"skipped": True, "grad_norm": 0.0, "loss_scale": 1.0}
+            self._step_count += 1
+            core.commit(self._step_count)
+            return
+        norm = sum_sq ** 0.5
+        if self._max_grad_norm > 0:
+            coef = min(1.0, self._max_grad_norm / (norm + 1e-6))
+            if coef < 1.0:
+                for g in grads:
+                    g.mul_(coef)
+        core.begin_backward(0.0)
+        for i, g in enumerate(grads):
+            k, begin, end = self._shards[i]
+            if k is not None:
+                part = g[begin:end]
+                core.set_gradient(k, part.data_ptr(), part.numel(), "float32")
+        self._apply_group_options()
+        plan = core.end_backward(1.0)
+        for i, p in enumerate(self._params):
+            k, begin, end = self._shards[i]
+            mine = torch.empty(end - begin, dtype=self._dtype)
+            if k is not None:
+                core.update_group(k, mine.data_ptr(), mine.numel(), self._dt)
+            whole = self._gather(i, mine)
+            p.data.copy_(whole.view(self._shapes[i]))
+        self._step_count += 1
+        core.commit(self._step_count)
+        self.last_step = {"skipped": plan["skipped"], "grad_norm": norm if self._max_grad_norm > 0
+                          else None, "loss_scale": 1.0}
+
     def settle(self):
         """Waits until the last step's commit is durable (raising its error, if any)."""
         self._core.settle()
@@ -357,6 +482,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         """Makes the parameters' current values the master weights (after they were
         changed outside step(), e.g. by model.load_state_dict); the moments stay."""
         self._check()
+        self._refuse_sharded("reload_parameters")
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 if _offloaded(p):
@@ -366,6 +492,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 self._core.write_state("param", i, h.data_ptr(), h.numel(), self._dt)
         self._core.commit(self._step_count)
 
+    def _refuse_sharded(self, what):
+        if self._world > 1:
+            raise errors.UnimplementedError(
+                f"{what}() under torch.distributed: each rank holds a shard of the state on its "
+                "own volume (resume=True restores it); gathering it whole is not supported yet")
+
     def stats(self):
         """I/O and store counters: bytes read and written, evictions, skipped steps."""
         return self._core.stats()
@@ -374,6 +506,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
 
     def state_dict(self):
         self._check()
+        self._refuse_sharded("state_dict")
         state = {}
         step = torch.tensor(float(self._core.adam_step))
         for i in range(len(self._params)):
@@ -396,6 +529,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         """Loads a state_dict of this optimizer or of torch.optim.AdamW over the same
         parameters; committed to the volume at once."""
         self._check()
+        self._refuse_sharded("load_state_dict")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
@@ -435,6 +569,17 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._core.commit(self._step_count)
 
 
+def _process_group(group):
+    """(group, world size, rank) of torch.distributed when it is initialised, else one."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        if group is not None:
+            raise errors.FailedPreconditionError(
+                "a process_group without torch.distributed initialised")
+        return None, 1, 0
+    return group, dist.get_world_size(group), dist.get_rank(group)
+
+
 # ---- parameter offload -------------------------------------------------------------------
 
 # id(parameter) -> (ParameterOffload, index), while offloaded. (Keyed by id: a tensor's ==
@@ -455,6 +600,10 @@ class ParameterOffload:
             raise errors.InvalidArgumentError("offload_parameters needs an OffloadedAdamW: the "
                                               "parameters live in its state")
         optimizer._check()
+        if optimizer._world > 1:
+            raise errors.UnimplementedError(
+                "offload_parameters under torch.distributed: a rank holds only its shard of "
+                "each parameter")
         self._opt = optimizer
         self._window = int(window)
         index = {id(p): i for i, p in enumerate(optimizer._params)}

@@ -1,0 +1,70 @@
+"""One rank of a data-parallel run of the test GPT with OffloadedAdamW (torch.distributed,
+gloo), or the whole batch in one process when WORLD is 1.
+
+    dist_worker.py RANK WORLD INIT_FILE VOLUME STEPS OUT [--resume] [--kill-after N]
+
+Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
+[r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
+and the final parameters; every rank prints "owned N" (the elements of its shard).
+"""
+import argparse
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+
+import gpt
+import memascend.torch as mt
+
+GLOBAL_BATCH = 4
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rank", type=int)
+    ap.add_argument("world", type=int)
+    ap.add_argument("init_file")
+    ap.add_argument("volume")
+    ap.add_argument("steps", type=int)
+    ap.add_argument("out")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--kill-after", type=int, default=0)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    if a.world > 1:
+        dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,
+                                world_size=a.world)
+    model = gpt.make(seed=0)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = mt.OffloadedAdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-3, weight_decay=0.01, volume=a.volume, host_budget=1 << 20,
+                            part_elements=1 << 18, max_grad_norm=1.0, resume=a.resume)
+    print("owned", sum(e - b for k, b, e in opt._shards if k is not None), flush=True)
+    rows = GLOBAL_BATCH // a.world
+    losses = {}
+    for step in range(opt.resumed_step or 0, a.steps):
+        x, y = gpt.batch(step, batch_size=GLOBAL_BATCH)
+        x, y = x[a.rank * rows:(a.rank + 1) * rows], y[a.rank * rows:(a.rank + 1) * rows]
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        total = loss.detach().clone()
+        if a.world > 1:
+            dist.all_reduce(total)
+        losses[step + 1] = total.item() / a.world
+        if a.kill_after and step + 1 == a.kill_after and a.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    opt.settle()
+    if a.rank == 0:
+        torch.save({"losses": losses, "params": [p.detach().clone() for p in model.parameters()],
+                    "comm_bytes": opt.comm_bytes}, a.out)
+    opt.close()
+    if a.world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""OffloadedAdamW under torch.distributed (gloo, 2 processes on the CPU): each rank
+offloads only its shard of the state to its own volume, and training gives the losses and
+parameters of one process over the same global batches."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(__file__)
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="this PyTorch has no gloo backend")
+
+
+def launch(tmp_path, world, steps, volume, out, extra=()):
+    init = tmp_path / f"init.{world}.{len(list(tmp_path.iterdir()))}"
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"), str(r),
+                               str(world), str(init), volume, str(steps), str(out), *extra],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    results = [p.communicate(timeout=600) + (p.returncode,) for p in procs]
+    return results
+
+
+def test_two_ranks_train_as_one_process_each_holding_half_the_state(tmp_path):
+    one = launch(tmp_path, 1, 8, str(tmp_path / "one.vol"), tmp_path / "one.pt")
+    assert one[0][2] == 0, one[0][1]
+    two = launch(tmp_path, 2, 8, str(tmp_path / "two.{rank}.vol"), tmp_path / "two.pt")
+    for out, err, rc in two:
+        assert rc == 0, err
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert sorted(a["losses"]) == sorted(b["losses"]) == list(range(1, 9))
+    for s in a["losses"]:
+        assert b["losses"][s] == pytest.approx(a["losses"][s], rel=1e-5), s
+    # Not bit for bit: the ranks' gradients are summed by gloo and halved, one process
+    # sums the batch in its own order. Adam divides by the gradient's scale, so an element
+    # whose gradient is rounding noise moves by up to lr a step either way: such elements
+    # are bounded by lr x steps, and they are a handful.
+    diff = torch.cat([(p - q).abs().reshape(-1) for p, q in zip(a["params"], b["params"])])
+    assert diff.max().item() <= 1e-3 * 8
+    assert (diff > 1e-6).float().mean().item() < 1e-3
+    # Each rank owns about half of every parameter's elements, on a volume of its own.
+    owned = [int(out.split()[1]) for out, _, _ in two]
+    total = int(one[0][0].split()[1])
+    assert sum(owned) == total and max(owned) - min(owned) <= 64
+    assert os.path.exists(tmp_path / "two.0.vol") and os.path.exists(tmp_path / "two.1.vol")
+    assert b["comm_bytes"] > 0
+
+
+def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
+    vol = str(tmp_path / "r.{rank}.vol")
+    first = launch(tmp_path, 2, 4, vol, tmp_path / "first.pt")
+    assert all(rc == 0 for _, _, rc in first), first
+    shutil.copy(tmp_path / "r.1.vol", tmp_path / "r.1.at4")
+    again = launch(tmp_path, 2, 8, vol, tmp_path / "again.pt", ["--resume"])
+    assert all(rc == 0 for _, _, rc in again), again
+    whole = launch(tmp_path, 2, 8, str(tmp_path / "w.{rank}.vol"), tmp_path / "whole.pt")
+    a, b = torch.load(tmp_path / "again.pt"), torch.load(tmp_path / "whole.pt")
+    assert sorted(a["losses"]) == [5, 6, 7, 8]
+    for s in a["losses"]:
+        assert a["losses"][s] == b["losses"][s], s
+    # Rank 1's volume behind rank 0's (as a rank killed between its commits leaves them):
+    # refused on every rank, the steps named, and neither volume is written.
+    os.replace(tmp_path / "r.1.at4", tmp_path / "r.1.vol")
+    before = [(tmp_path / f"r.{r}.vol").read_bytes() for r in range(2)]
+    bad = launch(tmp_path, 2, 9, vol, tmp_path / "bad.pt", ["--resume"])
+    assert all(rc != 0 for _, _, rc in bad)
+    assert all("hold different steps ([8, 4]" in err for _, err, _ in bad), bad
+    assert [(tmp_path / f"r.{r}.vol").read_bytes() for r in range(2)] == before
