@@ -134,6 +134,9 @@ class OffloadedAdam {
   // The last committed step's record, its scaler and Adam step restored; nullopt for a
   // state never committed. kFailedPrecondition for another run's state.
   absl::StatusOr<std::optional<CommitRecord>> Resume();
+  // The same at the newest commit at or before `step` (TrainingStateStorage::ResumeAtMost):
+  // for data-parallel ranks agreeing on the step every rank holds.
+  absl::StatusOr<std::optional<CommitRecord>> ResumeAtMost(std::uint64_t step);
   // Commits the current state as `step` (after a whole update, or a skipped step, or the
   // initial state): version, Adam step, scaler, fingerprint and `user` bytes.
   // kFailedPrecondition with an update begun and not finished.

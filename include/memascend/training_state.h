@@ -18,6 +18,14 @@
 // committed step with a consistent state. Gradients are scratch: written in the backward
 // pass, read by the optimizer, then discarded; never committed.
 //
+// Note [previous commit]: the record before the last is kept too ("<record_name>.previous"),
+// and its version stays whole until the commit after next. A commit writes, in order: the
+// last record as the previous one; the new version's tensors (Flush, which overwrites the
+// version of the record before the last, no longer named by either); the new record. A
+// crash between any two leaves both records naming whole versions. ResumeAtMost() goes
+// back to the previous record by rewriting it as the last, so no record ever names a
+// version that a later commit overwrites.
+//
 // Note [background commit]: Commit() starts the write-backs and the journal commit on a
 // thread of its own and returns; the caller goes on computing and reading (the new
 // version is resident or staged, so reads see it at once). Settle() waits for it.
@@ -149,6 +157,13 @@ class TrainingStateStorage {
   // The last committed record; nullopt when nothing was committed. kFailedPrecondition
   // when the record carries another fingerprint or layout (another run's state).
   virtual absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) = 0;
+  // The newest committed record at or before `step` (Note [previous commit]): the last
+  // one, or the one before it, which then becomes the last (the later one is dropped).
+  // For the ranks of a data-parallel run, whose last commits may be a step apart after a
+  // crash. kFailedPrecondition when neither is; errors as Resume otherwise. A storage
+  // that keeps only its last commit refuses any step before it.
+  virtual absl::StatusOr<std::optional<CommitRecord>> ResumeAtMost(std::uint64_t fingerprint,
+                                                                   std::uint64_t step);
 
   virtual std::uint64_t io_read_bytes() const { return 0; }
   virtual std::uint64_t io_write_bytes() const { return 0; }
@@ -224,6 +239,8 @@ class VersionedTrainingState final : public TrainingStateStorage {
   absl::Status Commit(const CommitRecord& r) override;
   absl::Status Settle() override;
   absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) override;
+  absl::StatusOr<std::optional<CommitRecord>> ResumeAtMost(std::uint64_t fingerprint,
+                                                           std::uint64_t step) override;
   std::uint64_t io_read_bytes() const override;
   std::uint64_t io_write_bytes() const override;
   std::optional<TensorStoreStats> store_stats() const override;
@@ -235,6 +252,10 @@ class VersionedTrainingState final : public TrainingStateStorage {
  private:
   struct Impl;
   explicit VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout);
+  std::string PreviousName() const;
+  absl::Status PutRecord(const std::string& name, const std::string& bytes);
+  absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(
+      const std::string& name, std::uint64_t fingerprint) const;
   StateLayout layout_;
   std::unique_ptr<Impl> impl_;
   int current_ = 0;

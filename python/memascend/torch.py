@@ -180,8 +180,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
                              for i in self._owned()}
             self._dynamic = bool(dynamic_loss_scale)
             record = self._core.resume()
-            if self._world > 1:
-                self._agree_on_resume(record)
+            if self._world > 1 and resume:
+                record = self._agree_on_resume(record)
             if record is not None and not (resume or overwrite):
                 raise errors.FailedPreconditionError(
                     f"volume {self._volume.path} holds this model's training state at step "
@@ -205,16 +205,33 @@ class OffloadedAdamW(torch.optim.Optimizer):
         return [i for i, (k, _, _) in enumerate(self._shards) if k is not None]
 
     def _agree_on_resume(self, record):
+        """The step every rank's volume holds (memascend Note [previous commit]): a rank
+        killed between its commit and the others' leaves them a step apart; the ranks
+        ahead go back one."""
         import torch.distributed as dist
         mine = torch.tensor([-1 if record is None else int(record["step"])], dtype=torch.int64)
         steps = [torch.zeros_like(mine) for _ in range(self._world)]
         dist.all_gather(steps, mine, group=self._pg)
         steps = [int(t) for t in steps]
-        if len(set(steps)) > 1:
+        common = min(steps)
+        failure = None
+        if record is not None and int(record["step"]) > common:
+            try:
+                record = None if common < 0 else self._core.resume(at_most=common)
+            except errors.Error as e:
+                failure = e
+        ok = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+        dist.all_reduce(ok, group=self._pg)
+        if int(ok) != 0:
             raise errors.FailedPreconditionError(
-                f"the ranks' volumes hold different steps ({steps}, -1: none); a rank killed "
-                "between its commit and the others' left them apart, and rolling the ahead "
-                "ranks back is not supported yet: start over (overwrite=True)")
+                f"the ranks' volumes hold different steps ({steps}, -1: none) and not every "
+                f"rank can go back to step {common}" + (f": {failure.message}" if failure
+                                                        else " (another rank could not)"))
+        if common < 0 and record is not None:
+            raise errors.FailedPreconditionError(
+                f"the ranks' volumes hold different steps ({steps}, -1: none): a rank has no "
+                "state; start over (overwrite=True)")
+        return record
 
     def _initialize(self):
         with torch.no_grad():
@@ -431,6 +448,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
         """Note [sharded state]: average, check, clip, update the shard, gather."""
         import torch.distributed as dist
         core = self._core
+        # This rank's last commit durable before the collectives: no rank completes step
+        # s + 1 before every rank's step s is durable, so after a crash the ranks' volumes
+        # are at most a step apart and the ranks ahead can go back (Note [previous commit]).
+        core.settle()
         grads, finite, sum_sq = [], True, 0.0
         for i, p in enumerate(self._params):
             g = _host(self._grad(i, p)).reshape(-1).to(torch.float32).clone()

@@ -288,12 +288,13 @@ class PyAdam {
     return adam_.get();
   }
 
-  std::optional<py::dict> resume() {
+  // The last commit, or the newest at or before `at_most` (a data-parallel rank's).
+  std::optional<py::dict> resume(std::optional<std::uint64_t> at_most) {
     std::optional<CommitRecord> r;
     OffloadedAdam* a = get();
     {
       py::gil_scoped_release nogil;
-      r = Take(a->Resume());
+      r = Take(at_most ? a->ResumeAtMost(*at_most) : a->Resume());
     }
     if (!r) return std::nullopt;
     py::dict d;
@@ -605,7 +606,7 @@ PYBIND11_MODULE(_core, m) {
                       for (StateGroup& g : l.groups) g.store_parameters = false;
                     return VersionedTrainingState::StoredBytes(l);
                   })
-      .def("resume", &PyAdam::resume)
+      .def("resume", &PyAdam::resume, py::arg("at_most") = std::nullopt)
       .def("initialize",
            [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
               const std::string& dtype) {

@@ -172,7 +172,13 @@ absl::Status OffloadedAdam::InitializeFrom(std::size_t g, TensorView weights) {
 }
 
 absl::StatusOr<std::optional<CommitRecord>> OffloadedAdam::Resume() {
-  MEMASCEND_ASSIGN_OR_RETURN(std::optional<CommitRecord> r, storage_->Resume(o_.fingerprint));
+  return ResumeAtMost(UINT64_MAX);
+}
+
+absl::StatusOr<std::optional<CommitRecord>> OffloadedAdam::ResumeAtMost(std::uint64_t step) {
+  MEMASCEND_ASSIGN_OR_RETURN(std::optional<CommitRecord> r,
+                             step == UINT64_MAX ? storage_->Resume(o_.fingerprint)
+                                                : storage_->ResumeAtMost(o_.fingerprint, step));
   if (!r.has_value()) return r;
   MEMASCEND_RETURN_IF_ERROR(scaler_.Restore(r->scaler));
   if (r->adam_step < 0)

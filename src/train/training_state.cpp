@@ -249,6 +249,16 @@ absl::Status InMemoryTrainingState::Commit(const CommitRecord& r) {
   committed_->layout = layout_.Fingerprint();
   return absl::OkStatus();
 }
+absl::StatusOr<std::optional<CommitRecord>> TrainingStateStorage::ResumeAtMost(
+    std::uint64_t fingerprint, std::uint64_t step) {
+  MEMASCEND_ASSIGN_OR_RETURN(std::optional<CommitRecord> last, Resume(fingerprint));
+  if (last.has_value() && last->step > step) {
+    return absl::FailedPreconditionError(fmt::format(
+        "this training state keeps only its last commit (step {}), not step {}", last->step, step));
+  }
+  return last;
+}
+
 absl::StatusOr<std::optional<CommitRecord>> InMemoryTrainingState::Resume(
     std::uint64_t fingerprint) {
   if (committed_.has_value() && committed_->fingerprint != fingerprint)
@@ -266,6 +276,7 @@ struct VersionedTrainingState::Impl {
   std::array<std::vector<std::vector<TensorId>>, kKinds.size()> ids;
   std::thread committer;       // the commit in progress (Note [background commit])
   absl::Status commit_status;  // the last commit's; written by committer before it ends
+  std::string last_record;     // as stored: the one a commit keeps as the previous
 };
 
 VersionedTrainingState::VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout)
@@ -411,16 +422,55 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
   CommitRecord record = r;
   record.layout = layout_.Fingerprint();
   impl_->committer = std::thread([this, record = std::move(record)] {
-    absl::Status s = impl_->store->Flush();
-    if (s.ok()) {
-      const std::string bytes = EncodeCommitRecord(record);
-      s = impl_->volume->Put(impl_->options.record_name,
-                             {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},
-                             Durability::kDurable, "memascend training state");
+    // Note [previous commit]: the last record becomes the previous one first.
+    absl::Status s = absl::OkStatus();
+    if (!impl_->last_record.empty()) {
+      // Only a record of an earlier step (a run started over keeps none of the old one's).
+      auto last = DecodeCommitRecord(impl_->last_record);
+      if (last.ok() && last->step < record.step) s = PutRecord(PreviousName(), impl_->last_record);
     }
+    if (s.ok()) s = impl_->store->Flush();
+    std::string bytes = EncodeCommitRecord(record);
+    if (s.ok()) s = PutRecord(impl_->options.record_name, bytes);
+    if (s.ok()) impl_->last_record = std::move(bytes);
     impl_->commit_status = std::move(s);
   });
   return absl::OkStatus();
+}
+
+std::string VersionedTrainingState::PreviousName() const {
+  return impl_->options.record_name + ".previous";
+}
+
+absl::Status VersionedTrainingState::PutRecord(const std::string& name, const std::string& bytes) {
+  return impl_->volume->Put(name, {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},
+                            Durability::kDurable, "memascend training state");
+}
+
+// The record stored under `name` (nullopt when there is none), checked as Resume checks.
+absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>>
+VersionedTrainingState::ReadRecord(const std::string& name, std::uint64_t fingerprint) const {
+  auto info = impl_->volume->Stat(name);
+  if (!info.ok()) {
+    if (info.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
+    return info.status();
+  }
+  std::string bytes(info->size, '\0');
+  MEMASCEND_RETURN_IF_ERROR(
+      impl_->volume->Get(name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
+          .status());
+  MEMASCEND_ASSIGN_OR_RETURN(CommitRecord r, DecodeCommitRecord(bytes));
+  if (r.layout != layout_.Fingerprint()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "the volume's training state '{}' has another layout (groups, sizes, dtypes or parts)",
+        name));
+  }
+  if (r.fingerprint != fingerprint) {
+    return absl::FailedPreconditionError(fmt::format(
+        "the volume's training state '{}' belongs to another run (fingerprint {:#x}, not {:#x})",
+        name, r.fingerprint, fingerprint));
+  }
+  return std::make_pair(std::move(r), std::move(bytes));
 }
 
 absl::Status VersionedTrainingState::Settle() {
@@ -431,29 +481,29 @@ absl::Status VersionedTrainingState::Settle() {
 absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
     std::uint64_t fingerprint) {
   MEMASCEND_RETURN_IF_ERROR(Settle());
-  auto info = impl_->volume->Stat(impl_->options.record_name);
-  if (!info.ok()) {
-    if (info.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
-    return info.status();
-  }
-  std::string bytes(info->size, '\0');
-  MEMASCEND_RETURN_IF_ERROR(impl_->volume
-                                ->Get(impl_->options.record_name,
-                                      {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
-                                .status());
-  MEMASCEND_ASSIGN_OR_RETURN(CommitRecord r, DecodeCommitRecord(bytes));
-  if (r.layout != layout_.Fingerprint()) {
+  MEMASCEND_ASSIGN_OR_RETURN(auto last, ReadRecord(impl_->options.record_name, fingerprint));
+  if (!last.has_value()) return std::nullopt;
+  current_ = last->first.version;
+  impl_->last_record = std::move(last->second);
+  return std::move(last->first);
+}
+
+absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::ResumeAtMost(
+    std::uint64_t fingerprint, std::uint64_t step) {
+  MEMASCEND_ASSIGN_OR_RETURN(std::optional<CommitRecord> last, Resume(fingerprint));
+  if (!last.has_value() || last->step <= step) return last;
+  MEMASCEND_ASSIGN_OR_RETURN(auto previous, ReadRecord(PreviousName(), fingerprint));
+  if (!previous.has_value() || previous->first.step > step || previous->first.step >= last->step) {
     return absl::FailedPreconditionError(fmt::format(
-        "the volume's training state '{}' has another layout (groups, sizes, dtypes or parts)",
-        impl_->options.record_name));
+        "the volume's training state holds step {}{}, not step {} or one before it", last->step,
+        previous.has_value() ? fmt::format(" and step {}", previous->first.step) : std::string(),
+        step));
   }
-  if (r.fingerprint != fingerprint) {
-    return absl::FailedPreconditionError(fmt::format(
-        "the volume's training state '{}' belongs to another run (fingerprint {:#x}, not {:#x})",
-        impl_->options.record_name, r.fingerprint, fingerprint));
-  }
-  current_ = r.version;
-  return r;
+  // The previous record becomes the last (Note [previous commit]).
+  MEMASCEND_RETURN_IF_ERROR(PutRecord(impl_->options.record_name, previous->second));
+  current_ = previous->first.version;
+  impl_->last_record = std::move(previous->second);
+  return std::move(previous->first);
 }
 
 std::uint64_t VersionedTrainingState::io_read_bytes() const {

@@ -62,8 +62,23 @@ def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
     assert sorted(a["losses"]) == [5, 6, 7, 8]
     for s in a["losses"]:
         assert a["losses"][s] == b["losses"][s], s
-    # Rank 1's volume behind rank 0's (as a rank killed between its commits leaves them):
-    # refused on every rank, the steps named, and neither volume is written.
+    # Rank 1's volume a step behind rank 0's (as a rank killed between its commit and the
+    # others' leaves them): rank 0 goes back to step 7, which its volume keeps whole, and
+    # the pair goes on with the losses of the uninterrupted one.
+    first = launch(tmp_path, 2, 7, str(tmp_path / "k.{rank}.vol"), tmp_path / "k7.pt")
+    assert all(rc == 0 for _, _, rc in first), first
+    shutil.copy(tmp_path / "k.1.vol", tmp_path / "k.1.at7")
+    ahead = launch(tmp_path, 2, 8, str(tmp_path / "k.{rank}.vol"), tmp_path / "k8.pt", ["--resume"])
+    assert all(rc == 0 for _, _, rc in ahead), ahead
+    os.replace(tmp_path / "k.1.at7", tmp_path / "k.1.vol")
+    back = launch(tmp_path, 2, 8, str(tmp_path / "k.{rank}.vol"), tmp_path / "back.pt",
+                  ["--resume"])
+    assert all(rc == 0 for _, _, rc in back), back
+    c = torch.load(tmp_path / "back.pt")
+    assert sorted(c["losses"]) == [8]
+    assert c["losses"][8] == b["losses"][8]
+    # Two steps apart (step 4 against step 8) cannot happen by a crash: refused on every
+    # rank with the steps named, and neither volume is written.
     os.replace(tmp_path / "r.1.at4", tmp_path / "r.1.vol")
     before = [(tmp_path / f"r.{r}.vol").read_bytes() for r in range(2)]
     bad = launch(tmp_path, 2, 9, vol, tmp_path / "bad.pt", ["--resume"])

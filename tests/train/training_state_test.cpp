@@ -188,6 +188,64 @@ TEST(VersionedTrainingState, ACommitIsWhatAReopenFindsAndTheNextVersionIsNotSeen
   }
 }
 
+TEST(VersionedTrainingState, ResumingAtMostAStepGoesBackToThePreviousCommitWhole) {
+  // Note [previous commit]: after commits of steps 1, 2 and 3, a rank that must agree
+  // with a rank left at step 2 goes back to step 2, whose version is whole; step 1 is
+  // gone; and the step gone back to is the last from then on.
+  ScratchPath path("train_state_previous");
+  const StateLayout layout = Layout();
+  {
+    Opened o;
+    Open(path.path(), layout, &o, true);
+    Fill(o.state.get(), StateKind::kMaster, 0.0f, false);
+    CommitRecord r;
+    r.fingerprint = 7;
+    ASSERT_OK(o.state->Commit(r));
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+      Fill(o.state.get(), StateKind::kMaster, 10.0f * static_cast<float>(step), true);
+      r.step = step;
+      r.version = 1 - o.state->current_version();
+      ASSERT_OK(o.state->Commit(r));
+    }
+    ASSERT_OK(o.state->Settle());
+  }
+  {
+    Opened o;
+    Open(path.path(), layout, &o, false);
+    EXPECT_THAT(o.state->ResumeAtMost(7, 1),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 3 and step 2")));
+    ASSERT_OK_AND_ASSIGN(auto at3, o.state->ResumeAtMost(7, 5));
+    EXPECT_EQ(at3->step, 3u);
+    Expect(o.state.get(), StateKind::kMaster, 30.0f);
+    EXPECT_THAT(o.state->ResumeAtMost(8, 2), StatusIs(absl::StatusCode::kFailedPrecondition));
+    ASSERT_OK_AND_ASSIGN(auto at2, o.state->ResumeAtMost(7, 2));
+    EXPECT_EQ(at2->step, 2u);
+    Expect(o.state.get(), StateKind::kMaster, 20.0f);
+  }
+  {
+    Opened o;
+    Open(path.path(), layout, &o, false);
+    ASSERT_OK_AND_ASSIGN(auto last, o.state->Resume(7));
+    EXPECT_EQ(last->step, 2u);  // step 3 is dropped for good
+    Expect(o.state.get(), StateKind::kMaster, 20.0f);
+    // Going on from step 2 overwrites step 3's version; step 2 stays the previous.
+    Fill(o.state.get(), StateKind::kMaster, 25.0f, true);
+    CommitRecord r;
+    r.fingerprint = 7;
+    r.step = 3;
+    r.version = 1 - o.state->current_version();
+    ASSERT_OK(o.state->Commit(r));
+    ASSERT_OK(o.state->Settle());
+  }
+  {
+    Opened o;
+    Open(path.path(), layout, &o, false);
+    ASSERT_OK_AND_ASSIGN(auto again, o.state->ResumeAtMost(7, 2));
+    EXPECT_EQ(again->step, 2u);
+    Expect(o.state.get(), StateKind::kMaster, 20.0f);
+  }
+}
+
 TEST(VersionedTrainingState, AnotherRunsOrAnotherLayoutsStateIsRefusedAndLeftAlone) {
   ScratchPath path("train_state_refuse");
   {
