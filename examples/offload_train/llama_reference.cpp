@@ -5,8 +5,10 @@
 //
 // MODEL_DIR holds config.json and model.safetensors (or shards with their index); TOKENS
 // is BATCH x (SEQ + 1) little-endian uint32 ids, each row predicting its tokens 1..SEQ
-// from 0..SEQ-1. OUT gets "loss" (the mean cross-entropy, one F32) and "grad.<name>" for
-// every parameter tensor (F32, Hugging Face's names and shapes). Computed in fp32.
+// from 0..SEQ-1. OUT gets "loss" (the mean cross-entropy, one F32), "grad.<name>" for
+// every parameter tensor and "param.<name>" after one step of the SDK's OffloadedAdam
+// (AdamW, lr 1e-2, weight decay 0.1, betas 0.9/0.999, eps 1e-8, no clipping or loss
+// scaling) over those gradients (F32, Hugging Face's names and shapes). Computed in fp32.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,8 +16,10 @@
 
 #include <fmt/format.h>
 
+#include <memascend/offloaded_optimizer.h>
 #include <memascend/safetensors.h>
 #include <memascend/status.h>
+#include <memascend/training_state.h>
 
 #include "checkpoint_io.h"
 #include "hf_config.h"
@@ -66,17 +70,49 @@ absl::Status Run(const std::string& dir, const std::string& tokens_path, std::si
     model.BlockBackward(l, params[l + 1].data(), grads[l + 1].data());
   model.EmbedGradient(grads[0].data(), 0, grads[0].size());
 
+  // One AdamW step of the SDK's optimizer over the gradients, every group in memory.
+  memascend::StateLayout layout;
+  for (std::size_t g = 0; g < groups; ++g)
+    layout.groups.push_back({fmt::format("g{}", g), params[g].size(), true});
+  layout.param_dtype = layout.grad_dtype = memascend::DType::kF32;
+  MEMASCEND_ASSIGN_OR_RETURN(auto state, memascend::InMemoryTrainingState::Create(layout));
+  memascend::OffloadedAdamOptions o;
+  o.lr = 1e-2f;
+  o.weight_decay = 0.1f;
+  o.scaler.initial_scale = 1.0f;
+  MEMASCEND_ASSIGN_OR_RETURN(auto adam, memascend::OffloadedAdam::Create(state.get(), o, &threads));
+  for (std::size_t g = 0; g < groups; ++g)
+    MEMASCEND_RETURN_IF_ERROR(adam->Initialize(g, params[g]));
+  MEMASCEND_RETURN_IF_ERROR(adam->Commit(0));
+  adam->BeginBackward();
+  for (std::size_t g = 0; g < groups; ++g) {
+    MEMASCEND_RETURN_IF_ERROR(
+        adam->SetGradient(g, 0, {grads[g].data(), grads[g].size(), memascend::DType::kF32}));
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(memascend::StepPlan step, adam->EndBackward());
+  if (step.skipped) return absl::InternalError("the step was skipped (inf or NaN gradients)");
+  std::vector<std::vector<float>> updated(groups);
+  for (std::size_t g = 0; g < groups; ++g) {
+    updated[g].resize(params[g].size());
+    MEMASCEND_RETURN_IF_ERROR(
+        adam->UpdateGroup(g, {updated[g].data(), updated[g].size(), memascend::DType::kF32}));
+  }
+
   std::vector<memascend::SafetensorsTensor> plan = {{"loss", "F32", {1}}};
-  for (memascend::SafetensorsTensor t : LlamaTensors(c, "F32")) {
-    t.name = "grad." + t.name;
-    plan.push_back(std::move(t));
+  for (const char* prefix : {"grad.", "param."}) {
+    for (memascend::SafetensorsTensor t : LlamaTensors(c, "F32")) {
+      t.name = prefix + t.name;
+      plan.push_back(std::move(t));
+    }
   }
   MEMASCEND_ASSIGN_OR_RETURN(auto w,
                              memascend::SafetensorsWriter::Create(out_path, plan, {}, true));
   const float l32 = static_cast<float>(loss);
   MEMASCEND_RETURN_IF_ERROR(w->Append({&l32, 1, memascend::DType::kF32}));
-  for (const std::vector<float>& g : grads)
-    MEMASCEND_RETURN_IF_ERROR(w->Append({g.data(), g.size(), memascend::DType::kF32}));
+  for (const auto* all : {&grads, &updated}) {
+    for (const std::vector<float>& g : *all)
+      MEMASCEND_RETURN_IF_ERROR(w->Append({g.data(), g.size(), memascend::DType::kF32}));
+  }
   return w->Finish();
 }
 
