@@ -704,14 +704,14 @@ class ParameterOffload:
         for p, i in self._params_of[id(m)]:
             self._fetch(p, i)
         if torch.is_grad_enabled():
-            return _wrap(inputs, lambda ts: _PostBackward.apply(self, m, *ts))
+            return _wrap(inputs, lambda ts: _OnBackward.apply(lambda: self._post_backward(m), *ts))
         return None
 
     def _post_forward(self, m, inputs, output):
         for p, i in self._params_of[id(m)]:
             self._release(p, i)
         if torch.is_grad_enabled():
-            return _wrap(output, lambda ts: _PreBackward.apply(self, m, *ts))
+            return _wrap(output, lambda ts: _OnBackward.apply(lambda: self._pre_backward(m), *ts))
         return None
 
     # -- backward
@@ -769,32 +769,20 @@ def offload_parameters(module, optimizer, window=2):
     return ParameterOffload(module, optimizer, window)
 
 
-class _PreBackward(torch.autograd.Function):
-    """Identity on a module's outputs; its backward loads the module's parameters."""
+class _OnBackward(torch.autograd.Function):
+    """Identity on some tensors, calling `callback` when the backward pass reaches them:
+    on a module's outputs, before the module's backward (its parameters are loaded); on
+    its inputs, after it (they are dropped)."""
 
     @staticmethod
-    def forward(ctx, offload, module, *tensors):
-        ctx.offload, ctx.module = offload, module
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
         return tuple(t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.offload._pre_backward(ctx.module)
-        return (None, None) + grads
-
-
-class _PostBackward(torch.autograd.Function):
-    """Identity on a module's inputs; its backward (after the module's) drops them."""
-
-    @staticmethod
-    def forward(ctx, offload, module, *tensors):
-        ctx.offload, ctx.module = offload, module
-        return tuple(t.detach() for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.offload._post_backward(ctx.module)
-        return (None, None) + grads
+        ctx.callback()
+        return (None,) + grads
 
 
 def _wrap(obj, apply):

@@ -365,18 +365,26 @@ TEST(Gradients, WholeModelEveryGroup) {
 
 // Llama, whole, in double: every slice of every group against central differences, with
 // grouped-query attention and llama3 rope scaling, tied and untied.
-void CheckLlamaGradients(bool tied) {
+// A Llama small enough to check by finite differences (head_dim x heads may differ from
+// hidden, as Hugging Face configs with head_dim allow).
+HfConfig SmallLlama(std::size_t vocab, std::size_t hidden, std::size_t heads, std::size_t kv_heads,
+                    std::size_t head_dim, std::size_t intermediate) {
   HfConfig c;
   c.arch = Arch::kLlama;
-  c.vocab = 11;
-  c.hidden = 8;
+  c.vocab = vocab;
+  c.hidden = hidden;
   c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 4;
-  c.intermediate = 12;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.intermediate = intermediate;
   c.max_positions = 64;
   c.norm_eps = 1e-5;
+  return c;
+}
+
+void CheckLlamaGradients(bool tied) {
+  HfConfig c = SmallLlama(11, 8, 4, 2, 4, 12);  // q is 16 wide, the stream 8
   c.rope_theta = 500000;
   c.rope.llama3 = true;
   c.rope.factor = 32;
@@ -449,18 +457,9 @@ TEST(Gradients, LlamaWholeModelEveryGroupUntied) { CheckLlamaGradients(false); }
 TEST(Gradients, LlamaWholeModelEveryGroupTied) { CheckLlamaGradients(true); }
 
 TEST(Llama, GroupsCarryHuggingFacesNames) {
-  HfConfig c;
-  c.vocab = 10;
-  c.hidden = 4;
-  c.layers = 2;
-  c.heads = 2;
-  c.kv_heads = 1;
-  c.head_dim = 2;
-  c.intermediate = 6;
-  c.tie_embeddings = false;
+  HfConfig c = SmallLlama(10, 4, 2, 1, 2, 6);
   std::size_t total = 0;
   for (std::size_t g = 0; g < LlamaGroupCount(c); ++g) total += LlamaGroupParams(c, g);
-  c.max_positions = 8;
   EXPECT_EQ(total, c.ParameterCount());
   const auto block = LlamaGroupLayout(c, 2);
   EXPECT_EQ(LlamaTensorName(c, 2, block[1]), "model.layers.1.self_attn.q_proj.weight");
