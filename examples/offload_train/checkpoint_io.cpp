@@ -7,6 +7,19 @@
 #include "llama.h"
 
 namespace offload_train {
+namespace {
+
+// "a, b, c" (fmt::join trips GCC 12's -Wstringop-overflow in the sanitizer build).
+std::string ShapeText(const std::vector<std::uint64_t>& shape) {
+  std::string out;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<std::uint64_t> LlamaSliceShape(const HfConfig& c, std::size_t group, const Slice& s) {
   const std::uint64_t ch = c.hidden, qw = c.heads * c.head_dim, kw = c.kv_heads * c.head_dim,
@@ -30,9 +43,9 @@ absl::Status ImportLlamaGroup(const memascend::SafetensorsCheckpoint& ckpt, cons
     MEMASCEND_ASSIGN_OR_RETURN(auto where, ckpt.Find(name));
     const std::vector<std::uint64_t> want = LlamaSliceShape(c, group, s);
     if (where.tensor->shape != want) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{}: tensor '{}' has shape [{}], the config's model needs [{}]", where.file->path(), name,
-          fmt::join(where.tensor->shape, ", "), fmt::join(want, ", ")));
+      return absl::InvalidArgumentError(
+          fmt::format("{}: tensor '{}' has shape [{}], the config's model needs [{}]",
+                      where.file->path(), name, ShapeText(where.tensor->shape), ShapeText(want)));
     }
     const absl::Status read =
         where.file->Read(*where.tensor, 0, {out + s.offset, s.count, memascend::DType::kF32});
