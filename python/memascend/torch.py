@@ -454,7 +454,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
         core.settle()
         grads, finite, sum_sq = [], True, 0.0
         for i, p in enumerate(self._params):
-            g = _host(self._grad(i, p)).reshape(-1).to(torch.float32).clone()
+            g = self._grad(i, p)
+            if g is p.grad and g.dtype == torch.float32 and g.device.type == "cpu" and \
+                    g.is_contiguous():
+                g = g.view(-1)  # averaged in place, as DDP leaves param.grad: no copy
+            else:
+                g = _host(g).reshape(-1).to(torch.float32).clone()
             dist.all_reduce(g, op=dist.ReduceOp.SUM, group=self._pg)
             self.comm_bytes += 4 * g.numel()
             g.div_(self._world)
