@@ -47,12 +47,9 @@ absl::Status ImportLlamaGroup(const memascend::SafetensorsCheckpoint& ckpt, cons
           fmt::format("{}: tensor '{}' has shape [{}], the config's model needs [{}]",
                       where.file->path(), name, ShapeText(where.tensor->shape), ShapeText(want)));
     }
-    const absl::Status read =
-        where.file->Read(*where.tensor, 0, {out + s.offset, s.count, memascend::DType::kF32});
-    if (!read.ok()) {
-      return absl::Status(read.code(),
-                          fmt::format("{}: {}", where.file->path(), std::string(read.message())));
-    }
+    // Read's errors name the file and the tensor already.
+    MEMASCEND_RETURN_IF_ERROR(
+        where.file->Read(*where.tensor, 0, {out + s.offset, s.count, memascend::DType::kF32}));
   }
   return absl::OkStatus();
 }

@@ -37,18 +37,11 @@ struct LayerParams {
 
 std::size_t LlamaGroupCount(const HfConfig& c) { return c.layers + 2; }
 
-GroupKind LlamaKindOf(const HfConfig& c, std::size_t group) {
-  if (group == 0) return GroupKind::kEmbed;
-  return group <= c.layers ? GroupKind::kBlock : GroupKind::kHead;
-}
+GroupKind LlamaKindOf(const HfConfig& c, std::size_t group) { return KindOfGroup(c.layers, group); }
 
 std::vector<Slice> LlamaGroupLayout(const HfConfig& c, std::size_t group) {
-  std::vector<Slice> out;
-  std::size_t at = 0;
-  auto add = [&](const char* name, std::size_t n) {
-    out.push_back({name, at, n});
-    at += n;
-  };
+  SliceList out;
+  auto add = [&out](const char* name, std::size_t n) { out.Add(name, n); };
   const std::size_t ch = c.hidden, qw = c.heads * c.head_dim, kw = c.kv_heads * c.head_dim;
   switch (LlamaKindOf(c, group)) {
     case GroupKind::kEmbed:
@@ -70,7 +63,7 @@ std::vector<Slice> LlamaGroupLayout(const HfConfig& c, std::size_t group) {
       if (!c.tie_embeddings) add("lm_head.weight", c.vocab * ch);
       break;
   }
-  return out;
+  return std::move(out).Take();
 }
 
 std::string LlamaTensorName(const HfConfig& c, std::size_t group, const Slice& s) {

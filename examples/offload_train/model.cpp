@@ -74,10 +74,12 @@ absl::Status Validate(const GptConfig& c) {
 
 std::size_t GroupCount(const GptConfig& c) { return c.layers + 2; }
 
-GroupKind KindOf(const GptConfig& c, std::size_t group) {
+GroupKind KindOfGroup(std::size_t layers, std::size_t group) {
   if (group == 0) return GroupKind::kEmbed;
-  return group <= c.layers ? GroupKind::kBlock : GroupKind::kHead;
+  return group <= layers ? GroupKind::kBlock : GroupKind::kHead;
 }
+
+GroupKind KindOf(const GptConfig& c, std::size_t group) { return KindOfGroup(c.layers, group); }
 
 std::string GroupName(const GptConfig& c, std::size_t group) {
   switch (KindOf(c, group)) {
@@ -92,12 +94,8 @@ std::string GroupName(const GptConfig& c, std::size_t group) {
 }
 
 std::vector<Slice> GroupLayout(const GptConfig& c, std::size_t group) {
-  std::vector<Slice> out;
-  std::size_t o = 0;
-  auto add = [&](const char* name, std::size_t n) {
-    out.push_back({name, o, n});
-    o += n;
-  };
+  SliceList out;
+  auto add = [&out](const char* name, std::size_t n) { out.Add(name, n); };
   const std::size_t ch = c.channels;
   switch (KindOf(c, group)) {
     case GroupKind::kEmbed:
@@ -124,7 +122,7 @@ std::vector<Slice> GroupLayout(const GptConfig& c, std::size_t group) {
       add("lm_head.w", c.vocab * ch);
       break;
   }
-  return out;
+  return std::move(out).Take();
 }
 
 std::size_t GroupParams(const GptConfig& c, std::size_t group) {

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <absl/status/status.h>
@@ -40,6 +41,24 @@ struct Slice {
   std::size_t offset = 0;
   std::size_t count = 0;
 };
+
+// A group's slices laid end to end, in the order they are added.
+class SliceList {
+ public:
+  void Add(std::string name, std::size_t count) {
+    slices_.push_back({std::move(name), end_, count});
+    end_ += count;
+  }
+  std::vector<Slice> Take() && { return std::move(slices_); }
+
+ private:
+  std::vector<Slice> slices_;
+  std::size_t end_ = 0;
+};
+
+// The trainer's groups, for either architecture: group 0 the embeddings, groups
+// 1..layers the blocks, group layers + 1 the head.
+GroupKind KindOfGroup(std::size_t layers, std::size_t group);
 
 std::size_t GroupCount(const GptConfig& c);  // layers + 2
 GroupKind KindOf(const GptConfig& c, std::size_t group);

@@ -65,7 +65,7 @@ class SafetensorsReader {
 
   // Elements [first, first + out.elements) of `t` (one of tensors()), converted to
   // out.dtype. kInvalidArgument for a range past the tensor or a dtype not computed in;
-  // kDataLoss for a short read (the file shrank since Open).
+  // kDataLoss for a short read (the file shrank since Open). Errors name the file.
   absl::Status Read(const SafetensorsTensor& t, std::uint64_t first, MutableTensorView out) const;
 
  private:

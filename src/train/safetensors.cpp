@@ -111,7 +111,12 @@ const SafetensorsTensor* SafetensorsReader::Find(std::string_view name) const {
 
 absl::Status SafetensorsReader::Read(const SafetensorsTensor& t, std::uint64_t first,
                                      MutableTensorView out) const {
-  MEMASCEND_ASSIGN_OR_RETURN(DType from, t.Type());
+  const absl::StatusOr<DType> type = t.Type();
+  if (!type.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {}", path_, std::string(type.status().message())));
+  }
+  const DType from = *type;
   const std::uint64_t n = t.elements();
   if (first > n || out.elements > n - first) {
     return absl::InvalidArgumentError(fmt::format("{}: tensor '{}' has {} elements, not [{}, {})",

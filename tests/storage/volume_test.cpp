@@ -520,23 +520,38 @@ class VolumeFaults final : public FaultInjector {
   std::atomic<bool> short_reads{false};
 };
 
-// A thread-pool engine whose every attempt goes through `faults`.
-absl::StatusOr<std::unique_ptr<IoEngine>> FaultyEngine(std::shared_ptr<VolumeFaults> faults) {
-  IoEngineOptions eo;
-  eo.backend = IoBackendChoice::kThreadPool;
-  eo.fault_injector = std::move(faults);
-  return IoEngine::Create(eo);
-}
+// A thread-pool engine whose every attempt goes through `faults`, and the options that open
+// a volume through it. Format() makes a 64 MiB volume there and aims the journal faults at
+// its journal region.
+struct FaultyVolume {
+  std::shared_ptr<VolumeFaults> faults = std::make_shared<VolumeFaults>();
+  std::unique_ptr<IoEngine> engine;
+  VolumeOpenOptions open;
+
+  absl::Status Start() {
+    IoEngineOptions eo;
+    eo.backend = IoBackendChoice::kThreadPool;
+    eo.fault_injector = faults;
+    MEMASCEND_ASSIGN_OR_RETURN(engine, IoEngine::Create(eo));
+    open.engine = engine.get();
+    return absl::OkStatus();
+  }
+  std::unique_ptr<Volume> Format(const std::string& path) {
+    auto v = FormatAndOpen(path, 64 * kMiB, 0, open);
+    if (v != nullptr) faults->journal_end = 8192 + 2 * v->stats().journal_bytes;
+    return v;
+  }
+};
 
 TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
   ScratchPath p("vol");
-  auto faults = std::make_shared<VolumeFaults>();
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyEngine(faults));
-  VolumeOpenOptions open;
-  open.engine = engine.get();
+  FaultyVolume fv;
+  ASSERT_OK(fv.Start());
+  const std::shared_ptr<VolumeFaults>& faults = fv.faults;
+  const VolumeOpenOptions& open = fv.open;
   {
-    auto v = FormatAndOpen(p.path(), 64 * kMiB, 0, open);
-    faults->journal_end = 8192 + 2 * v->stats().journal_bytes;
+    auto v = fv.Format(p.path());
+    ASSERT_NE(v, nullptr);
     ASSERT_OK(v->Put("keep", Pattern("keep", 1, 200000), Durability::kDurable));
     const std::uint64_t free_before = v->stats().free_bytes;
 
@@ -570,13 +585,13 @@ TEST(VolumeFaults, ErrorsSurfaceAndCommittedObjectsSurvive) {
 // failed commit is sealed off (Note [journal seals]).
 TEST(VolumeFaults, AFailedCommitThatLandedDoesNotComeBack) {
   ScratchPath p("vol");
-  auto faults = std::make_shared<VolumeFaults>();
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyEngine(faults));
-  VolumeOpenOptions open;
-  open.engine = engine.get();
+  FaultyVolume fv;
+  ASSERT_OK(fv.Start());
+  const std::shared_ptr<VolumeFaults>& faults = fv.faults;
+  const VolumeOpenOptions& open = fv.open;
   {
-    auto v = FormatAndOpen(p.path(), 64 * kMiB, 0, open);
-    faults->journal_end = 8192 + 2 * v->stats().journal_bytes;
+    auto v = fv.Format(p.path());
+    ASSERT_NE(v, nullptr);
     ASSERT_OK(v->Put("keep", Pattern("keep", 1, 200000), Durability::kDurable));
     faults->journal_errno = EIO;
     faults->fail_journal_writes = 1;  // the commit of version 2 lands, but is reported failed

@@ -7,6 +7,7 @@
 #include <functional>
 #include <numbers>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -308,25 +309,77 @@ TEST(Gradients, GeluAndCrossEntropyAndEmbedding) {
 
 // The whole model: every group's gradient from the streamed backward pass against
 // finite differences of the loss, over a sample of each group's parameters.
+// Whole-model gradient checks (Gpt and Llama alike): every group's parameters from the
+// model's initialisation, ten times larger and perturbed, so the attention and MLP are
+// far from linear.
+template <typename Init>
+std::vector<Vec> CheckParams(std::size_t groups,
+                             const std::function<std::size_t(std::size_t)>& size, Init&& init) {
+  std::vector<Vec> params(groups);
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::vector<float> f(size(g));
+    init(g, f.data());
+    std::mt19937_64 rng(g);
+    params[g].resize(f.size());
+    for (std::size_t i = 0; i < f.size(); ++i)
+      params[g][i] = double{f[i]} * 10 + static_cast<double>(rng() % 100) * 1e-3;
+  }
+  return params;
+}
+
+// Fixed inputs and next-token targets over `rows` positions.
+void CheckTokens(std::size_t rows, std::size_t vocab, std::vector<std::int32_t>* tokens,
+                 std::vector<std::int32_t>* targets) {
+  tokens->resize(rows);
+  targets->resize(rows);
+  for (std::size_t i = 0; i < rows; ++i) {
+    (*tokens)[i] = static_cast<std::int32_t>((i * 7 + 3) % vocab);
+    (*targets)[i] = static_cast<std::int32_t>((i * 5 + 1) % vocab);
+  }
+}
+
+// `forward(grads)` returns the loss and, with `grads`, fills every group's gradient. A few
+// entries of every slice of every group are checked against central differences (with
+// Richardson's extrapolation when `richardson`: the O(h^2) error cancels, for weights
+// large enough that the loss curves sharply).
+void ExpectGroupGradients(std::vector<Vec>& params,
+                          const std::function<double(std::vector<Vec>*)>& forward,
+                          const std::function<std::vector<Slice>(std::size_t)>& layout,
+                          const std::function<std::string(std::size_t, const Slice&)>& name,
+                          bool richardson) {
+  std::vector<Vec> grads(params.size());
+  for (std::size_t g = 0; g < params.size(); ++g) grads[g].assign(params[g].size(), 0.0);
+  forward(&grads);
+  for (std::size_t g = 0; g < params.size(); ++g) {
+    for (const Slice& s : layout(g)) {
+      for (std::size_t k = 0; k < std::min<std::size_t>(s.count, 6); ++k) {
+        const std::size_t i = s.offset + (k * 7919) % s.count;
+        const double keep = params[g][i];
+        auto central = [&](double h) {
+          params[g][i] = keep + h;
+          const double up = forward(nullptr);
+          params[g][i] = keep - h;
+          const double down = forward(nullptr);
+          params[g][i] = keep;
+          return (up - down) / (2 * h);
+        };
+        const double numeric = richardson ? (4 * central(5e-6) - central(1e-5)) / 3 : central(1e-5);
+        EXPECT_NEAR(grads[g][i], numeric, 1e-6 + 1e-5 * std::abs(numeric))
+            << name(g, s) << "[" << i - s.offset << "]";
+      }
+    }
+  }
+}
+
 TEST(Gradients, WholeModelEveryGroup) {
   const GptConfig c{.vocab = 13, .seq = 6, .channels = 8, .layers = 2, .heads = 2, .batch = 2};
   memascend::KernelThreads threads(2);
   Gpt<double> model(c, &threads);
-  std::vector<Vec> params(GroupCount(c));
-  for (std::size_t g = 0; g < GroupCount(c); ++g) {
-    std::vector<float> f(GroupParams(c, g));
-    InitGroup(c, g, 7, f.data());
-    std::mt19937_64 rng(g);
-    params[g].resize(f.size());
-    // Larger than GPT-2's 0.02, so the attention and MLP are far from linear.
-    for (std::size_t i = 0; i < f.size(); ++i)
-      params[g][i] = double{f[i]} * 10 + static_cast<double>(rng() % 100) * 1e-3;
-  }
-  std::vector<std::int32_t> tokens(c.batch * c.seq), targets(c.batch * c.seq);
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % c.vocab);
-    targets[i] = static_cast<std::int32_t>((i * 5 + 1) % c.vocab);
-  }
+  std::vector<Vec> params = CheckParams(
+      GroupCount(c), [&](std::size_t g) { return GroupParams(c, g); },
+      [&](std::size_t g, float* f) { InitGroup(c, g, 7, f); });
+  std::vector<std::int32_t> tokens, targets;
+  CheckTokens(c.batch * c.seq, c.vocab, &tokens, &targets);
   const std::size_t head = GroupCount(c) - 1;
   auto forward = [&](std::vector<Vec>* grads) {
     model.Embed(params[0].data(), tokens.data());
@@ -340,27 +393,10 @@ TEST(Gradients, WholeModelEveryGroup) {
     }
     return loss;
   };
-  std::vector<Vec> grads(GroupCount(c));
-  for (std::size_t g = 0; g < GroupCount(c); ++g) grads[g].assign(params[g].size(), 0.0);
-  forward(&grads);
-  for (std::size_t g = 0; g < GroupCount(c); ++g) {
-    // Every slice of the group, a few entries each.
-    for (const Slice& s : GroupLayout(c, g)) {
-      for (std::size_t k = 0; k < std::min<std::size_t>(s.count, 6); ++k) {
-        const std::size_t i = s.offset + (k * 7919) % s.count;
-        const double keep = params[g][i];
-        const double h = 1e-5;
-        params[g][i] = keep + h;
-        const double up = forward(nullptr);
-        params[g][i] = keep - h;
-        const double down = forward(nullptr);
-        params[g][i] = keep;
-        const double numeric = (up - down) / (2 * h);
-        EXPECT_NEAR(grads[g][i], numeric, 1e-6 + 1e-5 * std::abs(numeric))
-            << GroupName(c, g) << " " << s.name << "[" << i - s.offset << "]";
-      }
-    }
-  }
+  ExpectGroupGradients(
+      params, forward, [&](std::size_t g) { return GroupLayout(c, g); },
+      [&](std::size_t g, const Slice& s) { return GroupName(c, g) + " " + s.name; },
+      /*richardson=*/false);
 }
 
 // Llama, whole, in double: every slice of every group against central differences, with
@@ -393,20 +429,11 @@ void CheckLlamaGradients(bool tied) {
   const std::size_t batch = 2, seq = 6, groups = LlamaGroupCount(c), head = groups - 1;
   memascend::KernelThreads threads(2);
   Llama<double> model(c, batch, seq, &threads);
-  std::vector<Vec> params(groups);
-  for (std::size_t g = 0; g < groups; ++g) {
-    std::vector<float> f(LlamaGroupParams(c, g));
-    InitLlamaGroup(c, g, 7, f.data());
-    std::mt19937_64 rng(g);
-    params[g].resize(f.size());
-    for (std::size_t i = 0; i < f.size(); ++i)
-      params[g][i] = double{f[i]} * 10 + static_cast<double>(rng() % 100) * 1e-3;
-  }
-  std::vector<std::int32_t> tokens(batch * seq), targets(batch * seq);
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % c.vocab);
-    targets[i] = static_cast<std::int32_t>((i * 5 + 1) % c.vocab);
-  }
+  std::vector<Vec> params = CheckParams(
+      groups, [&](std::size_t g) { return LlamaGroupParams(c, g); },
+      [&](std::size_t g, float* f) { InitLlamaGroup(c, g, 7, f); });
+  std::vector<std::int32_t> tokens, targets;
+  CheckTokens(batch * seq, c.vocab, &tokens, &targets);
   auto forward = [&](std::vector<Vec>* grads) {
     model.Embed(params[0].data(), tokens.data());
     for (std::size_t l = 0; l < c.layers; ++l) model.Block(l, params[l + 1].data());
@@ -420,30 +447,12 @@ void CheckLlamaGradients(bool tied) {
     }
     return loss;
   };
-  std::vector<Vec> grads(groups);
-  for (std::size_t g = 0; g < groups; ++g) grads[g].assign(params[g].size(), 0.0);
-  forward(&grads);
-  for (std::size_t g = 0; g < groups; ++g) {
-    for (const Slice& s : LlamaGroupLayout(c, g)) {
-      for (std::size_t k = 0; k < std::min<std::size_t>(s.count, 6); ++k) {
-        const std::size_t i = s.offset + (k * 7919) % s.count;
-        const double keep = params[g][i];
-        auto central = [&](double h) {
-          params[g][i] = keep + h;
-          const double up = forward(nullptr);
-          params[g][i] = keep - h;
-          const double down = forward(nullptr);
-          params[g][i] = keep;
-          return (up - down) / (2 * h);
-        };
-        // Richardson's extrapolation: the O(h^2) error of central differences cancels
-        // (the weights are large, so the loss curves sharply).
-        const double numeric = (4 * central(5e-6) - central(1e-5)) / 3;
-        EXPECT_NEAR(grads[g][i], numeric, 1e-6 + 1e-5 * std::abs(numeric))
-            << LlamaTensorName(c, g, s) << "[" << i - s.offset << "]" << (tied ? " tied" : "");
-      }
-    }
-  }
+  ExpectGroupGradients(
+      params, forward, [&](std::size_t g) { return LlamaGroupLayout(c, g); },
+      [&](std::size_t g, const Slice& s) {
+        return LlamaTensorName(c, g, s) + (tied ? " (tied)" : "");
+      },
+      /*richardson=*/true);
   // Range by range, the embeddings' gradient (with the tied head's share) has the bits
   // of the whole.
   Vec whole(params[0].size()), parts(params[0].size());
