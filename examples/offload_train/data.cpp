@@ -29,6 +29,43 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   return s.str();
 }
 
+absl::StatusOr<std::vector<std::int32_t>> ReadTokenFile(const std::string& path,
+                                                        std::size_t vocab) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(fmt::format("{}: cannot open the token file", path));
+  std::error_code ec;
+  const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
+  if (ec) return absl::UnavailableError(fmt::format("{}: {}", path, ec.message()));
+  if (bytes % 4 != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: {} bytes is not a whole number of uint32 token ids (raw little-endian, 4 bytes "
+        "each)",
+        path, bytes));
+  }
+  std::vector<std::int32_t> ids(bytes / 4);
+  std::vector<unsigned char> raw(std::size_t{1} << 20);
+  for (std::size_t at = 0; at < ids.size();) {
+    const std::size_t n = std::min(raw.size() / 4, ids.size() - at);
+    if (!in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(n * 4))) {
+      return absl::UnavailableError(
+          fmt::format("{}: read failed at byte {} of {}", path, at * 4, bytes));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const unsigned char* b = raw.data() + 4 * i;
+      const std::uint32_t id = std::uint32_t{b[0]} | std::uint32_t{b[1]} << 8 |
+                               std::uint32_t{b[2]} << 16 | std::uint32_t{b[3]} << 24;
+      if (id >= vocab) {
+        return absl::InvalidArgumentError(
+            fmt::format("{}: token id {} at position {} is beyond the model's vocabulary of {}",
+                        path, id, at + i, vocab));
+      }
+      ids[at + i] = static_cast<std::int32_t>(id);
+    }
+    at += n;
+  }
+  return ids;
+}
+
 absl::StatusOr<std::string> ReadLicenceCorpus(const std::string& dir) {
   std::error_code ec;
   std::vector<std::filesystem::path> files;

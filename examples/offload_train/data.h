@@ -39,6 +39,12 @@ class Tokenizer {
   std::unordered_map<std::string, std::int32_t> words_;
 };
 
+// Pre-tokenized data (--tokens, --eval): raw little-endian uint32 token ids, a file whose
+// size is a multiple of 4, each id below `vocab`. kInvalidArgument naming the file (and the
+// position and value of the first id out of range); kNotFound / kUnavailable as opening
+// and reading fail.
+absl::StatusOr<std::vector<std::int32_t>> ReadTokenFile(const std::string& path, std::size_t vocab);
+
 // Batch `step` of a run: `batch` windows of seq + 1 tokens at positions drawn from
 // (seed, step) alone, so a resumed run sees the same batches as an uninterrupted one.
 void SampleBatch(const std::vector<std::int32_t>& tokens, std::uint64_t seed, std::uint64_t step,

@@ -96,14 +96,20 @@ void InitLlamaGroup(const HfConfig& c, std::size_t group, std::uint64_t seed, fl
 
 template <typename T>
 Llama<T>::Llama(const HfConfig& config, std::size_t batch, std::size_t seq,
-                memascend::KernelThreads* threads)
-    : c_(config), batch_(batch), seq_(seq), rows_(batch * seq), threads_(threads) {
+                memascend::KernelThreads* threads, bool blas, bool checkpoint)
+    : c_(config),
+      batch_(batch),
+      seq_(seq),
+      rows_(batch * seq),
+      threads_(threads),
+      blas_(blas),
+      checkpoint_(checkpoint) {
   const std::size_t ch = c_.hidden, qw = c_.heads * c_.head_dim, kw = c_.kv_heads * c_.head_dim,
                     in = c_.intermediate;
   ops::RopeTables(&cos_, &sin_, ops::RopeInverseFrequencies(c_.head_dim, c_.rope_theta, c_.rope),
                   seq_);
   x_.resize(rows_ * ch);
-  acts_.resize(c_.layers);
+  acts_.resize(checkpoint_ ? 1 : c_.layers);
   for (BlockActs& a : acts_) {
     a.in.resize(rows_ * ch);
     a.ln1.resize(rows_ * ch);
@@ -144,33 +150,46 @@ void Llama<T>::Embed(const T* embed, const std::int32_t* tokens) {
 
 template <typename T>
 void Llama<T>::Block(std::size_t layer, const T* params) {
+  Forward(layer, params, x_.data(), x_.data());
+}
+
+template <typename T>
+void Llama<T>::Recompute(std::size_t layer, const T* params, const T* input) {
+  // The output is not needed (x_ holds the gradient now): it goes to scratch.
+  Forward(layer, params, input, scratch_a_.data());
+}
+
+template <typename T>
+void Llama<T>::Forward(std::size_t layer, const T* params, const T* input, T* output) {
   const LayerParams p(c_);
   const std::size_t ch = c_.hidden, qw = c_.heads * c_.head_dim, kw = c_.kv_heads * c_.head_dim,
                     in = c_.intermediate;
   const ops::AttentionShape shape{batch_, seq_, c_.heads, c_.kv_heads, c_.head_dim};
-  BlockActs& a = acts_[layer];
+  BlockActs& a = Acts(layer);
   const T* none = nullptr;
-  a.in = x_;
+  a.in.assign(input, input + rows_ * ch);
   ops::RmsNormForward(a.ln1.data(), a.ln1_rstd.data(), a.in.data(), params + p.ln1, rows_, ch,
                       c_.norm_eps, threads_);
-  ops::MatmulForward(a.q.data(), a.ln1.data(), params + p.q, none, rows_, ch, qw, threads_);
-  ops::MatmulForward(a.k.data(), a.ln1.data(), params + p.k, none, rows_, ch, kw, threads_);
-  ops::MatmulForward(a.v.data(), a.ln1.data(), params + p.v, none, rows_, ch, kw, threads_);
+  ops::MatmulForward(a.q.data(), a.ln1.data(), params + p.q, none, rows_, ch, qw, threads_, blas_);
+  ops::MatmulForward(a.k.data(), a.ln1.data(), params + p.k, none, rows_, ch, kw, threads_, blas_);
+  ops::MatmulForward(a.v.data(), a.ln1.data(), params + p.v, none, rows_, ch, kw, threads_, blas_);
   ops::RopeApply(a.q.data(), cos_.data(), sin_.data(), rows_, seq_, c_.heads, c_.head_dim, false,
                  threads_);
   ops::RopeApply(a.k.data(), cos_.data(), sin_.data(), rows_, seq_, c_.kv_heads, c_.head_dim, false,
                  threads_);
   ops::GqaForward(a.atty.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), shape, threads_);
   T* o = scratch_a_.data();
-  ops::MatmulForward(o, a.atty.data(), params + p.o, none, rows_, qw, ch, threads_);
+  ops::MatmulForward(o, a.atty.data(), params + p.o, none, rows_, qw, ch, threads_, blas_);
   for (std::size_t i = 0; i < rows_ * ch; ++i) a.mid[i] = a.in[i] + o[i];
   ops::RmsNormForward(a.ln2.data(), a.ln2_rstd.data(), a.mid.data(), params + p.ln2, rows_, ch,
                       c_.norm_eps, threads_);
-  ops::MatmulForward(a.gate.data(), a.ln2.data(), params + p.gate, none, rows_, ch, in, threads_);
-  ops::MatmulForward(a.up.data(), a.ln2.data(), params + p.up, none, rows_, ch, in, threads_);
+  ops::MatmulForward(a.gate.data(), a.ln2.data(), params + p.gate, none, rows_, ch, in, threads_,
+                     blas_);
+  ops::MatmulForward(a.up.data(), a.ln2.data(), params + p.up, none, rows_, ch, in, threads_,
+                     blas_);
   ops::SwigluForward(a.act.data(), a.gate.data(), a.up.data(), rows_ * in);
-  ops::MatmulForward(o, a.act.data(), params + p.down, none, rows_, in, ch, threads_);
-  for (std::size_t i = 0; i < rows_ * ch; ++i) x_[i] = a.mid[i] + o[i];
+  ops::MatmulForward(o, a.act.data(), params + p.down, none, rows_, in, ch, threads_, blas_);
+  for (std::size_t i = 0; i < rows_ * ch; ++i) output[i] = a.mid[i] + o[i];
 }
 
 template <typename T>
@@ -182,14 +201,14 @@ double Llama<T>::Head(const T* head, const T* embed, const std::int32_t* targets
   ops::RmsNormForward(normed_.data(), norm_rstd_.data(), x_.data(), norm_w, rows_, ch, c_.norm_eps,
                       threads_);
   ops::MatmulForward(logits_.data(), normed_.data(), out_w, static_cast<const T*>(nullptr), rows_,
-                     ch, c_.vocab, threads_);
+                     ch, c_.vocab, threads_, blas_);
   const double loss =
       ops::CrossEntropy(backward ? logits_.data() : static_cast<T*>(nullptr), logits_.data(),
                         targets, rows_, c_.vocab, grad_scale, threads_, row_loss_.data());
   if (!backward) return loss;
   T* dnormed = scratch_a_.data();
   std::fill(dnormed, dnormed + rows_ * ch, T(0));
-  ops::MatmulBackwardInput(dnormed, logits_.data(), out_w, rows_, ch, c_.vocab, threads_);
+  ops::MatmulBackwardInput(dnormed, logits_.data(), out_w, rows_, ch, c_.vocab, threads_, blas_);
   std::vector<T> dx(rows_ * ch, T(0));
   std::fill(dnorm_w_.begin(), dnorm_w_.end(), T(0));
   ops::RmsNormBackward(dx.data(), dnorm_w_.data(), dnormed, x_.data(), norm_w, norm_rstd_.data(),
@@ -206,7 +225,7 @@ void Llama<T>::HeadGradient(T* out, std::size_t begin, std::size_t end) const {
   if (end <= norm || c_.tie_embeddings) return;
   const std::size_t lo = std::max(begin, norm);
   ops::MatmulWeightGradientRange(out + (lo - begin), logits_.data(), normed_.data(), rows_,
-                                 c_.hidden, c_.vocab, lo - norm, end - norm, threads_);
+                                 c_.hidden, c_.vocab, lo - norm, end - norm, threads_, blas_);
 }
 
 template <typename T>
@@ -215,14 +234,14 @@ void Llama<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   const std::size_t ch = c_.hidden, qw = c_.heads * c_.head_dim, kw = c_.kv_heads * c_.head_dim,
                     in = c_.intermediate;
   const ops::AttentionShape shape{batch_, seq_, c_.heads, c_.kv_heads, c_.head_dim};
-  BlockActs& a = acts_[layer];
+  BlockActs& a = Acts(layer);
   T* none = nullptr;
   // x_ is d(out); out = mid + down(swiglu(gate(ln2), up(ln2))); mid = in + o(attn(ln1(in))).
   std::vector<T> dmid = x_;
   T* dact = scratch_a_.data();
   std::fill(dact, dact + rows_ * in, T(0));
   ops::MatmulBackward(dact, dparams + p.down, none, x_.data(), a.act.data(), params + p.down, rows_,
-                      in, ch, threads_);
+                      in, ch, threads_, blas_);
   T* dgate = scratch_b_.data();
   T* dup = scratch_c_.data();
   std::fill(dgate, dgate + rows_ * in, T(0));
@@ -231,9 +250,9 @@ void Llama<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   T* dln2 = scratch_d_.data();
   std::fill(dln2, dln2 + rows_ * ch, T(0));
   ops::MatmulBackward(dln2, dparams + p.gate, none, dgate, a.ln2.data(), params + p.gate, rows_, ch,
-                      in, threads_);
+                      in, threads_, blas_);
   ops::MatmulBackward(dln2, dparams + p.up, none, dup, a.ln2.data(), params + p.up, rows_, ch, in,
-                      threads_);
+                      threads_, blas_);
   ops::RmsNormBackward(dmid.data(), dparams + p.ln2, dln2, a.mid.data(), params + p.ln2,
                        a.ln2_rstd.data(), rows_, ch, threads_);
   // attention
@@ -241,7 +260,7 @@ void Llama<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   T* datty = scratch_a_.data();
   std::fill(datty, datty + rows_ * qw, T(0));
   ops::MatmulBackward(datty, dparams + p.o, none, dmid.data(), a.atty.data(), params + p.o, rows_,
-                      qw, ch, threads_);
+                      qw, ch, threads_, blas_);
   T* dq = scratch_b_.data();
   T* dk = scratch_c_.data();
   T* dv = scratch_d_.data();
@@ -257,11 +276,11 @@ void Llama<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   T* dln1 = scratch_a_.data();
   std::fill(dln1, dln1 + rows_ * ch, T(0));
   ops::MatmulBackward(dln1, dparams + p.q, none, dq, a.ln1.data(), params + p.q, rows_, ch, qw,
-                      threads_);
+                      threads_, blas_);
   ops::MatmulBackward(dln1, dparams + p.k, none, dk, a.ln1.data(), params + p.k, rows_, ch, kw,
-                      threads_);
+                      threads_, blas_);
   ops::MatmulBackward(dln1, dparams + p.v, none, dv, a.ln1.data(), params + p.v, rows_, ch, kw,
-                      threads_);
+                      threads_, blas_);
   ops::RmsNormBackward(x_.data(), dparams + p.ln1, dln1, a.in.data(), params + p.ln1,
                        a.ln1_rstd.data(), rows_, ch, threads_);
 }
@@ -274,13 +293,26 @@ void Llama<T>::EmbedGradient(T* out, std::size_t begin, std::size_t end) const {
   // each in a fixed order, so range by range gives the bits of the whole.
   if (c_.tie_embeddings) {
     ops::MatmulWeightGradientRange(out, logits_.data(), normed_.data(), rows_, ch, c_.vocab, begin,
-                                   end, threads_);
+                                   end, threads_, blas_);
   }
   for (std::size_t r = 0; r < rows_; ++r) {
     const std::size_t at = static_cast<std::size_t>(tokens_[r]) * ch;
     const std::size_t lo = std::max(begin, at), hi = std::min(end, at + ch);
     for (std::size_t k = lo; k < hi; ++k) out[k - begin] += x_[r * ch + (k - at)];
   }
+}
+
+template <typename T>
+std::size_t Llama<T>::ActivationBytes() const {
+  std::size_t n = x_.size() + normed_.size() + norm_rstd_.size() + logits_.size() +
+                  row_loss_.size() + dnorm_w_.size() + scratch_a_.size() + scratch_b_.size() +
+                  scratch_c_.size() + scratch_d_.size() + cos_.size() + sin_.size();
+  for (const BlockActs& a : acts_) {
+    for (const std::vector<T>* v : {&a.in, &a.ln1, &a.ln1_rstd, &a.q, &a.k, &a.v, &a.att, &a.atty,
+                                    &a.mid, &a.ln2, &a.ln2_rstd, &a.gate, &a.up, &a.act})
+      n += v->size();
+  }
+  return n * sizeof(T) + tokens_.capacity() * sizeof(std::int32_t);
 }
 
 template <typename T>

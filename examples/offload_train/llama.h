@@ -10,6 +10,11 @@
 // HeadGradient, BlockBackward in reverse, EmbedGradient; the gradients come range by
 // range with the bits of the whole (Note [gradient parts] in trainer.h).
 //
+// With `checkpoint`, the model keeps one block's activations, not every block's: the caller
+// keeps each block's input (Residual() before Block()) and hands it back to Recompute()
+// before that block's BlockBackward, which then gives the bits it would have given.
+// `blas`: the matrix products through blas.h (ops.h).
+//
 // Thread-safety: one thread drives a model; `threads` parallelises inside each layer.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_LLAMA_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_LLAMA_H_
@@ -42,10 +47,15 @@ template <typename T>
 class Llama {
  public:
   Llama(const HfConfig& config, std::size_t batch, std::size_t seq,
-        memascend::KernelThreads* threads);
+        memascend::KernelThreads* threads, bool blas = false, bool checkpoint = false);
 
   void Embed(const T* embed, const std::int32_t* tokens);
   void Block(std::size_t layer, const T* params);
+  // The residual stream ([batch * seq, hidden]): the next block's input during the
+  // forward pass.
+  const T* Residual() const { return x_.data(); }
+  // Layer `layer`'s activations again from its input (checkpointed models).
+  void Recompute(std::size_t layer, const T* params, const T* input);
   // `embed` is the embedding matrix, read only when the embeddings are tied.
   double Head(const T* head, const T* embed, const std::int32_t* targets, T grad_scale,
               bool backward);
@@ -53,15 +63,21 @@ class Llama {
   void BlockBackward(std::size_t layer, const T* params, T* dparams);
   void EmbedGradient(T* out, std::size_t begin, std::size_t end) const;
   const T* Logits(std::size_t b, std::size_t t) const;
+  const T* RowLosses() const { return row_loss_.data(); }  // each row's loss, after Head
+  std::size_t ActivationBytes() const;
   const HfConfig& config() const { return c_; }
 
  private:
   struct BlockActs {
     std::vector<T> in, ln1, ln1_rstd, q, k, v, att, atty, mid, ln2, ln2_rstd, gate, up, act;
   };
+  BlockActs& Acts(std::size_t layer) { return acts_[checkpoint_ ? 0 : layer]; }
+  void Forward(std::size_t layer, const T* params, const T* input, T* output);
+
   HfConfig c_;
   std::size_t batch_, seq_, rows_;
   memascend::KernelThreads* threads_;
+  bool blas_, checkpoint_;
   std::vector<T> cos_, sin_;
   std::vector<std::int32_t> tokens_;
   std::vector<T> x_;  // the residual stream, then its gradient

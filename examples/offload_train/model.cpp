@@ -1,11 +1,13 @@
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include "llama.h"
 #include "ops.h"
 #include "split_mix.h"
 
@@ -37,10 +39,41 @@ struct BlockParams {
 
 }  // namespace
 
-absl::Status Validate(const GptConfig& c) {
+ModelConfig ForHf(const HfConfig& hf, std::size_t batch, std::size_t seq) {
+  ModelConfig c;
+  c.vocab = hf.vocab;
+  c.channels = hf.hidden;
+  c.layers = hf.layers;
+  c.heads = hf.heads;
+  c.batch = batch;
+  c.seq = seq;
+  c.hf = hf;
+  return c;
+}
+
+bool TiedHead(const ModelConfig& c) { return c.hf.has_value() && c.hf->tie_embeddings; }
+
+std::string ArchName(const ModelConfig& c) {
+  return c.hf.has_value() ? std::string(ToString(c.hf->arch)) : "GPT";
+}
+
+absl::Status Validate(const ModelConfig& c) {
+  if (c.hf.has_value()) {
+    const HfConfig& h = *c.hf;
+    if (h.arch != Arch::kLlama) {
+      return absl::UnimplementedError(fmt::format(
+          "model_type '{}': the trainer runs Hugging Face's llama architecture; GPT-2 "
+          "checkpoints are not read yet (the demo's GPT trains without --config/--init-from)",
+          ToString(h.arch)));
+    }
+    if (c.vocab != h.vocab || c.channels != h.hidden || c.layers != h.layers ||
+        c.heads != h.heads) {
+      return absl::InternalError("a Hugging Face model's sizes differ from its config's");
+    }
+  }
   if (c.vocab < 2 || c.seq < 1 || c.channels < 1 || c.layers < 1 || c.heads < 1 || c.batch < 1)
     return absl::InvalidArgumentError("model sizes must be positive (vocab at least 2)");
-  if (c.channels % c.heads != 0) {
+  if (!c.hf.has_value() && c.channels % c.heads != 0) {
     return absl::InvalidArgumentError(
         fmt::format("channels ({}) must be a multiple of heads ({})", c.channels, c.heads));
   }
@@ -53,35 +86,44 @@ absl::Status Validate(const GptConfig& c) {
   }
   // The parameters and one batch's activations (about, in fp32) must fit in this
   // machine's memory, or the first allocation would fail.
-  const double params = static_cast<double>(c.vocab + c.seq) * static_cast<double>(c.channels) +
-                        12.0 * static_cast<double>(c.layers) * static_cast<double>(c.channels) *
-                            static_cast<double>(c.channels);
+  // (Only the largest group and a block's gradient are whole in memory: Note [gradient
+  // parts] in trainer.h.)
+  double params = 0;
+  for (std::size_t g = 0; g < GroupCount(c); ++g)
+    params = std::max(params, static_cast<double>(GroupParams(c, g)));
+  params *= 2;
+  // A block's activations: 16 widths of the residual stream (GPT's MLP is 4 wide; Llama's
+  // intermediate size may be wider) and the attention matrix.
+  const double width = c.hf.has_value() ? 6.0 * static_cast<double>(c.channels) +
+                                              4.0 * static_cast<double>(c.hf->intermediate)
+                                        : 16.0 * static_cast<double>(c.channels);
   const double rows = static_cast<double>(c.batch) * static_cast<double>(c.seq);
-  const double acts = 4.0 * rows *
-                      (2.0 * static_cast<double>(c.vocab) +
-                       static_cast<double>(c.layers) * (16.0 * static_cast<double>(c.channels) +
-                                                        static_cast<double>(c.heads * c.seq)));
+  const double acts =
+      4.0 * rows *
+      (2.0 * static_cast<double>(c.vocab) +
+       static_cast<double>(c.layers) * (width + static_cast<double>(c.heads * c.seq)));
   const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                         static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   if (memory > 0 && acts + 4.0 * params > memory) {
     return absl::ResourceExhaustedError(fmt::format(
-        "the model ({:.0f} M parameters) and one batch's activations need about {:.1f} GiB of "
-        "memory, more than this machine's {:.1f} GiB: a smaller --batch, --seq or model",
-        params / 1e6, (acts + 4.0 * params) / (1u << 30), memory / (1u << 30)));
+        "the model's largest layer ({:.0f} M parameters) and one batch's activations need about "
+        "{:.1f} GiB of memory, more than this machine's {:.1f} GiB: a smaller --batch, --seq or "
+        "model",
+        params / 2e6, (acts + 4.0 * params) / (1u << 30), memory / (1u << 30)));
   }
   return absl::OkStatus();
 }
 
-std::size_t GroupCount(const GptConfig& c) { return c.layers + 2; }
+std::size_t GroupCount(const ModelConfig& c) { return c.layers + 2; }
 
 GroupKind KindOfGroup(std::size_t layers, std::size_t group) {
   if (group == 0) return GroupKind::kEmbed;
   return group <= layers ? GroupKind::kBlock : GroupKind::kHead;
 }
 
-GroupKind KindOf(const GptConfig& c, std::size_t group) { return KindOfGroup(c.layers, group); }
+GroupKind KindOf(const ModelConfig& c, std::size_t group) { return KindOfGroup(c.layers, group); }
 
-std::string GroupName(const GptConfig& c, std::size_t group) {
+std::string GroupName(const ModelConfig& c, std::size_t group) {
   switch (KindOf(c, group)) {
     case GroupKind::kEmbed:
       return "embed";
@@ -93,7 +135,8 @@ std::string GroupName(const GptConfig& c, std::size_t group) {
   return "?";
 }
 
-std::vector<Slice> GroupLayout(const GptConfig& c, std::size_t group) {
+std::vector<Slice> GroupLayout(const ModelConfig& c, std::size_t group) {
+  if (c.hf.has_value()) return LlamaGroupLayout(*c.hf, group);
   SliceList out;
   auto add = [&out](const char* name, std::size_t n) { out.Add(name, n); };
   const std::size_t ch = c.channels;
@@ -125,19 +168,20 @@ std::vector<Slice> GroupLayout(const GptConfig& c, std::size_t group) {
   return std::move(out).Take();
 }
 
-std::size_t GroupParams(const GptConfig& c, std::size_t group) {
+std::size_t GroupParams(const ModelConfig& c, std::size_t group) {
   std::size_t n = 0;
   for (const Slice& s : GroupLayout(c, group)) n += s.count;
   return n;
 }
 
-std::size_t TotalParams(const GptConfig& c) {
+std::size_t TotalParams(const ModelConfig& c) {
   std::size_t n = 0;
   for (std::size_t g = 0; g < GroupCount(c); ++g) n += GroupParams(c, g);
   return n;
 }
 
-void InitGroup(const GptConfig& c, std::size_t group, std::uint64_t seed, float* params) {
+void InitGroup(const ModelConfig& c, std::size_t group, std::uint64_t seed, float* params) {
+  if (c.hf.has_value()) return InitLlamaGroup(*c.hf, group, seed, params);
   SplitMix rng{seed * 0x100000001b3ull + group + 1};
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   for (const Slice& s : GroupLayout(c, group)) {
@@ -153,8 +197,8 @@ void InitGroup(const GptConfig& c, std::size_t group, std::uint64_t seed, float*
 }
 
 template <typename T>
-Gpt<T>::Gpt(const GptConfig& config, memascend::KernelThreads* threads)
-    : c_(config), threads_(threads), rows_(config.batch * config.seq) {
+Gpt<T>::Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool blas)
+    : c_(config), threads_(threads), blas_(blas), rows_(config.batch * config.seq) {
   const std::size_t ch = c_.channels;
   x_.resize(rows_ * ch);
   acts_.resize(c_.layers);
@@ -200,19 +244,19 @@ void Gpt<T>::Block(std::size_t layer, const T* params) {
   ops::LayerNormForward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), a.in.data(),
                         params + p.ln1_w, params + p.ln1_b, rows_, ch, threads_);
   ops::MatmulForward(a.qkv.data(), a.ln1.data(), params + p.qkv_w, params + p.qkv_b, rows_, ch,
-                     3 * ch, threads_);
+                     3 * ch, threads_, blas_);
   ops::AttentionForward(a.atty.data(), a.att.data(), a.qkv.data(), c_.batch, c_.seq, ch, c_.heads,
                         threads_);
   ops::MatmulForward(scratch_c_.data(), a.atty.data(), params + p.proj_w, params + p.proj_b, rows_,
-                     ch, ch, threads_);
+                     ch, ch, threads_, blas_);
   for (std::size_t i = 0; i < rows_ * ch; ++i) a.mid[i] = a.in[i] + scratch_c_[i];
   ops::LayerNormForward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.mid.data(),
                         params + p.ln2_w, params + p.ln2_b, rows_, ch, threads_);
   ops::MatmulForward(a.fc.data(), a.ln2.data(), params + p.fc_w, params + p.fc_b, rows_, ch, 4 * ch,
-                     threads_);
+                     threads_, blas_);
   ops::GeluForward(a.gelu.data(), a.fc.data(), rows_ * 4 * ch);
   ops::MatmulForward(scratch_c_.data(), a.gelu.data(), params + p.fcp_w, params + p.fcp_b, rows_,
-                     4 * ch, ch, threads_);
+                     4 * ch, ch, threads_, blas_);
   for (std::size_t i = 0; i < rows_ * ch; ++i) x_[i] = a.mid[i] + scratch_c_[i];
 }
 
@@ -225,7 +269,7 @@ double Gpt<T>::Head(const T* params, const std::int32_t* targets, T grad_scale, 
   ops::LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x_.data(), lnf_w, lnf_b,
                         rows_, ch, threads_);
   ops::MatmulForward(logits_.data(), lnf_.data(), lm, static_cast<const T*>(nullptr), rows_, ch,
-                     c_.vocab, threads_);
+                     c_.vocab, threads_, blas_);
   // With `backward`, the logits become their gradient in place (row by row, each read
   // whole before it is written).
   const double loss =
@@ -234,7 +278,7 @@ double Gpt<T>::Head(const T* params, const std::int32_t* targets, T grad_scale, 
   if (!backward) return loss;
   std::vector<T>& dlnf = scratch_c_;
   std::fill(dlnf.begin(), dlnf.end(), T(0));
-  ops::MatmulBackwardInput(dlnf.data(), logits_.data(), lm, rows_, ch, c_.vocab, threads_);
+  ops::MatmulBackwardInput(dlnf.data(), logits_.data(), lm, rows_, ch, c_.vocab, threads_, blas_);
   std::vector<T> dx(rows_ * ch, T(0));
   std::fill(dlnf_wb_.begin(), dlnf_wb_.end(), T(0));
   ops::LayerNormBackward(dx.data(), dlnf_wb_.data(), dlnf_wb_.data() + ch, dlnf.data(), x_.data(),
@@ -251,7 +295,7 @@ void Gpt<T>::HeadGradient(T* out, std::size_t begin, std::size_t end) const {
   if (end <= norm) return;
   const std::size_t lo = std::max(begin, norm);
   ops::MatmulWeightGradientRange(out + (lo - begin), logits_.data(), lnf_.data(), rows_,
-                                 c_.channels, c_.vocab, lo - norm, end - norm, threads_);
+                                 c_.channels, c_.vocab, lo - norm, end - norm, threads_, blas_);
 }
 
 template <typename T>
@@ -265,13 +309,13 @@ void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   T* dfc = scratch_b_.data();
   std::fill(dgelu, dgelu + rows_ * 4 * ch, T(0));
   ops::MatmulBackward(dgelu, dparams + p.fcp_w, dparams + p.fcp_b, x_.data(), a.gelu.data(),
-                      params + p.fcp_w, rows_, 4 * ch, ch, threads_);
+                      params + p.fcp_w, rows_, 4 * ch, ch, threads_, blas_);
   std::fill(dfc, dfc + rows_ * 4 * ch, T(0));
   ops::GeluBackward(dfc, dgelu, a.fc.data(), rows_ * 4 * ch);
   T* dln2 = scratch_c_.data();
   std::fill(dln2, dln2 + rows_ * ch, T(0));
   ops::MatmulBackward(dln2, dparams + p.fc_w, dparams + p.fc_b, dfc, a.ln2.data(), params + p.fc_w,
-                      rows_, ch, 4 * ch, threads_);
+                      rows_, ch, 4 * ch, threads_, blas_);
   ops::LayerNormBackward(dmid.data(), dparams + p.ln2_w, dparams + p.ln2_b, dln2, a.mid.data(),
                          params + p.ln2_w, a.ln2_mean.data(), a.ln2_rstd.data(), rows_, ch,
                          threads_);
@@ -280,7 +324,7 @@ void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   T* datty = scratch_c_.data();
   std::fill(datty, datty + rows_ * ch, T(0));
   ops::MatmulBackward(datty, dparams + p.proj_w, dparams + p.proj_b, dmid.data(), a.atty.data(),
-                      params + p.proj_w, rows_, ch, ch, threads_);
+                      params + p.proj_w, rows_, ch, ch, threads_, blas_);
   T* dqkv = scratch_a_.data();
   std::fill(dqkv, dqkv + rows_ * 3 * ch, T(0));
   ops::AttentionBackward(dqkv, datty, a.qkv.data(), a.att.data(), c_.batch, c_.seq, ch, c_.heads,
@@ -288,7 +332,7 @@ void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   T* dln1 = scratch_b_.data();
   std::fill(dln1, dln1 + rows_ * ch, T(0));
   ops::MatmulBackward(dln1, dparams + p.qkv_w, dparams + p.qkv_b, dqkv, a.ln1.data(),
-                      params + p.qkv_w, rows_, ch, 3 * ch, threads_);
+                      params + p.qkv_w, rows_, ch, 3 * ch, threads_, blas_);
   ops::LayerNormBackward(x_.data(), dparams + p.ln1_w, dparams + p.ln1_b, dln1, a.in.data(),
                          params + p.ln1_w, a.ln1_mean.data(), a.ln1_rstd.data(), rows_, ch,
                          threads_);

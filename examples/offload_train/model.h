@@ -1,3 +1,6 @@
+// The model the trainer runs (ModelConfig: the demo's GPT below, or a Hugging Face
+// architecture, llama.h), and the demo's GPT itself.
+//
 // A decoder-only transformer (GPT-2's layout: token and position embeddings, pre-norm
 // blocks of causal multi-head attention and a GELU MLP, a final layer norm, an untied
 // output head), with the parameters in groups that the trainer streams one at a time:
@@ -13,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,18 +25,32 @@
 
 #include <memascend/kernels.h>
 
+#include "hf_config.h"
+
 namespace offload_train {
 
-struct GptConfig {
+// The model and its batch. Without `hf`, the demo's GPT of these sizes. With `hf`, that
+// Hugging Face architecture (Llama), whose sizes vocab, channels, layers and heads repeat
+// (ForHf), so that every report reads them from one place.
+struct ModelConfig {
   std::size_t vocab = 256;
   std::size_t seq = 64;
   std::size_t channels = 128;
   std::size_t layers = 4;
   std::size_t heads = 4;
   std::size_t batch = 8;
+  std::optional<HfConfig> hf;
 };
 
-absl::Status Validate(const GptConfig& c);
+ModelConfig ForHf(const HfConfig& hf, std::size_t batch, std::size_t seq);
+// The output head multiplies by the token embeddings (group 0) instead of its own matrix.
+bool TiedHead(const ModelConfig& c);
+// "GPT", or Hugging Face's model type ("llama").
+std::string ArchName(const ModelConfig& c);
+
+// kInvalidArgument for sizes out of range or a Hugging Face architecture the trainer does
+// not run; kResourceExhausted for a model and batch this machine's memory cannot hold.
+absl::Status Validate(const ModelConfig& c);
 
 enum class GroupKind { kEmbed, kBlock, kHead };
 
@@ -60,21 +78,23 @@ class SliceList {
 // 1..layers the blocks, group layers + 1 the head.
 GroupKind KindOfGroup(std::size_t layers, std::size_t group);
 
-std::size_t GroupCount(const GptConfig& c);  // layers + 2
-GroupKind KindOf(const GptConfig& c, std::size_t group);
-std::string GroupName(const GptConfig& c, std::size_t group);  // "embed", "block.3", "head"
-std::vector<Slice> GroupLayout(const GptConfig& c, std::size_t group);
-std::size_t GroupParams(const GptConfig& c, std::size_t group);
-std::size_t TotalParams(const GptConfig& c);
+std::size_t GroupCount(const ModelConfig& c);  // layers + 2
+GroupKind KindOf(const ModelConfig& c, std::size_t group);
+std::string GroupName(const ModelConfig& c, std::size_t group);  // "embed", "block.3", "head"
+std::vector<Slice> GroupLayout(const ModelConfig& c, std::size_t group);
+std::size_t GroupParams(const ModelConfig& c, std::size_t group);
+std::size_t TotalParams(const ModelConfig& c);
 
-// GPT-2's initialisation: N(0, 0.02) weights (residual projections scaled by
-// 1/sqrt(2L)), unit layer-norm gains, zero biases. Deterministic in (seed, group).
-void InitGroup(const GptConfig& c, std::size_t group, std::uint64_t seed, float* params);
+// The demo GPT's initialisation (GPT-2's): N(0, 0.02) weights (residual projections scaled
+// by 1/sqrt(2L)), unit layer-norm gains, zero biases; a Hugging Face architecture's own
+// (InitLlamaGroup). Deterministic in (seed, group).
+void InitGroup(const ModelConfig& c, std::size_t group, std::uint64_t seed, float* params);
 
 template <typename T>
 class Gpt {
  public:
-  Gpt(const GptConfig& config, memascend::KernelThreads* threads);
+  // `blas`: the matrix products through blas.h (ops.h).
+  Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool blas = false);
 
   // Forward: Embed, then every Block in order, then Head, which with `backward` also
   // starts the backward pass (the head is last forward and first backward, so its
@@ -94,16 +114,19 @@ class Gpt {
   // The last logits row of sequence `b`, for sampling: after Head without `backward` (the
   // backward pass turns the logits into their gradient in place).
   const T* Logits(std::size_t b, std::size_t t) const;
+  // Each row's loss (unscaled), after Head.
+  const T* RowLosses() const { return row_loss_.data(); }
   std::size_t ActivationBytes() const;
-  const GptConfig& config() const { return c_; }
+  const ModelConfig& config() const { return c_; }
 
  private:
   struct BlockActs {
     std::vector<T> in, ln1, ln1_mean, ln1_rstd, qkv, att, atty, mid, ln2, ln2_mean, ln2_rstd, fc,
         gelu;
   };
-  GptConfig c_;
+  ModelConfig c_;
   memascend::KernelThreads* threads_;
+  bool blas_;
   std::size_t rows_;
   std::vector<std::int32_t> tokens_;
   std::vector<T> x_;  // the residual stream, then its gradient

@@ -6,6 +6,9 @@
 // depend on the number of threads or their timing. The offloaded and reference modes
 // rely on this to agree bit for bit.
 //
+// The matrix products take `blas`: in float, through blas.h's sgemm (fast; the same bits
+// only at the same thread count, blas.h), else the exact loops here.
+//
 // Layouts are row-major: activations [rows, features], weights [out, in] (as PyTorch's
 // nn.Linear), attention's qkv [rows, 3C] with q, k, v side by side and heads inside each.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_OPS_H_
@@ -15,9 +18,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include <memascend/kernels.h>
+
+#include "blas.h"
 
 namespace offload_train::ops {
 
@@ -136,8 +142,22 @@ void LayerNormBackward(T* din, T* dw, T* db, const T* dout, const T* in, const T
 
 // out[rows, o] = in[rows, i] . w[o, i] + b[o] (b may be null).
 template <typename T>
+constexpr bool kBlasType = std::is_same_v<T, float>;
+
+template <typename T>
 void MatmulForward(T* out, const T* in, const T* w, const T* b, std::size_t rows, std::size_t in_f,
-                   std::size_t out_f, memascend::KernelThreads* threads) {
+                   std::size_t out_f, memascend::KernelThreads* threads, bool use_blas = false) {
+  if constexpr (kBlasType<T>) {
+    if (use_blas) {
+      blas::Gemm(false, true, rows, out_f, in_f, in, in_f, w, in_f, 0.0f, out, out_f);
+      if (b == nullptr) return;
+      ParallelRange(threads, rows, 8, [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r)
+          for (std::size_t o = 0; o < out_f; ++o) out[r * out_f + o] += b[o];
+      });
+      return;
+    }
+  }
   ParallelRange(threads, rows, 8, [&](std::size_t r0, std::size_t r1) {
     for (std::size_t r = r0; r < r1; ++r) {
       const T* x = in + r * in_f;
@@ -150,7 +170,14 @@ void MatmulForward(T* out, const T* in, const T* w, const T* b, std::size_t rows
 // din += dout . w.
 template <typename T>
 void MatmulBackwardInput(T* din, const T* dout, const T* w, std::size_t rows, std::size_t in_f,
-                         std::size_t out_f, memascend::KernelThreads* threads) {
+                         std::size_t out_f, memascend::KernelThreads* threads,
+                         bool use_blas = false) {
+  if constexpr (kBlasType<T>) {
+    if (use_blas) {
+      blas::Gemm(false, false, rows, in_f, out_f, dout, out_f, w, in_f, 1.0f, din, in_f);
+      return;
+    }
+  }
   ParallelRange(threads, rows, 8, [&](std::size_t r0, std::size_t r1) {
     for (std::size_t r = r0; r < r1; ++r) {
       T* dx = din + r * in_f;
@@ -166,14 +193,32 @@ void MatmulBackwardInput(T* din, const T* dout, const T* w, std::size_t rows, st
 // dw[k - begin] += (dout^T . in) at flat index k of [out_f, in_f], for k in [begin, end): a
 // range of the weight's gradient, which need not start or end on a row. Each element
 // sums over the rows in order, as MatmulBackward does, so a gradient made range by range
-// has the bits of one made whole.
+// has the bits of one made whole (through the BLAS: blas.h's fixed tiles).
 template <typename T>
 void MatmulWeightGradientRange(T* dw, const T* dout, const T* in, std::size_t rows,
                                std::size_t in_f, std::size_t out_f, std::size_t begin,
-                               std::size_t end, memascend::KernelThreads* threads) {
+                               std::size_t end, memascend::KernelThreads* threads,
+                               bool use_blas = false) {
   end = std::min(end, out_f * in_f);
   if (begin >= end) return;
   const std::size_t o_first = begin / in_f, o_last = (end - 1) / in_f;
+  if constexpr (kBlasType<T>) {
+    if (use_blas) {
+      // Tile by tile of whole rows, each made alone and added to the range's part of it,
+      // so that an element's bits do not depend on the range.
+      constexpr std::size_t kTile = blas::kGradientTileRows;
+      std::vector<T> tile(kTile * in_f);
+      for (std::size_t t0 = o_first / kTile * kTile; t0 <= o_last; t0 += kTile) {
+        const std::size_t t1 = std::min(out_f, t0 + kTile);
+        const std::size_t lo = t0 * in_f, hi = t1 * in_f;
+        blas::Gemm(true, false, t1 - t0, in_f, rows, dout + t0, out_f, in, in_f, 0.0f, tile.data(),
+                   in_f);
+        for (std::size_t k = std::max(lo, begin); k < std::min(hi, end); ++k)
+          dw[k - begin] += tile[k - lo];
+      }
+      return;
+    }
+  }
   ParallelRange(threads, o_last - o_first + 1, 4, [&](std::size_t j0, std::size_t j1) {
     for (std::size_t o = o_first + j0; o < o_first + j1; ++o) {
       const std::size_t i0 = std::max(begin, o * in_f) - o * in_f;
@@ -191,9 +236,10 @@ void MatmulWeightGradientRange(T* dw, const T* dout, const T* in, std::size_t ro
 // din += dout . w; dw += dout^T . in; db += column sums of dout (db may be null).
 template <typename T>
 void MatmulBackward(T* din, T* dw, T* db, const T* dout, const T* in, const T* w, std::size_t rows,
-                    std::size_t in_f, std::size_t out_f, memascend::KernelThreads* threads) {
-  MatmulBackwardInput(din, dout, w, rows, in_f, out_f, threads);
-  MatmulWeightGradientRange(dw, dout, in, rows, in_f, out_f, 0, out_f * in_f, threads);
+                    std::size_t in_f, std::size_t out_f, memascend::KernelThreads* threads,
+                    bool use_blas = false) {
+  MatmulBackwardInput(din, dout, w, rows, in_f, out_f, threads, use_blas);
+  MatmulWeightGradientRange(dw, dout, in, rows, in_f, out_f, 0, out_f * in_f, threads, use_blas);
   if (db == nullptr) return;
   ParallelRange(threads, out_f, 64, [&](std::size_t o0, std::size_t o1) {
     for (std::size_t o = o0; o < o1; ++o) {

@@ -15,7 +15,7 @@ bool MemAscendOffload(const TrainOptions& o) {
   return o.policy == Policy::kMemAscend && o.mode == Mode::kOffload;
 }
 
-StateLayout MakeStateLayout(const GptConfig& c, DType dtype, std::size_t chunk, bool derive) {
+StateLayout MakeStateLayout(const ModelConfig& c, DType dtype, std::size_t chunk, bool derive) {
   StateLayout l;
   const std::size_t head = GroupCount(c) - 1;
   for (std::size_t g = 0; g <= head; ++g)

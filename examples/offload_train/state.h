@@ -27,7 +27,7 @@ bool MemAscendOffload(const TrainOptions& o);
 // The model's groups as the SDK's state layout: MemAscend's policy stores every tensor in
 // parts and derives the embedding's and the head's 16-bit parameters (Note [derived
 // parameters] in trainer.h); ZeRO-Infinity's rules keep each group whole.
-memascend::StateLayout MakeStateLayout(const GptConfig& c, memascend::DType dtype,
+memascend::StateLayout MakeStateLayout(const ModelConfig& c, memascend::DType dtype,
                                        std::size_t chunk, bool derive);
 memascend::StateLayout MakeStateLayout(const TrainOptions& o);
 

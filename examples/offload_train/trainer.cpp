@@ -19,6 +19,8 @@
 #include <memascend/volume.h>
 
 #include "backend.h"
+#include "blas.h"
+#include "network.h"
 #include "state.h"
 #include "zero_backend.h"
 
@@ -40,7 +42,14 @@ double Since(Clock::time_point t) {
 // SDK's commit record); a volume of another layout is not resumed.
 constexpr std::uint64_t kLayoutVersion = 4;
 
-std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size_t corpus_tokens) {
+// An order-dependent digest of token ids (the data of a --tokens run).
+std::uint64_t TokensFingerprint(const std::vector<std::int32_t>& tokens) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::int32_t t : tokens) h = (h ^ static_cast<std::uint32_t>(t)) * 1099511628211ull;
+  return h;
+}
+
+std::uint64_t Fingerprint(const TrainOptions& o, std::uint64_t data, std::size_t corpus_tokens) {
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
   for (std::size_t v :
@@ -55,7 +64,10 @@ std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size
     std::memcpy(&bits, &f, 4);
     mix(bits);
   }
-  mix(tok.Fingerprint());
+  if (o.model.hf.has_value()) {
+    for (char ch : HfConfigJson(*o.model.hf, "")) mix(static_cast<unsigned char>(ch));
+  }
+  mix(data);
   mix(corpus_tokens);
   mix(kLayoutVersion);
   return h;
@@ -63,39 +75,113 @@ std::uint64_t Fingerprint(const TrainOptions& o, const Tokenizer& tok, std::size
 
 // Note [gradient parts]: the fp32 gradient in hand, a block's (its backward pass makes it
 // whole); the embeddings' and the head's are made a block's size at a time.
-std::size_t GradientScratchParams(const GptConfig& c) {
+std::size_t GradientScratchParams(const ModelConfig& c) {
   std::size_t n = 0;
   for (std::size_t g = 1; g + 1 < GroupCount(c); ++g) n = std::max(n, GroupParams(c, g));
   return n;
 }
 
-std::size_t MaxGroupParams(const GptConfig& c) {
+// The largest group in the working buffer: with a tied head the embeddings have their own
+// (Note [tied head]).
+std::size_t WorkingParams(const ModelConfig& c) {
   std::size_t n = 0;
-  for (std::size_t g = 0; g < GroupCount(c); ++g) n = std::max(n, GroupParams(c, g));
+  for (std::size_t g = TiedHead(c) ? 1 : 0; g < GroupCount(c); ++g)
+    n = std::max(n, GroupParams(c, g));
   return n;
 }
+
+// Note [tied head]: a tied head multiplies by the embedding matrix, which the forward pass
+// loaded (or took from the update) first. It stays in a buffer of its own until the head
+// has run, rather than being read (or rounded from the master weights) again: the blocks
+// between use the working buffer, sized to the largest of the other groups.
+
+// Each block's input between its forward and backward passes, for checkpointed
+// activations: scratch tensors in the tensor store (pinned under its budget, on the volume
+// beyond it) with MemAscend's policy, ordinary memory otherwise.
+class ActivationStash {
+ public:
+  ActivationStash(memascend::TensorStore* store, std::size_t layers, std::size_t elements)
+      : store_(store), elements_(elements), memory_(store == nullptr ? layers : 0) {}
+
+  absl::Status Register(std::size_t layers) {
+    if (store_ == nullptr) return absl::OkStatus();
+    for (std::size_t l = 0; l < layers; ++l) {
+      memascend::TensorSpec spec;
+      spec.name = fmt::format("activations.block.{}", l);
+      spec.bytes = elements_ * sizeof(float);
+      spec.dtype = DType::kF32;
+      spec.shape = {static_cast<std::int64_t>(elements_)};
+      spec.use = memascend::Use::kActivations;
+      spec.durability = memascend::Durability::kScratch;
+      MEMASCEND_ASSIGN_OR_RETURN(memascend::TensorId id, store_->Register(spec));
+      ids_.push_back(id);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Put(std::size_t layer, const float* data) {
+    if (store_ == nullptr) {
+      memory_[layer].assign(data, data + elements_);
+      return absl::OkStatus();
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(memascend::TensorLease lease,
+                               store_->AcquireForOverwrite(ids_[layer]));
+    std::memcpy(lease.data(), data, elements_ * sizeof(float));
+    return absl::OkStatus();
+  }
+  void Prefetch(std::size_t layer) {
+    if (store_ != nullptr) (void)store_->Prefetch(ids_[layer]);
+  }
+  // Into `out`, then dropped (its bytes are dead).
+  absl::Status Take(std::size_t layer, float* out) {
+    if (store_ == nullptr) {
+      std::copy(memory_[layer].begin(), memory_[layer].end(), out);
+      return absl::OkStatus();
+    }
+    {
+      MEMASCEND_ASSIGN_OR_RETURN(memascend::TensorLease lease, store_->Acquire(ids_[layer]));
+      std::memcpy(out, lease.data(), elements_ * sizeof(float));
+    }
+    return store_->Discard(ids_[layer]);
+  }
+
+ private:
+  memascend::TensorStore* store_;
+  std::size_t elements_;
+  std::vector<memascend::TensorId> ids_;
+  std::vector<std::vector<float>> memory_;
+};
 
 // Mixed-precision training of the model with its state behind an OffloadedAdam.
 class Run {
  public:
   Run(const TrainOptions& o, OffloadedAdam* adam, memascend::KernelThreads* threads,
-      memascend::MemoryLedger* ledger)
+      memascend::MemoryLedger* ledger, std::unique_ptr<Network> net, ActivationStash* stash)
       : o_(o),
         c_(o.model),
         adam_(adam),
         threads_(threads),
         ledger_(ledger),
         overlap_(o.overlap_optimizer && MemAscendOffload(o)),
+        tied_(TiedHead(o.model)),
         forward_(adam, 0, GroupCount(o.model), o.window),
         backward_(adam, 1, GroupCount(o.model) - 1, o.window),
-        model_(o.model, threads),
-        wf_(MaxGroupParams(o.model)),
-        df_(GradientScratchParams(o.model)) {}
+        net_(std::move(net)),
+        stash_(stash),
+        wf_(WorkingParams(o.model)),
+        we_(tied_ ? GroupParams(o.model, 0) : 0),
+        df_(GradientScratchParams(o.model)),
+        block_in_(stash != nullptr ? o.model.batch * o.model.seq * o.model.channels : 0) {}
 
-  absl::Status Init() {
+  // The initial state: the architecture's initialisation, or `ckpt`'s weights.
+  absl::Status Init(const memascend::SafetensorsCheckpoint* ckpt) {
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
-      InitGroup(c_, g, o_.seed, wf_.data());
-      MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(g, {wf_.data(), GroupParams(c_, g)}));
+      float* w = Working(g);
+      if (ckpt != nullptr) {
+        MEMASCEND_RETURN_IF_ERROR(ImportLlamaGroup(*ckpt, *c_.hf, g, w));
+      } else {
+        InitGroup(c_, g, o_.seed, w);
+      }
+      MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(g, {w, GroupParams(c_, g)}));
     }
     step_ = 0;
     return adam_->Commit(0);
@@ -104,7 +190,53 @@ class Run {
 
   std::uint64_t step() const { return step_; }
   const PhaseSeconds& phases() const { return phases_; }
-  Gpt<float>& model() { return model_; }
+  Network& net() { return *net_; }
+
+  // Group g's fp32 master weights, in its working buffer (valid until the next call).
+  absl::StatusOr<const float*> Master(std::size_t g) {
+    float* w = Working(g);
+    MEMASCEND_RETURN_IF_ERROR(
+        adam_->ReadState(memascend::StateKind::kMaster, g, {w, GroupParams(c_, g), DType::kF32}));
+    return w;
+  }
+
+  // The mean next-token loss over `tokens` cut into windows of seq + 1 (a partial last
+  // window dropped), each predicting its tokens 1..seq from 0..seq-1, in fp32 from the
+  // master weights; `batch` windows a pass (the last pass padded with its first window,
+  // whose rows are not counted). Returns {mean, positions}.
+  absl::StatusOr<std::pair<double, std::uint64_t>> Evaluate(
+      const std::vector<std::int32_t>& tokens) {
+    const std::size_t seq = c_.seq, batch = c_.batch, groups = GroupCount(c_);
+    const std::size_t windows = tokens.size() / (seq + 1);
+    if (windows == 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--eval: {} tokens, fewer than one window of --seq + 1 = {}", tokens.size(), seq + 1));
+    }
+    std::vector<std::int32_t> inputs(batch * seq), targets(batch * seq);
+    double sum = 0;
+    for (std::size_t first = 0; first < windows; first += batch) {
+      const std::size_t n = std::min(batch, windows - first);
+      for (std::size_t b = 0; b < batch; ++b) {
+        const std::int32_t* w = tokens.data() + (first + (b < n ? b : 0)) * (seq + 1);
+        std::copy(w, w + seq, inputs.begin() + static_cast<std::ptrdiff_t>(b * seq));
+        std::copy(w + 1, w + seq + 1, targets.begin() + static_cast<std::ptrdiff_t>(b * seq));
+      }
+      for (std::size_t g = 0; g < groups; ++g) {
+        MEMASCEND_ASSIGN_OR_RETURN(const float* w, Master(g));
+        if (g == 0) {
+          net_->Embed(w, inputs.data());
+        } else if (g + 1 < groups) {
+          net_->Block(g - 1, w);
+        } else {
+          net_->Head(w, tied_ ? we_.data() : nullptr, targets.data(), 1.0f, /*backward=*/false);
+        }
+      }
+      const float* rows = net_->RowLosses();
+      for (std::size_t r = 0; r < n * seq; ++r) sum += static_cast<double>(rows[r]);
+    }
+    const std::uint64_t positions = static_cast<std::uint64_t>(windows) * seq;
+    return std::make_pair(sum / static_cast<double>(positions), positions);
+  }
 
   // A committed step (Note [optimizer overlap]: reported when committed).
   struct Committed {
@@ -135,7 +267,7 @@ class Run {
     // Forward, streaming the working parameters (or taking them from the update).
     double loss = 0;
     for (std::size_t g = 0; g < groups; ++g) {
-      const MutableTensorView working{wf_.data(), GroupParams(c_, g), DType::kF32};
+      const MutableTensorView working{Working(g), GroupParams(c_, g), DType::kF32};
       if (update) {
         // The new parameters go to the working copy as each part is updated.
         MEMASCEND_RETURN_IF_ERROR(adam_->UpdateGroup(g, working));
@@ -158,11 +290,13 @@ class Run {
       }
       if (!update) MEMASCEND_RETURN_IF_ERROR(adam_->LoadParameters(g, working));
       if (g == 0) {
-        model_.Embed(wf_.data(), inputs.data());
+        net_->Embed(Working(0), inputs.data());
       } else if (g < head) {
-        model_.Block(g - 1, wf_.data());
+        if (stash_ != nullptr) MEMASCEND_RETURN_IF_ERROR(stash_->Put(g - 1, net_->Residual()));
+        net_->Block(g - 1, wf_.data());
       } else {
-        loss = model_.Head(wf_.data(), targets.data(), scale, /*backward=*/true);
+        loss = net_->Head(wf_.data(), tied_ ? we_.data() : nullptr, targets.data(), scale,
+                          /*backward=*/true);
         MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       }
       Sample(g, "fwd");
@@ -170,10 +304,15 @@ class Run {
     }
     // Backward, the blocks in reverse; the embedding needs no parameters.
     for (std::size_t g = head - 1; g >= 1; --g) {
+      if (stash_ != nullptr && g > 1) stash_->Prefetch(g - 2);
       MEMASCEND_RETURN_IF_ERROR(backward_.Load(g, {wf_.data(), GroupParams(c_, g), DType::kF32},
                                                ParameterStream::Direction::kReverse));
+      if (stash_ != nullptr) {
+        MEMASCEND_RETURN_IF_ERROR(stash_->Take(g - 1, block_in_.data()));
+        net_->Recompute(g - 1, wf_.data(), block_in_.data());
+      }
       std::fill_n(df_.begin(), GroupParams(c_, g), 0.0f);
-      model_.BlockBackward(g - 1, wf_.data(), df_.data());
+      net_->BlockBackward(g - 1, wf_.data(), df_.data());
       MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       Sample(g, "bwd");
       Lap(&phases_.backward);
@@ -228,7 +367,7 @@ class Run {
   }
 
   // Forward only, for sampling: the model must be built for batch 1.
-  absl::StatusOr<std::int32_t> NextToken(Gpt<float>& model, const std::vector<std::int32_t>& ctx,
+  absl::StatusOr<std::int32_t> NextToken(Network& model, const std::vector<std::int32_t>& ctx,
                                          std::uint64_t* rng) {
     const std::size_t groups = GroupCount(c_);
     std::vector<std::int32_t> window(c_.seq, 0);
@@ -236,13 +375,14 @@ class Run {
     std::copy(ctx.end() - static_cast<std::ptrdiff_t>(n), ctx.end(), window.begin());
     for (std::size_t g = 0; g < groups; ++g) {
       MEMASCEND_RETURN_IF_ERROR(
-          adam_->LoadParameters(g, {wf_.data(), GroupParams(c_, g), DType::kF32}));
+          adam_->LoadParameters(g, {Working(g), GroupParams(c_, g), DType::kF32}));
       if (g == 0) {
-        model.Embed(wf_.data(), window.data());
+        model.Embed(Working(0), window.data());
       } else if (g + 1 < groups) {
         model.Block(g - 1, wf_.data());
       } else {
-        model.Head(wf_.data(), window.data(), 1.0f, /*backward=*/false);
+        model.Head(wf_.data(), tied_ ? we_.data() : nullptr, window.data(), 1.0f,
+                   /*backward=*/false);
       }
     }
     const float* logits = model.Logits(0, n - 1);
@@ -261,6 +401,9 @@ class Run {
   }
 
  private:
+  // Where group g's fp32 parameters go (Note [tied head]).
+  float* Working(std::size_t g) { return g == 0 && tied_ ? we_.data() : wf_.data(); }
+
   // Adds the time since the last call to `*total` (if given).
   void Lap(double* total) {
     const auto now = Clock::now();
@@ -303,8 +446,8 @@ class Run {
         const bool block = kind == GroupKind::kBlock;
         for (std::size_t at = begin; at < end; at += block ? end - begin : df_.size()) {
           const std::size_t to = block ? end : std::min(end, at + df_.size());
-          if (kind == GroupKind::kHead) model_.HeadGradient(df_.data(), at, to);
-          if (kind == GroupKind::kEmbed) model_.EmbedGradient(df_.data(), at, to);
+          if (kind == GroupKind::kHead) net_->HeadGradient(df_.data(), at, to);
+          if (kind == GroupKind::kEmbed) net_->EmbedGradient(df_.data(), at, to);
           MEMASCEND_RETURN_IF_ERROR(memascend::Convert(
               {df_.data() + (block ? at : 0), to - at, DType::kF32},
               {static_cast<std::byte*>(grad.data) + (at - begin) * memascend::SizeOf(grad.dtype),
@@ -323,15 +466,19 @@ class Run {
   }
 
   TrainOptions o_;
-  GptConfig c_;
+  ModelConfig c_;
   OffloadedAdam* adam_;
   memascend::KernelThreads* threads_;
   memascend::MemoryLedger* ledger_;
   bool overlap_;  // memascend Note [optimizer overlap]
+  bool tied_;     // Note [tied head]
   ParameterStream forward_, backward_;
-  Gpt<float> model_;
-  std::vector<float> wf_;  // one group's parameters in fp32
-  std::vector<float> df_;  // a gradient in fp32 (Note [gradient parts])
+  std::unique_ptr<Network> net_;
+  ActivationStash* stash_;       // null: activations not checkpointed
+  std::vector<float> wf_;        // one group's parameters in fp32
+  std::vector<float> we_;        // the embeddings', with a tied head (Note [tied head])
+  std::vector<float> df_;        // a gradient in fp32 (Note [gradient parts])
+  std::vector<float> block_in_;  // a checkpointed block's input
   PhaseSeconds phases_;
   Clock::time_point mark_ = Clock::now();
   std::uint64_t step_ = 0;               // the last step committed
@@ -341,39 +488,64 @@ class Run {
 
 }  // namespace
 
-std::size_t OptimizerParts(const GptConfig& c, std::size_t group, std::size_t optimizer_chunk) {
+std::size_t OptimizerParts(const ModelConfig& c, std::size_t group, std::size_t optimizer_chunk) {
   return MakeStateLayout(c, DType::kF16, optimizer_chunk, false).Parts(group);
 }
 
-std::size_t MinimumHostBudget(const GptConfig& c, DType dtype, std::size_t optimizer_chunk) {
+std::size_t MinimumHostBudget(const ModelConfig& c, DType dtype, std::size_t optimizer_chunk) {
   return OffloadedAdam::MinimumHostBudget(MakeStateLayout(c, dtype, optimizer_chunk, true));
 }
 
-std::size_t UsableHostBudget(const GptConfig& c, DType dtype, std::size_t optimizer_chunk) {
+std::size_t UsableHostBudget(const ModelConfig& c, DType dtype, std::size_t optimizer_chunk) {
   return memascend::VersionedTrainingState::StoredBytes(
       MakeStateLayout(c, dtype, optimizer_chunk, true));
 }
 
-std::uint64_t ModelStateBytes(const GptConfig& c, DType dtype) {
+std::uint64_t ModelStateBytes(const ModelConfig& c, DType dtype) {
   return static_cast<std::uint64_t>(TotalParams(c)) * (2 * memascend::SizeOf(dtype) + 12);
 }
 
-std::size_t DefaultHostBudget(const GptConfig& c, DType dtype, std::size_t optimizer_chunk) {
+std::size_t DefaultHostBudget(const ModelConfig& c, DType dtype, std::size_t optimizer_chunk) {
   const auto forty = static_cast<std::size_t>(static_cast<double>(ModelStateBytes(c, dtype)) * 0.4);
   const std::size_t b = std::max(forty, 2 * MinimumHostBudget(c, dtype, optimizer_chunk));
   return (b + 4095) / 4096 * 4096;
 }
 
-absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
-                                   const std::vector<std::int32_t>& tokens,
-                                   const Tokenizer& tokenizer) {
+namespace {
+
+// `tokenizer`: the text's (samples are decoded with it), or null for token ids.
+absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
+                                     const std::vector<std::int32_t>& tokens,
+                                     const Tokenizer* tokenizer) {
   TrainOptions o = options;
   MEMASCEND_RETURN_IF_ERROR(Validate(o.model));
   if (o.dtype == DType::kF32)
     return absl::InvalidArgumentError("working parameters are fp16 or bf16");
-  if (o.model.vocab != tokenizer.size()) {
+  if (tokenizer != nullptr && o.model.vocab != tokenizer->size()) {
     return absl::InvalidArgumentError(
-        fmt::format("model vocab {} but the tokenizer has {}", o.model.vocab, tokenizer.size()));
+        fmt::format("model vocab {} but the tokenizer has {}", o.model.vocab, tokenizer->size()));
+  }
+  for (const std::vector<std::int32_t>* ids : {&tokens, o.eval_tokens.get()}) {
+    if (ids == nullptr) continue;
+    const auto bad = std::find_if(ids->begin(), ids->end(), [&](std::int32_t t) {
+      return t < 0 || static_cast<std::size_t>(t) >= o.model.vocab;
+    });
+    if (bad != ids->end()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: token id {} at position {} is outside the model's vocabulary of {}",
+          ids == &tokens ? "training data" : "--eval", *bad, bad - ids->begin(), o.model.vocab));
+    }
+  }
+  if (!o.init_from.empty() && !o.model.hf.has_value())
+    return absl::InvalidArgumentError("--init-from: the model must be the directory's config");
+  if (!o.export_dir.empty() && !o.model.hf.has_value()) {
+    return absl::InvalidArgumentError(
+        "--export: only a Hugging Face model (--config or --init-from) exports");
+  }
+  if (o.blas && !blas::Available()) {
+    return absl::FailedPreconditionError(
+        "--matmul blas: this build has no BLAS (install libopenblas-dev and rebuild), use "
+        "--matmul exact");
   }
   if (tokens.size() < o.model.seq + 2) {
     return absl::InvalidArgumentError(fmt::format(
@@ -450,6 +622,13 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
                            ? o.threads
                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   memascend::KernelThreads threads(nthreads);
+  if (o.blas) blas::SetThreads(nthreads);
+  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<Network> net,
+                             MakeNetwork(o.model, {o.blas, o.checkpoint_activations}, &threads));
+  std::unique_ptr<memascend::SafetensorsCheckpoint> ckpt;
+  if (!o.init_from.empty() && !o.resume) {
+    MEMASCEND_ASSIGN_OR_RETURN(ckpt, memascend::SafetensorsCheckpoint::Open(o.init_from));
+  }
 
   OffloadState offload;
   std::unique_ptr<Backend> own;
@@ -469,13 +648,21 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   ao.weight_decay = o.weight_decay;
   ao.max_grad_norm = o.clip;
   ao.scaler.initial_scale = o.initial_loss_scale;
-  ao.fingerprint = Fingerprint(o, tokenizer, tokens.size());
+  ao.fingerprint =
+      Fingerprint(o, tokenizer != nullptr ? tokenizer->Fingerprint() : TokensFingerprint(tokens),
+                  tokens.size());
   ao.read_ahead_bytes = o.read_ahead_bytes;
   ao.keep_bytes = o.keep_bytes;
   ao.gradient_room = o.overlap_optimizer && MemAscendOffload(o);
   MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<OffloadedAdam> adam,
                              OffloadedAdam::Create(backend, ao, &threads));
-  Run run(o, adam.get(), &threads, ledger);
+  std::optional<ActivationStash> stash;
+  if (o.checkpoint_activations) {
+    stash.emplace(MemAscendOffload(o) ? offload.store.get() : nullptr, o.model.layers,
+                  o.model.batch * o.model.seq * o.model.channels);
+    MEMASCEND_RETURN_IF_ERROR(stash->Register(o.model.layers));
+  }
+  Run run(o, adam.get(), &threads, ledger, std::move(net), stash ? &*stash : nullptr);
   if (o.resume) {
     auto last = adam->Resume();
     if (!last.ok() && last.status().code() == absl::StatusCode::kFailedPrecondition) {
@@ -491,7 +678,8 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
     }
     run.Resume((*last)->step);
   } else {
-    MEMASCEND_RETURN_IF_ERROR(run.Init());
+    MEMASCEND_RETURN_IF_ERROR(run.Init(ckpt.get()));
+    ckpt.reset();
     // The initial state is durable before the clock starts, as under ZeRO-Infinity's rules
     // (written synchronously): the first step's time is a step's, in every policy.
     MEMASCEND_RETURN_IF_ERROR(adam->Settle());
@@ -539,20 +727,34 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
   summary.seconds = Since(start);
   summary.final_loss = summary.losses.empty() ? 0 : summary.losses.back();
   summary.skipped_steps = adam->scaler().skipped_steps();
-  summary.activation_bytes = run.model().ActivationBytes();
+  summary.activation_bytes = run.net().ActivationBytes();
   summary.phases = run.phases();
 
-  if (o.sample_tokens > 0) {
-    GptConfig one = o.model;
+  if (o.eval_tokens != nullptr) {
+    MEMASCEND_ASSIGN_OR_RETURN(auto eval, run.Evaluate(*o.eval_tokens));
+    summary.eval_loss = eval.first;
+    summary.eval_tokens = eval.second;
+  }
+  if (!o.export_dir.empty()) {
+    MEMASCEND_RETURN_IF_ERROR(ExportHfModel(*o.model.hf, o.export_dir, o.export_options,
+                                            [&run](std::size_t g) { return run.Master(g); }));
+    for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
+      summary.export_bytes +=
+          GroupParams(o.model, g) * memascend::SafetensorsElementBytes(o.export_options.dtype);
+    }
+  }
+  if (o.sample_tokens > 0 && tokenizer != nullptr) {
+    ModelConfig one = o.model;
     one.batch = 1;
-    Gpt<float> sampler(one, &threads);
+    MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<Network> sampler,
+                               MakeNetwork(one, {o.blas, false}, &threads));
     std::vector<std::int32_t> ctx(tokens.begin(), tokens.begin() + 8);
-    for (std::int32_t t : ctx) summary.sample += tokenizer.Decode(t);
+    for (std::int32_t t : ctx) summary.sample += tokenizer->Decode(t);
     std::uint64_t rng = o.seed;
     for (std::size_t i = 0; i < o.sample_tokens; ++i) {
-      MEMASCEND_ASSIGN_OR_RETURN(std::int32_t next, run.NextToken(sampler, ctx, &rng));
+      MEMASCEND_ASSIGN_OR_RETURN(std::int32_t next, run.NextToken(*sampler, ctx, &rng));
       ctx.push_back(next);
-      summary.sample += tokenizer.Decode(next);
+      summary.sample += tokenizer->Decode(next);
     }
   }
   summary.io_read_bytes = backend->io_read_bytes();
@@ -563,6 +765,19 @@ absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
       static_cast<std::uint64_t>(summary.ledger.tier(memascend::Tier::kPinnedHost).reserved_peak);
   summary.peak_rss_bytes = summary.ledger.peak_rss_bytes;
   return summary;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
+                                   const std::vector<std::int32_t>& tokens,
+                                   const Tokenizer& tokenizer) {
+  return TrainOn(options, tokens, &tokenizer);
+}
+
+absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
+                                   const std::vector<std::int32_t>& tokens) {
+  return TrainOn(options, tokens, nullptr);
 }
 
 }  // namespace offload_train

@@ -46,6 +46,7 @@
 #include <memascend/memory_ledger.h>
 #include <memascend/tensor_store.h>
 
+#include "checkpoint_io.h"
 #include "data.h"
 #include "model.h"
 
@@ -69,7 +70,24 @@ struct ZeroOptions {
 };
 
 struct TrainOptions {
-  GptConfig model;
+  ModelConfig model;  // the demo's GPT, or a Hugging Face model (ModelConfig::hf)
+  // A Hugging Face model directory whose weights the run starts from (model.hf must be its
+  // config); empty: the architecture's random initialisation.
+  std::string init_from;
+  // After the last step: the model (its fp32 master weights) as a Hugging Face directory
+  // (ExportHfModel); empty: none.
+  std::string export_dir;
+  HfExportOptions export_options;
+  // After the last step (after the import with steps 0): the mean next-token loss over
+  // these token ids, cut into windows of seq + 1 (EvalLoss); null: none.
+  std::shared_ptr<const std::vector<std::int32_t>> eval_tokens;
+  // The matrix products through OpenBLAS (blas.h): fast, and the same bits only at the
+  // same thread count; off, the exact loops (the same bits at any thread count).
+  bool blas = false;
+  // Keep each block's input only and recompute the block in the backward pass (Llama);
+  // the inputs go through the tensor store with MemAscend's policy, ordinary memory
+  // otherwise (ZeRO-Infinity's cpu_checkpointing).
+  bool checkpoint_activations = false;
   memascend::DType dtype = memascend::DType::kF16;  // working parameters and gradients
   Mode mode = Mode::kOffload;
   Policy policy = Policy::kMemAscend;
@@ -161,27 +179,36 @@ struct TrainSummary {
   // tensor read ahead, and how long the trainer waited for its tensors.
   std::optional<memascend::TensorStoreStats> store;
   std::string sample;  // generated text
+  // With TrainOptions::eval_tokens: the mean loss and the positions it is over.
+  std::optional<double> eval_loss;
+  std::uint64_t eval_tokens = 0;
+  std::uint64_t export_bytes = 0;  // with TrainOptions::export_dir
 };
 
 // The least pinned memory a MemAscend run needs: the optimizer step holds, for one part
 // (Note [parts]), its gradient, next parameters, next master weights and moments. A
 // budget close to it may fragment (the pool does not move blocks): twice it is safe.
-std::size_t MinimumHostBudget(const GptConfig& c, memascend::DType dtype,
+std::size_t MinimumHostBudget(const ModelConfig& c, memascend::DType dtype,
                               std::size_t optimizer_chunk = 1u << 20);
 // A budget well below the training state: 40% of it, but at least twice the minimum.
-std::size_t DefaultHostBudget(const GptConfig& c, memascend::DType dtype,
+std::size_t DefaultHostBudget(const ModelConfig& c, memascend::DType dtype,
                               std::size_t optimizer_chunk = 1u << 20);
-std::size_t OptimizerParts(const GptConfig& c, std::size_t group, std::size_t optimizer_chunk);
+std::size_t OptimizerParts(const ModelConfig& c, std::size_t group, std::size_t optimizer_chunk);
 // The most a MemAscend run's store can hold: every stored tensor in both versions (in
 // 64 KiB units). A larger --host-budget is capped to it.
-std::size_t UsableHostBudget(const GptConfig& c, memascend::DType dtype,
+std::size_t UsableHostBudget(const ModelConfig& c, memascend::DType dtype,
                              std::size_t optimizer_chunk = 1u << 20);
 constexpr std::size_t kOptimizerChunkQuantum = std::size_t{1} << 18;
-std::uint64_t ModelStateBytes(const GptConfig& c, memascend::DType dtype);
+std::uint64_t ModelStateBytes(const ModelConfig& c, memascend::DType dtype);
 
+// Trains on the tokens of a text (the tokenizer's: samples are decoded with it) ...
 absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
                                    const std::vector<std::int32_t>& tokens,
                                    const Tokenizer& tokenizer);
+// ... or on token ids (--tokens): each below the model's vocabulary (kInvalidArgument
+// naming the first that is not). No samples.
+absl::StatusOr<TrainSummary> Train(const TrainOptions& options,
+                                   const std::vector<std::int32_t>& tokens);
 
 }  // namespace offload_train
 

@@ -372,7 +372,7 @@ void ExpectGroupGradients(std::vector<Vec>& params,
 }
 
 TEST(Gradients, WholeModelEveryGroup) {
-  const GptConfig c{.vocab = 13, .seq = 6, .channels = 8, .layers = 2, .heads = 2, .batch = 2};
+  const ModelConfig c{.vocab = 13, .seq = 6, .channels = 8, .layers = 2, .heads = 2, .batch = 2, .hf = {}};
   memascend::KernelThreads threads(2);
   Gpt<double> model(c, &threads);
   std::vector<Vec> params = CheckParams(
@@ -485,7 +485,7 @@ TEST(Llama, GroupsCarryHuggingFacesNames) {
 // range, the ranges cutting rows anywhere, have the bits of the whole, in float; so do
 // the logits' gradient made in place and the split matrix product.
 TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
-  const GptConfig c{.vocab = 37, .seq = 5, .channels = 12, .layers = 1, .heads = 2, .batch = 3};
+  const ModelConfig c{.vocab = 37, .seq = 5, .channels = 12, .layers = 1, .heads = 2, .batch = 3, .hf = {}};
   memascend::KernelThreads threads(2);
   Gpt<float> model(c, &threads);
   std::vector<std::vector<float>> params(GroupCount(c));
@@ -582,7 +582,7 @@ TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
 }
 
 TEST(Model, LayoutAndInitialisation) {
-  GptConfig c;  // the defaults: 4 x 128, vocab 256, seq 64
+  ModelConfig c;  // the defaults: 4 x 128, vocab 256, seq 64
   EXPECT_EQ(GroupCount(c), 6u);
   EXPECT_EQ(GroupParams(c, 0), 256u * 128 + 64u * 128);
   EXPECT_EQ(GroupParams(c, 1), 12u * 128 * 128 + 13u * 128);
@@ -598,7 +598,7 @@ TEST(Model, LayoutAndInitialisation) {
   for (std::size_t i = 0; i < qkv.count; ++i)
     sq += double{a[qkv.offset + i]} * double{a[qkv.offset + i]};
   EXPECT_NEAR(std::sqrt(sq / static_cast<double>(qkv.count)), 0.02, 0.001);
-  GptConfig bad = c;
+  ModelConfig bad = c;
   bad.heads = 3;
   EXPECT_FALSE(Validate(bad).ok());
 }

@@ -1,0 +1,85 @@
+#include "network.h"
+
+#include <cstdlib>
+
+#include "llama.h"
+
+namespace offload_train {
+namespace {
+
+class GptNetwork final : public Network {
+ public:
+  GptNetwork(const ModelConfig& c, const NetworkOptions& o, memascend::KernelThreads* threads)
+      : m_(c, threads, o.blas) {}
+  void Embed(const float* embed, const std::int32_t* tokens) override { m_.Embed(embed, tokens); }
+  void Block(std::size_t layer, const float* params) override { m_.Block(layer, params); }
+  double Head(const float* head, const float*, const std::int32_t* targets, float grad_scale,
+              bool backward) override {
+    return m_.Head(head, targets, grad_scale, backward);
+  }
+  void HeadGradient(float* out, std::size_t begin, std::size_t end) const override {
+    m_.HeadGradient(out, begin, end);
+  }
+  void BlockBackward(std::size_t layer, const float* params, float* dparams) override {
+    m_.BlockBackward(layer, params, dparams);
+  }
+  void EmbedGradient(float* out, std::size_t begin, std::size_t end) const override {
+    m_.EmbedGradient(out, begin, end);
+  }
+  // Never called: MakeNetwork refuses to checkpoint this model.
+  const float* Residual() const override { std::abort(); }
+  void Recompute(std::size_t, const float*, const float*) override { std::abort(); }
+  const float* Logits(std::size_t b, std::size_t t) const override { return m_.Logits(b, t); }
+  const float* RowLosses() const override { return m_.RowLosses(); }
+  std::size_t ActivationBytes() const override { return m_.ActivationBytes(); }
+
+ private:
+  Gpt<float> m_;
+};
+
+class LlamaNetwork final : public Network {
+ public:
+  LlamaNetwork(const ModelConfig& c, const NetworkOptions& o, memascend::KernelThreads* threads)
+      : m_(*c.hf, c.batch, c.seq, threads, o.blas, o.checkpoint) {}
+  void Embed(const float* embed, const std::int32_t* tokens) override { m_.Embed(embed, tokens); }
+  void Block(std::size_t layer, const float* params) override { m_.Block(layer, params); }
+  double Head(const float* head, const float* embed, const std::int32_t* targets, float grad_scale,
+              bool backward) override {
+    return m_.Head(head, embed, targets, grad_scale, backward);
+  }
+  void HeadGradient(float* out, std::size_t begin, std::size_t end) const override {
+    m_.HeadGradient(out, begin, end);
+  }
+  void BlockBackward(std::size_t layer, const float* params, float* dparams) override {
+    m_.BlockBackward(layer, params, dparams);
+  }
+  void EmbedGradient(float* out, std::size_t begin, std::size_t end) const override {
+    m_.EmbedGradient(out, begin, end);
+  }
+  const float* Residual() const override { return m_.Residual(); }
+  void Recompute(std::size_t layer, const float* params, const float* input) override {
+    m_.Recompute(layer, params, input);
+  }
+  const float* Logits(std::size_t b, std::size_t t) const override { return m_.Logits(b, t); }
+  const float* RowLosses() const override { return m_.RowLosses(); }
+  std::size_t ActivationBytes() const override { return m_.ActivationBytes(); }
+
+ private:
+  Llama<float> m_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
+                                                     const NetworkOptions& options,
+                                                     memascend::KernelThreads* threads) {
+  if (c.hf.has_value()) return std::make_unique<LlamaNetwork>(c, options, threads);
+  if (options.checkpoint) {
+    return absl::InvalidArgumentError(
+        "--checkpoint-activations: the demo's GPT keeps every block's activations; checkpointing "
+        "is for Hugging Face models (--config, --init-from)");
+  }
+  return std::make_unique<GptNetwork>(c, options, threads);
+}
+
+}  // namespace offload_train
