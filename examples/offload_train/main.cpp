@@ -1,5 +1,6 @@
-// memascend-train: trains a small GPT with its parameters, gradients and optimizer
-// states offloaded to a MemAscend volume (or, --mode reference, in ordinary memory).
+// memascend-train: trains a GPT (the demo's, or a Hugging Face Llama: --config,
+// --init-from) with its parameters, gradients and optimizer states offloaded to a
+// MemAscend volume (or, --mode reference, in ordinary memory).
 // `memascend-train --help` lists the options.
 #include <algorithm>
 #include <cerrno>
@@ -10,7 +11,9 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -18,8 +21,11 @@
 #include <fmt/format.h>
 
 #include <memascend/memory_ledger.h>
+#include <memascend/safetensors.h>
 
+#include "blas.h"
 #include "data.h"
+#include "hf_config.h"
 #include "trainer.h"
 #include "util/json_writer.h"
 #include "util/units.h"
@@ -30,9 +36,25 @@ namespace {
 using offload_train::Mode;
 
 constexpr const char* kUsage = R"(usage: memascend-train [options]
-  --steps N          total steps (default 200; a resumed run continues to N)
-  --layers N --channels N --heads N --seq N --batch N   model and batch (4/128/4/64/8)
+  --steps N          total steps (default 200; a resumed run continues to N; 0: only
+                     --eval and --export)
+  --seq N --batch N  tokens per sequence and sequences per step (64/8)
+  --layers N --channels N --heads N   the demo's GPT (4/128/4)
   --vocab N          256: bytes (default); more: words of the corpus with byte fallback
+  --config FILE      a Hugging Face config.json (model_type llama): that model, random weights
+  --init-from DIR    a Hugging Face model directory (config.json, model.safetensors or
+                     model.safetensors.index.json and its shards; F32, F16, BF16): its weights
+  --export DIR       after the last step, the model as a Hugging Face directory
+    --export-dtype F32|F16|BF16   (default: the imported weights', else the config's)
+    --export-shard B  bytes per file, more files with an index (default 5000000000)
+    --export-overwrite  replace a model already in DIR
+  --tokens FILE      training data: raw little-endian uint32 token ids
+  --eval FILE        token ids: mean next-token loss over windows of --seq + 1, after
+                     the last step (with --steps 0: of the imported model)
+  --checkpoint-activations  keep each block's input only (through the tensor store) and
+                     recompute the block in the backward pass
+  --matmul blas|exact  matrix products through OpenBLAS (default when built with it) or
+                     the exact loops (the same bits at any --threads)
   --dtype fp16|bf16  working parameters and gradients (default fp16)
   --mode offload|reference   state on a volume (default) or in ordinary memory
   --volume PATH      volume file or block device (default: )" MEMASCEND_TRAIN_DEFAULT_VOLUME R"()
@@ -156,7 +178,8 @@ int Main(int argc, char** argv) {
   offload_train::TrainOptions o;
   o.volume_path = MEMASCEND_TRAIN_DEFAULT_VOLUME;
   o.sample_tokens = 120;
-  std::string data_path, timeline_path;
+  std::string data_path, timeline_path, config_path, tokens_path, eval_path, export_dtype;
+  std::string matmul = offload_train::blas::Available() ? "blas" : "exact";
   bool json = false, quiet = false, scale_given = false;
   // --host-budget Fx or P%: a factor of the minimum or of the training state, applied
   // once the model is known.
@@ -249,7 +272,31 @@ int Main(int argc, char** argv) {
       ok = value(&o.volume_path);
     else if (a == "--data")
       ok = value(&data_path);
-    else if (a == "--timeline")
+    else if (a == "--config")
+      ok = value(&config_path);
+    else if (a == "--init-from")
+      ok = value(&o.init_from);
+    else if (a == "--export")
+      ok = value(&o.export_dir);
+    else if (a == "--export-dtype") {
+      ok = value(&export_dtype) &&
+           (export_dtype == "F32" || export_dtype == "F16" || export_dtype == "BF16");
+      why = "F32, F16 or BF16";
+    } else if (a == "--export-shard") {
+      ok = value(&v) && ParseBytes(v, &bytes) && bytes > 0;
+      o.export_options.shard_bytes = bytes;
+    } else if (a == "--export-overwrite")
+      o.export_options.overwrite = true;
+    else if (a == "--tokens")
+      ok = value(&tokens_path);
+    else if (a == "--eval")
+      ok = value(&eval_path);
+    else if (a == "--checkpoint-activations")
+      o.checkpoint_activations = true;
+    else if (a == "--matmul") {
+      ok = value(&matmul) && (matmul == "blas" || matmul == "exact");
+      why = "blas or exact";
+    } else if (a == "--timeline")
       ok = value(&timeline_path);
     else if (a == "--force")
       o.force = true;
@@ -295,6 +342,31 @@ int Main(int argc, char** argv) {
       !std::filesystem::is_directory(std::filesystem::path(o.volume_path).parent_path())) {
     o.volume_path = "memascend-train.vol";  // an installed binary away from its build tree
   }
+  o.blas = matmul == "blas";
+  // A Hugging Face model: its config (the import's, or --config's) gives the sizes.
+  if (!config_path.empty() && !o.init_from.empty())
+    return Fail("--config and --init-from: give one (the directory holds its config.json)");
+  if (!o.init_from.empty()) config_path = o.init_from + "/config.json";
+  if (!config_path.empty()) {
+    auto hf = offload_train::ReadHfConfig(config_path);
+    if (!hf.ok()) return Fail(std::string(hf.status().message()));
+    o.model = offload_train::ForHf(*hf, o.model.batch, o.model.seq);
+    // The export's dtype: the imported weights' (their embedding's), else the config's.
+    if (export_dtype.empty() && !o.init_from.empty()) {
+      auto ckpt = memascend::SafetensorsCheckpoint::Open(o.init_from);
+      if (!ckpt.ok()) return Fail(std::string(ckpt.status().message()));
+      auto where = (*ckpt)->Find("model.embed_tokens.weight");
+      if (where.ok()) export_dtype = where->tensor->dtype;
+    }
+    if (export_dtype.empty()) {
+      export_dtype = hf->torch_dtype == "bfloat16"  ? "BF16"
+                     : hf->torch_dtype == "float16" ? "F16"
+                                                    : "F32";
+    }
+    o.export_options.dtype = export_dtype;
+  } else if (!o.export_dir.empty()) {
+    return Fail("--export: only a Hugging Face model (--config or --init-from) exports");
+  }
   // Sizes are checked before anything is built from them (the tokenizer, the model).
   if (absl::Status s = offload_train::Validate(o.model); !s.ok())
     return Fail(std::string(s.message()));
@@ -311,9 +383,12 @@ int Main(int argc, char** argv) {
     if (same(timeline_path, o.volume_path) || same(timeline_path, data_path))
       return Fail(fmt::format("--timeline {} is the volume or the training text: give another file",
                               timeline_path));
-    if (same(o.volume_path, data_path))
-      return Fail(fmt::format("--volume {} is the training text (--data): give another file",
-                              o.volume_path));
+    for (const std::string* input : {&data_path, &tokens_path, &eval_path}) {
+      if (same(o.volume_path, *input)) {
+        return Fail(fmt::format("--volume {} is the training or evaluation data: give another file",
+                                o.volume_path));
+      }
+    }
   }
   if (budget_factor > 0) {
     const std::uint64_t base =
@@ -324,12 +399,32 @@ int Main(int argc, char** argv) {
   }
   if (o.dtype == memascend::DType::kBF16 && !scale_given) o.initial_loss_scale = 1.0f;
 
-  auto corpus = data_path.empty() ? offload_train::ReadLicenceCorpus()
-                                  : offload_train::ReadTextFile(data_path);
-  if (!corpus.ok()) return Fail(std::string(corpus.status().message()));
-  auto tokenizer = offload_train::Tokenizer::Build(*corpus, o.model.vocab);
-  if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
-  const std::vector<std::int32_t> tokens = tokenizer->Encode(*corpus);
+  // The data: token ids (--tokens), or a text and the tokenizer built from it.
+  std::optional<offload_train::Tokenizer> tokenizer;
+  std::vector<std::int32_t> tokens;
+  if (!tokens_path.empty()) {
+    if (!data_path.empty()) return Fail("--tokens and --data: give one");
+    auto ids = offload_train::ReadTokenFile(tokens_path, o.model.vocab);
+    if (!ids.ok()) return Fail(std::string(ids.status().message()));
+    tokens = std::move(*ids);
+  } else {
+    if (o.model.hf.has_value()) {
+      return Fail(
+          "a Hugging Face model trains on token ids from its own tokenizer: give --tokens FILE");
+    }
+    auto corpus = data_path.empty() ? offload_train::ReadLicenceCorpus()
+                                    : offload_train::ReadTextFile(data_path);
+    if (!corpus.ok()) return Fail(std::string(corpus.status().message()));
+    auto built = offload_train::Tokenizer::Build(*corpus, o.model.vocab);
+    if (!built.ok()) return Fail(std::string(built.status().message()));
+    tokenizer = std::move(*built);
+    tokens = tokenizer->Encode(*corpus);
+  }
+  if (!eval_path.empty()) {
+    auto ids = offload_train::ReadTokenFile(eval_path, o.model.vocab);
+    if (!ids.ok()) return Fail(std::string(ids.status().message()));
+    o.eval_tokens = std::make_shared<const std::vector<std::int32_t>>(std::move(*ids));
+  }
 
   memascend::MemoryLedger ledger;
   o.ledger = &ledger;
@@ -338,10 +433,12 @@ int Main(int argc, char** argv) {
     const std::size_t budget =
         o.host_budget != 0 ? o.host_budget : offload_train::DefaultHostBudget(o.model, o.dtype);
     fmt::print(
-        "memascend-train: GPT {} layers x {} channels, {} heads, vocab {}, {:.2f} M parameters; "
-        "{} tokens of text\n",
-        o.model.layers, o.model.channels, o.model.heads, o.model.vocab,
-        static_cast<double>(offload_train::TotalParams(o.model)) / 1e6, tokens.size());
+        "memascend-train: {} {} layers x {} channels, {} heads, vocab {}, {:.2f} M parameters{}; "
+        "{} tokens of {}\n",
+        offload_train::ArchName(o.model), o.model.layers, o.model.channels, o.model.heads,
+        o.model.vocab, static_cast<double>(offload_train::TotalParams(o.model)) / 1e6,
+        o.init_from.empty() ? "" : fmt::format(" from {}", o.init_from), tokens.size(),
+        tokenizer ? "text" : "token ids");
     if (o.mode == Mode::kOffload && o.policy == offload_train::Policy::kZeroInfinity) {
       fmt::print(
           "  training state {} offloaded under ZeRO-Infinity's rules to {}/zero_stage_3 "
@@ -374,7 +471,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "step %zu loss %.6f\n", r.step, r.loss);
     };
   }
-  auto summary = offload_train::Train(o, tokens, *tokenizer);
+  auto summary =
+      tokenizer ? offload_train::Train(o, tokens, *tokenizer) : offload_train::Train(o, tokens);
   if (!summary.ok()) return Fail(std::string(summary.status().message()));
   if (!timeline_path.empty()) {
     if (absl::Status s = ledger.WriteCsv(timeline_path); !s.ok())
@@ -444,6 +542,13 @@ int Main(int argc, char** argv) {
     } else {
       w.Null();
     }
+    w.Field("model", offload_train::ArchName(o.model)).Field("matmul", matmul);
+    w.Field("checkpoint_activations", o.checkpoint_activations);
+    if (s.eval_loss.has_value()) {
+      w.Field("eval_loss", *s.eval_loss).Field("eval_tokens", s.eval_tokens);
+    }
+    if (!o.export_dir.empty())
+      w.Field("export_dir", o.export_dir).Field("export_bytes", s.export_bytes);
     w.Field("sample", s.sample).EndObject();
     fmt::print("{}\n", w.str());
     return 0;
@@ -471,6 +576,14 @@ int Main(int argc, char** argv) {
   ForEachLedgerPeak(s.ledger, [](std::string_view tier, std::string_view use, std::int64_t peak) {
     fmt::print("    {:<12} {:<16} {}\n", tier, use, Gib(static_cast<double>(peak)));
   });
+  if (s.eval_loss.has_value()) {
+    fmt::print("  eval: mean next-token loss {:.4f} over {} positions\n", *s.eval_loss,
+               s.eval_tokens);
+  }
+  if (!o.export_dir.empty()) {
+    fmt::print("  exported to {} ({}, {})\n", o.export_dir,
+               Gib(static_cast<double>(s.export_bytes)), o.export_options.dtype);
+  }
   if (!s.sample.empty()) fmt::print("\nsample:\n{}\n", s.sample);
   return 0;
 }

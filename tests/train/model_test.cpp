@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "blas.h"
 #include "llama.h"
 #include "llama_ops.h"
 #include "ops.h"
@@ -372,7 +373,8 @@ void ExpectGroupGradients(std::vector<Vec>& params,
 }
 
 TEST(Gradients, WholeModelEveryGroup) {
-  const ModelConfig c{.vocab = 13, .seq = 6, .channels = 8, .layers = 2, .heads = 2, .batch = 2, .hf = {}};
+  const ModelConfig c{
+      .vocab = 13, .seq = 6, .channels = 8, .layers = 2, .heads = 2, .batch = 2, .hf = {}};
   memascend::KernelThreads threads(2);
   Gpt<double> model(c, &threads);
   std::vector<Vec> params = CheckParams(
@@ -465,6 +467,51 @@ void CheckLlamaGradients(bool tied) {
 TEST(Gradients, LlamaWholeModelEveryGroupUntied) { CheckLlamaGradients(false); }
 TEST(Gradients, LlamaWholeModelEveryGroupTied) { CheckLlamaGradients(true); }
 
+// Checkpointed activations: each block's input kept by the caller and the block
+// recomputed before its backward pass give the bits of the model that kept everything,
+// on the exact path and (where built) the BLAS one.
+TEST(Llama, RecomputedBlocksGiveTheBitsOfKeptActivations) {
+  HfConfig c = SmallLlama(29, 16, 4, 2, 3, 24);
+  c.tie_embeddings = true;
+  const std::size_t batch = 2, seq = 7, groups = LlamaGroupCount(c), head = groups - 1;
+  memascend::KernelThreads threads(2);
+  std::vector<std::vector<float>> params(groups);
+  for (std::size_t g = 0; g < groups; ++g) {
+    params[g].resize(LlamaGroupParams(c, g));
+    InitLlamaGroup(c, g, 5, params[g].data());
+  }
+  std::vector<std::int32_t> tokens, targets;
+  CheckTokens(batch * seq, c.vocab, &tokens, &targets);
+  for (const bool blas : {false, true}) {
+    if (blas && !blas::Available()) continue;
+    auto run = [&](bool checkpoint, double* loss) {
+      Llama<float> m(c, batch, seq, &threads, blas, checkpoint);
+      std::vector<std::vector<float>> inputs(c.layers), grads(groups);
+      for (std::size_t g = 0; g < groups; ++g) grads[g].assign(params[g].size(), 0.0f);
+      m.Embed(params[0].data(), tokens.data());
+      for (std::size_t l = 0; l < c.layers; ++l) {
+        inputs[l].assign(m.Residual(), m.Residual() + batch * seq * c.hidden);
+        m.Block(l, params[l + 1].data());
+      }
+      *loss = m.Head(params[head].data(), params[0].data(), targets.data(), 8.0f, true);
+      m.HeadGradient(grads[head].data(), 0, grads[head].size());
+      for (std::size_t l = c.layers; l-- > 0;) {
+        if (checkpoint) m.Recompute(l, params[l + 1].data(), inputs[l].data());
+        m.BlockBackward(l, params[l + 1].data(), grads[l + 1].data());
+      }
+      m.EmbedGradient(grads[0].data(), 0, grads[0].size());
+      return grads;
+    };
+    double kept_loss = 0, recomputed_loss = 0;
+    const auto kept = run(false, &kept_loss);
+    const auto recomputed = run(true, &recomputed_loss);
+    EXPECT_EQ(kept_loss, recomputed_loss);
+    for (std::size_t g = 0; g < groups; ++g) EXPECT_EQ(kept[g], recomputed[g]) << "group " << g;
+    EXPECT_NE(std::count(kept[1].begin(), kept[1].end(), 0.0f),
+              static_cast<std::ptrdiff_t>(kept[1].size()));
+  }
+}
+
 TEST(Llama, GroupsCarryHuggingFacesNames) {
   HfConfig c = SmallLlama(10, 4, 2, 1, 2, 6);
   std::size_t total = 0;
@@ -484,10 +531,12 @@ TEST(Llama, GroupsCarryHuggingFacesNames) {
 // Note [gradient parts] (trainer.h): the embeddings' and the head's gradients made range by
 // range, the ranges cutting rows anywhere, have the bits of the whole, in float; so do
 // the logits' gradient made in place and the split matrix product.
-TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
-  const ModelConfig c{.vocab = 37, .seq = 5, .channels = 12, .layers = 1, .heads = 2, .batch = 3, .hf = {}};
+// Through the BLAS too (blas.h: fixed tiles of rows, so the vocabulary spans several).
+void CheckRanges(bool blas) {
+  const ModelConfig c{
+      .vocab = 150, .seq = 5, .channels = 12, .layers = 1, .heads = 2, .batch = 3, .hf = {}};
   memascend::KernelThreads threads(2);
-  Gpt<float> model(c, &threads);
+  Gpt<float> model(c, &threads, blas);
   std::vector<std::vector<float>> params(GroupCount(c));
   for (std::size_t g = 0; g < GroupCount(c); ++g) {
     params[g].resize(GroupParams(c, g));
@@ -535,6 +584,7 @@ TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
     for (std::size_t k = 0; k < c.channels; ++k) EXPECT_EQ(whole_embed[v * c.channels + k], 0.0f);
   }
 
+  if (blas) return;  // the rest checks the exact loops against sums written out here
   // The split product against the fused one, and the logits' gradient in place.
   std::mt19937_64 rng(9);
   std::normal_distribution<float> n01;
@@ -579,6 +629,13 @@ TEST(Gradients, RangesGiveTheBitsOfTheWhole) {
                               scratch.data()),
             loss);
   EXPECT_EQ(logits, d);
+}
+
+TEST(Gradients, RangesGiveTheBitsOfTheWhole) { CheckRanges(false); }
+
+TEST(Gradients, RangesThroughTheBlasGiveTheBitsOfTheWhole) {
+  if (!blas::Available()) GTEST_SKIP() << "built without a BLAS (libopenblas-dev)";
+  CheckRanges(true);
 }
 
 TEST(Model, LayoutAndInitialisation) {
