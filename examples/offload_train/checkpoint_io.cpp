@@ -167,8 +167,25 @@ std::vector<std::uint64_t> LlamaSliceShape(const HfConfig& c, std::size_t group,
   return {s.count};
 }
 
+absl::StatusOr<memascend::DType> LlamaGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
+                                                 const HfConfig& c, std::size_t group) {
+  const Slice first = LlamaGroupLayout(c, group).front();
+  MEMASCEND_ASSIGN_OR_RETURN(auto where, ckpt.Find(LlamaTensorName(c, group, first)));
+  auto type = where.tensor->Type();
+  if (!type.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {}", where.file->path(), std::string(type.status().message())));
+  }
+  return *type;
+}
+
 absl::Status ImportLlamaGroup(const memascend::SafetensorsCheckpoint& ckpt, const HfConfig& c,
-                              std::size_t group, float* out) {
+                              std::size_t group, memascend::MutableTensorView out) {
+  if (out.elements != LlamaGroupParams(c, group)) {
+    return absl::InvalidArgumentError(fmt::format("group {} has {} parameters, not {}", group,
+                                                  LlamaGroupParams(c, group), out.elements));
+  }
+  const std::size_t esize = memascend::SizeOf(out.dtype);
   for (const Slice& s : LlamaGroupLayout(c, group)) {
     const std::string name = LlamaTensorName(c, group, s);
     MEMASCEND_ASSIGN_OR_RETURN(auto where, ckpt.Find(name));
@@ -179,8 +196,9 @@ absl::Status ImportLlamaGroup(const memascend::SafetensorsCheckpoint& ckpt, cons
                       where.file->path(), name, ShapeText(where.tensor->shape), ShapeText(want)));
     }
     // Read's errors name the file and the tensor already.
-    MEMASCEND_RETURN_IF_ERROR(
-        where.file->Read(*where.tensor, 0, {out + s.offset, s.count, memascend::DType::kF32}));
+    MEMASCEND_RETURN_IF_ERROR(where.file->Read(
+        *where.tensor, 0,
+        {static_cast<std::byte*>(out.data) + s.offset * esize, s.count, out.dtype}));
   }
   return absl::OkStatus();
 }

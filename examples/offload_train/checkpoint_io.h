@@ -26,9 +26,14 @@ namespace offload_train {
 // The shape Hugging Face gives a slice's tensor ([out, in] for a Linear weight).
 std::vector<std::uint64_t> LlamaSliceShape(const HfConfig& c, std::size_t group, const Slice& s);
 
-// Group `group`'s parameters from the checkpoint into `out` (LlamaGroupParams floats).
+// Group `group`'s parameters from the checkpoint into `out` (LlamaGroupParams elements,
+// in out's dtype: F32, F16 or BF16, converted from the file's as needed).
 absl::Status ImportLlamaGroup(const memascend::SafetensorsCheckpoint& ckpt, const HfConfig& c,
-                              std::size_t group, float* out);
+                              std::size_t group, memascend::MutableTensorView out);
+// The dtype the checkpoint stores group `group` in (its first tensor's): an import needs
+// no more memory than the group in that dtype.
+absl::StatusOr<memascend::DType> LlamaGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
+                                                 const HfConfig& c, std::size_t group);
 
 // The tensors of every group, in group order, under Hugging Face's names and shapes, in
 // `dtype` ("F32", "F16", "BF16"): the plan a SafetensorsWriter takes.

@@ -38,7 +38,8 @@ absl::Status Run(const std::string& dir, const std::string& tokens_path, std::si
   for (std::size_t g = 0; g < groups; ++g) {
     params[g].resize(LlamaGroupParams(c, g));
     grads[g].assign(params[g].size(), 0.0f);
-    MEMASCEND_RETURN_IF_ERROR(ImportLlamaGroup(*ckpt, c, g, params[g].data()));
+    MEMASCEND_RETURN_IF_ERROR(ImportLlamaGroup(
+        *ckpt, c, g, {params[g].data(), params[g].size(), memascend::DType::kF32}));
   }
   std::vector<std::uint32_t> ids(batch * (seq + 1));
   std::FILE* f = std::fopen(tokens_path.c_str(), "rb");

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include <memascend/status.h>
+
 #include "llama.h"
 
 namespace offload_train {
@@ -70,15 +72,20 @@ class LlamaNetwork final : public Network {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
-                                                     const NetworkOptions& options,
-                                                     memascend::KernelThreads* threads) {
-  if (c.hf.has_value()) return std::make_unique<LlamaNetwork>(c, options, threads);
-  if (options.checkpoint) {
+absl::Status CheckNetworkOptions(const ModelConfig& c, const NetworkOptions& options) {
+  if (options.checkpoint && !c.hf.has_value()) {
     return absl::InvalidArgumentError(
         "--checkpoint-activations: the demo's GPT keeps every block's activations; checkpointing "
         "is for Hugging Face models (--config, --init-from)");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
+                                                     const NetworkOptions& options,
+                                                     memascend::KernelThreads* threads) {
+  MEMASCEND_RETURN_IF_ERROR(CheckNetworkOptions(c, options));
+  if (c.hf.has_value()) return std::make_unique<LlamaNetwork>(c, options, threads);
   return std::make_unique<GptNetwork>(c, options, threads);
 }
 

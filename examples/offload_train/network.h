@@ -52,6 +52,8 @@ class Network {
 };
 
 // kInvalidArgument for checkpointing a model that cannot (the demo's GPT).
+absl::Status CheckNetworkOptions(const ModelConfig& c, const NetworkOptions& options);
+// CheckNetworkOptions's errors.
 absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
                                                      const NetworkOptions& options,
                                                      memascend::KernelThreads* threads);

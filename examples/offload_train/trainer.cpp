@@ -90,6 +90,20 @@ std::size_t WorkingParams(const ModelConfig& c) {
   return n;
 }
 
+// A float array whose pages are not touched until written (no zero fill): the buffers
+// sized to the largest group cost resident memory only once a run uses them (an import
+// with --steps 0 never touches the working buffers, a gigabyte at Llama-3.2-1B's size).
+class FloatBuffer {
+ public:
+  explicit FloatBuffer(std::size_t n) : p_(n > 0 ? new float[n] : nullptr), n_(n) {}
+  float* data() const { return p_.get(); }
+  std::size_t size() const { return n_; }
+
+ private:
+  std::unique_ptr<float[]> p_;
+  std::size_t n_;
+};
+
 // Note [tied head]: a tied head multiplies by the embedding matrix, which the forward pass
 // loaded (or took from the update) first. It stays in a buffer of its own until the head
 // has run, rather than being read (or rounded from the master weights) again: the blocks
@@ -155,7 +169,7 @@ class ActivationStash {
 class Run {
  public:
   Run(const TrainOptions& o, OffloadedAdam* adam, memascend::KernelThreads* threads,
-      memascend::MemoryLedger* ledger, std::unique_ptr<Network> net, ActivationStash* stash)
+      memascend::MemoryLedger* ledger, ActivationStash* stash)
       : o_(o),
         c_(o.model),
         adam_(adam),
@@ -165,24 +179,38 @@ class Run {
         tied_(TiedHead(o.model)),
         forward_(adam, 0, GroupCount(o.model), o.window),
         backward_(adam, 1, GroupCount(o.model) - 1, o.window),
-        net_(std::move(net)),
         stash_(stash),
         wf_(WorkingParams(o.model)),
         we_(tied_ ? GroupParams(o.model, 0) : 0),
         df_(GradientScratchParams(o.model)),
         block_in_(stash != nullptr ? o.model.batch * o.model.seq * o.model.channels : 0) {}
 
-  // The initial state: the architecture's initialisation, or `ckpt`'s weights.
+  // Builds the network, which holds a batch's activations: at the first pass, so that a
+  // run that only imports or exports never allocates them.
+  absl::Status MakeNet() {
+    if (net_ != nullptr) return absl::OkStatus();
+    MEMASCEND_ASSIGN_OR_RETURN(net_, MakeNetwork(c_, {o_.blas, stash_ != nullptr}, threads_));
+    return absl::OkStatus();
+  }
+
+  // The initial state: the architecture's initialisation, or `ckpt`'s weights, read group
+  // by group in the checkpoint's dtype (an import holds one group in that dtype).
   absl::Status Init(const memascend::SafetensorsCheckpoint* ckpt) {
+    std::vector<std::byte> raw;
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
-      float* w = Working(g);
+      const std::size_t n = GroupParams(c_, g);
       if (ckpt != nullptr) {
-        MEMASCEND_RETURN_IF_ERROR(ImportLlamaGroup(*ckpt, *c_.hf, g, w));
+        MEMASCEND_ASSIGN_OR_RETURN(const DType d, LlamaGroupDType(*ckpt, *c_.hf, g));
+        raw.resize(n * memascend::SizeOf(d));
+        MEMASCEND_RETURN_IF_ERROR(ImportLlamaGroup(*ckpt, *c_.hf, g, {raw.data(), n, d}));
+        MEMASCEND_RETURN_IF_ERROR(adam_->InitializeFrom(g, {raw.data(), n, d}));
       } else {
+        float* w = Working(g);
         InitGroup(c_, g, o_.seed, w);
+        MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(g, {w, n}));
       }
-      MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(g, {w, GroupParams(c_, g)}));
     }
+    raw = {};
     step_ = 0;
     return adam_->Commit(0);
   }
@@ -190,7 +218,8 @@ class Run {
 
   std::uint64_t step() const { return step_; }
   const PhaseSeconds& phases() const { return phases_; }
-  Network& net() { return *net_; }
+  // Zero before the first pass.
+  std::size_t ActivationBytes() const { return net_ != nullptr ? net_->ActivationBytes() : 0; }
 
   // Group g's fp32 master weights, in its working buffer (valid until the next call).
   absl::StatusOr<const float*> Master(std::size_t g) {
@@ -212,6 +241,7 @@ class Run {
       return absl::InvalidArgumentError(fmt::format(
           "--eval: {} tokens, fewer than one window of --seq + 1 = {}", tokens.size(), seq + 1));
     }
+    MEMASCEND_RETURN_IF_ERROR(MakeNet());
     std::vector<std::int32_t> inputs(batch * seq), targets(batch * seq);
     double sum = 0;
     for (std::size_t first = 0; first < windows; first += batch) {
@@ -256,6 +286,7 @@ class Run {
     const std::size_t groups = GroupCount(c_);
     const std::size_t head = groups - 1;
     const float scale = adam_->loss_scale();
+    MEMASCEND_RETURN_IF_ERROR(MakeNet());
     Lap(nullptr);
     const bool update = adam_->update_pending();  // the previous step's, interleaved
     if (update) {
@@ -311,7 +342,7 @@ class Run {
         MEMASCEND_RETURN_IF_ERROR(stash_->Take(g - 1, block_in_.data()));
         net_->Recompute(g - 1, wf_.data(), block_in_.data());
       }
-      std::fill_n(df_.begin(), GroupParams(c_, g), 0.0f);
+      std::fill_n(df_.data(), GroupParams(c_, g), 0.0f);
       net_->BlockBackward(g - 1, wf_.data(), df_.data());
       MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       Sample(g, "bwd");
@@ -474,11 +505,11 @@ class Run {
   bool tied_;     // Note [tied head]
   ParameterStream forward_, backward_;
   std::unique_ptr<Network> net_;
-  ActivationStash* stash_;       // null: activations not checkpointed
-  std::vector<float> wf_;        // one group's parameters in fp32
-  std::vector<float> we_;        // the embeddings', with a tied head (Note [tied head])
-  std::vector<float> df_;        // a gradient in fp32 (Note [gradient parts])
-  std::vector<float> block_in_;  // a checkpointed block's input
+  ActivationStash* stash_;  // null: activations not checkpointed
+  FloatBuffer wf_;          // one group's parameters in fp32
+  FloatBuffer we_;          // the embeddings', with a tied head (Note [tied head])
+  FloatBuffer df_;          // a gradient in fp32 (Note [gradient parts])
+  FloatBuffer block_in_;    // a checkpointed block's input
   PhaseSeconds phases_;
   Clock::time_point mark_ = Clock::now();
   std::uint64_t step_ = 0;               // the last step committed
@@ -623,8 +654,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   memascend::KernelThreads threads(nthreads);
   if (o.blas) blas::SetThreads(nthreads);
-  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<Network> net,
-                             MakeNetwork(o.model, {o.blas, o.checkpoint_activations}, &threads));
+  MEMASCEND_RETURN_IF_ERROR(CheckNetworkOptions(o.model, {o.blas, o.checkpoint_activations}));
   std::unique_ptr<memascend::SafetensorsCheckpoint> ckpt;
   if (!o.init_from.empty() && !o.resume) {
     MEMASCEND_ASSIGN_OR_RETURN(ckpt, memascend::SafetensorsCheckpoint::Open(o.init_from));
@@ -662,7 +692,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
                   o.model.batch * o.model.seq * o.model.channels);
     MEMASCEND_RETURN_IF_ERROR(stash->Register(o.model.layers));
   }
-  Run run(o, adam.get(), &threads, ledger, std::move(net), stash ? &*stash : nullptr);
+  Run run(o, adam.get(), &threads, ledger, stash ? &*stash : nullptr);
   if (o.resume) {
     auto last = adam->Resume();
     if (!last.ok() && last.status().code() == absl::StatusCode::kFailedPrecondition) {
@@ -727,7 +757,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   summary.seconds = Since(start);
   summary.final_loss = summary.losses.empty() ? 0 : summary.losses.back();
   summary.skipped_steps = adam->scaler().skipped_steps();
-  summary.activation_bytes = run.net().ActivationBytes();
+  summary.activation_bytes = run.ActivationBytes();
   summary.phases = run.phases();
 
   if (o.eval_tokens != nullptr) {
