@@ -60,6 +60,92 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return memascend::prim::Rename(partial, path);
 }
 
+// The stored shape of a Llama slice ([out, in] for a Linear weight, as nn.Linear).
+std::vector<std::uint64_t> LlamaSliceShape(const HfConfig& c, const Slice& s) {
+  const std::uint64_t ch = c.hidden, qw = c.heads * c.head_dim, kw = c.kv_heads * c.head_dim,
+                      in = c.intermediate;
+  const std::string& n = s.name;
+  if (n == "embed_tokens.weight" || n == "lm_head.weight") return {c.vocab, ch};
+  if (n.find("norm") != std::string::npos) return {ch};
+  if (n == "self_attn.q_proj.weight") return {qw, ch};
+  if (n == "self_attn.k_proj.weight" || n == "self_attn.v_proj.weight") return {kw, ch};
+  if (n == "self_attn.o_proj.weight") return {ch, qw};
+  if (n == "mlp.gate_proj.weight" || n == "mlp.up_proj.weight") return {in, ch};
+  if (n == "mlp.down_proj.weight") return {ch, in};
+  return {s.count};
+}
+
+// GPT-2's names and stored shapes for the GPT layout's slices (model.h): Conv1D weights
+// are stored [in, out], the transpose of the group's [out, in].
+HfTensorSlice Gpt2Slice(const HfConfig& c, std::size_t group, const Slice& s) {
+  struct Known {
+    const char* ours;
+    const char* theirs;
+    std::uint64_t in, out;  // in x hidden, out x hidden (0: a vector of `out`)
+    bool conv1d;
+  };
+  static constexpr Known kBlock[] = {
+      {"ln1.w", "ln_1.weight", 0, 1, false},
+      {"ln1.b", "ln_1.bias", 0, 1, false},
+      {"attn.qkv.w", "attn.c_attn.weight", 1, 3, true},
+      {"attn.qkv.b", "attn.c_attn.bias", 0, 3, false},
+      {"attn.proj.w", "attn.c_proj.weight", 1, 1, true},
+      {"attn.proj.b", "attn.c_proj.bias", 0, 1, false},
+      {"ln2.w", "ln_2.weight", 0, 1, false},
+      {"ln2.b", "ln_2.bias", 0, 1, false},
+      {"mlp.fc.w", "mlp.c_fc.weight", 1, 4, true},
+      {"mlp.fc.b", "mlp.c_fc.bias", 0, 4, false},
+      {"mlp.proj.w", "mlp.c_proj.weight", 4, 1, true},
+      {"mlp.proj.b", "mlp.c_proj.bias", 0, 1, false},
+  };
+  const std::uint64_t h = c.hidden;
+  HfTensorSlice t{s, "", {}, false};
+  if (s.name == "wte") {
+    t.name = "transformer.wte.weight";
+    t.shape = {c.vocab, h};
+  } else if (s.name == "wpe") {
+    t.name = "transformer.wpe.weight";
+    t.shape = {c.max_positions, h};
+  } else if (s.name == "lnf.w" || s.name == "lnf.b") {
+    t.name = s.name == "lnf.w" ? "transformer.ln_f.weight" : "transformer.ln_f.bias";
+    t.shape = {h};
+  } else if (s.name == "lm_head.w") {
+    t.name = "lm_head.weight";
+    t.shape = {c.vocab, h};
+  } else {
+    for (const Known& k : kBlock) {
+      if (s.name != k.ours) continue;
+      t.name = fmt::format("transformer.h.{}.{}", group - 1, k.theirs);
+      t.shape = k.in == 0 ? std::vector<std::uint64_t>{k.out * h}
+                          : std::vector<std::uint64_t>{k.in * h, k.out * h};
+      t.transposed = k.conv1d;
+    }
+  }
+  return t;
+}
+
+// Transposes a [rows, cols] matrix of `esize`-byte elements into [cols, rows].
+void Transpose(const std::byte* in, std::byte* out, std::size_t rows, std::size_t cols,
+               std::size_t esize) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t k = 0; k < cols; ++k)
+      std::memcpy(out + (k * rows + r) * esize, in + (r * cols + k) * esize, esize);
+  }
+}
+
+// Where a slice's tensor is: under its name, or (GPT-2's original checkpoints) without
+// the "transformer." prefix that GPT2LMHeadModel's own saves carry.
+absl::StatusOr<memascend::SafetensorsCheckpoint::Where> FindTensor(
+    const memascend::SafetensorsCheckpoint& ckpt, const std::string& name) {
+  auto where = ckpt.Find(name);
+  constexpr std::string_view kPrefix = "transformer.";
+  if (!where.ok() && name.rfind(kPrefix, 0) == 0) {
+    auto bare = ckpt.Find(name.substr(kPrefix.size()));
+    if (bare.ok()) return bare;
+  }
+  return where;
+}
+
 std::string ShardName(std::size_t i, std::size_t n) {
   return fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, n);
 }
@@ -72,9 +158,90 @@ std::string TorchDtypeName(std::string_view dtype) {
   return "float32";
 }
 
-absl::Status ExportHfModel(const HfConfig& c, const std::string& dir, const HfExportOptions& o,
+std::vector<HfTensorSlice> HfGroupTensors(const ModelConfig& c, std::size_t group) {
+  std::vector<HfTensorSlice> out;
+  for (const Slice& s : GroupLayout(c, group)) {
+    if (IsLlama(c)) {
+      out.push_back({s, LlamaTensorName(*c.hf, group, s), LlamaSliceShape(*c.hf, s), false});
+    } else {
+      out.push_back(Gpt2Slice(*c.hf, group, s));
+    }
+  }
+  return out;
+}
+
+std::vector<memascend::SafetensorsTensor> HfTensors(const ModelConfig& c, std::string_view dtype) {
+  std::vector<memascend::SafetensorsTensor> out;
+  for (std::size_t g = 0; g < GroupCount(c); ++g) {
+    for (const HfTensorSlice& t : HfGroupTensors(c, g))
+      out.push_back({t.name, std::string(dtype), t.shape});
+  }
+  return out;
+}
+
+absl::StatusOr<memascend::DType> HfGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
+                                              const ModelConfig& c, std::size_t group) {
+  MEMASCEND_ASSIGN_OR_RETURN(auto where, FindTensor(ckpt, HfGroupTensors(c, group).front().name));
+  auto type = where.tensor->Type();
+  if (!type.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {}", where.file->path(), std::string(type.status().message())));
+  }
+  return *type;
+}
+
+absl::Status ImportHfGroup(const memascend::SafetensorsCheckpoint& ckpt, const ModelConfig& c,
+                           std::size_t group, memascend::MutableTensorView out) {
+  if (out.elements != GroupParams(c, group)) {
+    return absl::InvalidArgumentError(fmt::format("group {} has {} parameters, not {}", group,
+                                                  GroupParams(c, group), out.elements));
+  }
+  const std::size_t esize = memascend::SizeOf(out.dtype);
+  std::vector<std::byte> stored;  // a transposed tensor as the file has it
+  for (const HfTensorSlice& t : HfGroupTensors(c, group)) {
+    MEMASCEND_ASSIGN_OR_RETURN(auto where, FindTensor(ckpt, t.name));
+    if (where.tensor->shape != t.shape) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: tensor '{}' has shape [{}], the config's model needs [{}]", where.file->path(),
+          where.tensor->name, ShapeText(where.tensor->shape), ShapeText(t.shape)));
+    }
+    std::byte* dst = static_cast<std::byte*>(out.data) + t.slice.offset * esize;
+    // Read's errors name the file and the tensor already.
+    if (!t.transposed) {
+      MEMASCEND_RETURN_IF_ERROR(
+          where.file->Read(*where.tensor, 0, {dst, t.slice.count, out.dtype}));
+      continue;
+    }
+    stored.resize(t.slice.count * esize);
+    MEMASCEND_RETURN_IF_ERROR(
+        where.file->Read(*where.tensor, 0, {stored.data(), t.slice.count, out.dtype}));
+    Transpose(stored.data(), dst, t.shape[0], t.shape[1], esize);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ForEachHfTensor(
+    const ModelConfig& c, std::size_t group, const float* params,
+    const std::function<absl::Status(const HfTensorSlice&, const float*)>& fn) {
+  std::vector<float> transposed;
+  for (const HfTensorSlice& t : HfGroupTensors(c, group)) {
+    const float* data = params + t.slice.offset;
+    if (t.transposed) {  // the group's [out, in] as the file's [in, out]
+      transposed.resize(t.slice.count);
+      Transpose(reinterpret_cast<const std::byte*>(data),
+                reinterpret_cast<std::byte*>(transposed.data()), t.shape[1], t.shape[0],
+                sizeof(float));
+      data = transposed.data();
+    }
+    MEMASCEND_RETURN_IF_ERROR(fn(t, data));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const HfExportOptions& o,
                            const std::function<absl::StatusOr<const float*>(std::size_t)>& group) {
   namespace fs = std::filesystem;
+  if (!c.hf.has_value()) return absl::InvalidArgumentError("only a Hugging Face model exports");
   if (o.dtype != "F32" && o.dtype != "F16" && o.dtype != "BF16") {
     return absl::InvalidArgumentError(fmt::format("export dtype '{}': F32, F16 or BF16", o.dtype));
   }
@@ -99,7 +266,7 @@ absl::Status ExportHfModel(const HfConfig& c, const std::string& dir, const HfEx
   }
 
   // The shards: tensors in order, a new file when the next would pass shard_bytes.
-  std::vector<memascend::SafetensorsTensor> tensors = LlamaTensors(c, o.dtype);
+  std::vector<memascend::SafetensorsTensor> tensors = HfTensors(c, o.dtype);
   const std::uint64_t esize = memascend::SafetensorsElementBytes(o.dtype);
   std::vector<std::vector<memascend::SafetensorsTensor>> shards(1);
   std::uint64_t in_shard = 0, total = 0;
@@ -120,19 +287,20 @@ absl::Status ExportHfModel(const HfConfig& c, const std::string& dir, const HfEx
       fs::path(dir) / (n == 1 ? "model.safetensors" : ShardName(0, n)), shards[0], metadata,
       /*overwrite=*/true);
   MEMASCEND_RETURN_IF_ERROR(writer.status());
-  for (std::size_t g = 0; g < LlamaGroupCount(c); ++g) {
+  // Each tensor to the current file; a file whole, the next one.
+  const auto append = [&](const HfTensorSlice& t, const float* data) -> absl::Status {
+    MEMASCEND_RETURN_IF_ERROR((*writer)->Append({data, t.slice.count, memascend::DType::kF32}));
+    if (--left > 0) return absl::OkStatus();
+    MEMASCEND_RETURN_IF_ERROR((*writer)->Finish());
+    if (++shard == n) return absl::OkStatus();  // the last tensor
+    left = shards[shard].size();
+    writer = memascend::SafetensorsWriter::Create(fs::path(dir) / ShardName(shard, n),
+                                                  shards[shard], metadata, /*overwrite=*/true);
+    return writer.status();
+  };
+  for (std::size_t g = 0; g < GroupCount(c); ++g) {
     MEMASCEND_ASSIGN_OR_RETURN(const float* params, group(g));
-    for (const Slice& s : LlamaGroupLayout(c, g)) {
-      MEMASCEND_RETURN_IF_ERROR(
-          (*writer)->Append({params + s.offset, s.count, memascend::DType::kF32}));
-      if (--left > 0) continue;
-      MEMASCEND_RETURN_IF_ERROR((*writer)->Finish());
-      if (++shard == n) break;
-      left = shards[shard].size();
-      writer = memascend::SafetensorsWriter::Create(fs::path(dir) / ShardName(shard, n),
-                                                    shards[shard], metadata, /*overwrite=*/true);
-      MEMASCEND_RETURN_IF_ERROR(writer.status());
-    }
+    MEMASCEND_RETURN_IF_ERROR(ForEachHfTensor(c, g, params, append));
   }
   const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
   if (n > 1) {
@@ -149,67 +317,7 @@ absl::Status ExportHfModel(const HfConfig& c, const std::string& dir, const HfEx
     memascend::prim::RemoveQuietly(index);  // an earlier sharded export's
   }
   return WriteFileAtomically((fs::path(dir) / "config.json").string(),
-                             HfConfigJson(c, TorchDtypeName(o.dtype)) + "\n");
-}
-
-std::vector<std::uint64_t> LlamaSliceShape(const HfConfig& c, std::size_t group, const Slice& s) {
-  const std::uint64_t ch = c.hidden, qw = c.heads * c.head_dim, kw = c.kv_heads * c.head_dim,
-                      in = c.intermediate;
-  const std::string& n = s.name;
-  if (n == "embed_tokens.weight" || n == "lm_head.weight") return {c.vocab, ch};
-  if (n.find("norm") != std::string::npos) return {ch};
-  if (n == "self_attn.q_proj.weight") return {qw, ch};
-  if (n == "self_attn.k_proj.weight" || n == "self_attn.v_proj.weight") return {kw, ch};
-  if (n == "self_attn.o_proj.weight") return {ch, qw};
-  if (n == "mlp.gate_proj.weight" || n == "mlp.up_proj.weight") return {in, ch};
-  if (n == "mlp.down_proj.weight") return {ch, in};
-  (void)group;
-  return {s.count};
-}
-
-absl::StatusOr<memascend::DType> LlamaGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
-                                                 const HfConfig& c, std::size_t group) {
-  const Slice first = LlamaGroupLayout(c, group).front();
-  MEMASCEND_ASSIGN_OR_RETURN(auto where, ckpt.Find(LlamaTensorName(c, group, first)));
-  auto type = where.tensor->Type();
-  if (!type.ok()) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: {}", where.file->path(), std::string(type.status().message())));
-  }
-  return *type;
-}
-
-absl::Status ImportLlamaGroup(const memascend::SafetensorsCheckpoint& ckpt, const HfConfig& c,
-                              std::size_t group, memascend::MutableTensorView out) {
-  if (out.elements != LlamaGroupParams(c, group)) {
-    return absl::InvalidArgumentError(fmt::format("group {} has {} parameters, not {}", group,
-                                                  LlamaGroupParams(c, group), out.elements));
-  }
-  const std::size_t esize = memascend::SizeOf(out.dtype);
-  for (const Slice& s : LlamaGroupLayout(c, group)) {
-    const std::string name = LlamaTensorName(c, group, s);
-    MEMASCEND_ASSIGN_OR_RETURN(auto where, ckpt.Find(name));
-    const std::vector<std::uint64_t> want = LlamaSliceShape(c, group, s);
-    if (where.tensor->shape != want) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: tensor '{}' has shape [{}], the config's model needs [{}]",
-                      where.file->path(), name, ShapeText(where.tensor->shape), ShapeText(want)));
-    }
-    // Read's errors name the file and the tensor already.
-    MEMASCEND_RETURN_IF_ERROR(where.file->Read(
-        *where.tensor, 0,
-        {static_cast<std::byte*>(out.data) + s.offset * esize, s.count, out.dtype}));
-  }
-  return absl::OkStatus();
-}
-
-std::vector<memascend::SafetensorsTensor> LlamaTensors(const HfConfig& c, std::string_view dtype) {
-  std::vector<memascend::SafetensorsTensor> out;
-  for (std::size_t g = 0; g < LlamaGroupCount(c); ++g) {
-    for (const Slice& s : LlamaGroupLayout(c, g))
-      out.push_back({LlamaTensorName(c, g, s), std::string(dtype), LlamaSliceShape(c, g, s)});
-  }
-  return out;
+                             HfConfigJson(*c.hf, TorchDtypeName(o.dtype)) + "\n");
 }
 
 }  // namespace offload_train

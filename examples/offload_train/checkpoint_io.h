@@ -1,43 +1,63 @@
 // A Hugging Face checkpoint's tensors into the trainer's groups and back, slice by slice:
-// each slice of a group (LlamaGroupLayout) is one tensor of the checkpoint under its
-// Hugging Face name, read straight into the group's flat array in fp32 (whatever the
-// file's dtype: F32, F16, BF16), so a model imports group by group, never whole.
+// each slice of a group (GroupLayout) is one tensor of the checkpoint under its Hugging
+// Face name (HfGroupTensors), so a model imports and exports group by group, never whole.
 //
-// Errors name the tensor and the file: a tensor missing, a shape other than the
-// config's, a dtype the trainer does not read.
+// Layouts: Llama's tensors are nn.Linear's [out, in], as the groups hold them. GPT-2's
+// Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored [in, out]
+// and transposed on the way in and out; its names carry "transformer." (as
+// GPT2LMHeadModel saves them) and are found without it too (the original checkpoints);
+// buffers such as attn.bias are not read; a tied head (tie_word_embeddings, GPT-2's
+// default) has no tensor of its own.
+//
+// Errors name the tensor and the file: a tensor missing, a shape other than the config's,
+// a dtype the trainer does not read, a truncated file.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_CHECKPOINT_IO_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_CHECKPOINT_IO_H_
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include <memascend/kernels.h>
 #include <memascend/safetensors.h>
 
-#include "hf_config.h"
 #include "model.h"
 
 namespace offload_train {
 
-// The shape Hugging Face gives a slice's tensor ([out, in] for a Linear weight).
-std::vector<std::uint64_t> LlamaSliceShape(const HfConfig& c, std::size_t group, const Slice& s);
+// One slice of a group as a Hugging Face checkpoint stores it.
+struct HfTensorSlice {
+  Slice slice;                       // where it is in the group's flat array
+  std::string name;                  // Hugging Face's name
+  std::vector<std::uint64_t> shape;  // as stored
+  bool transposed = false;           // stored [in, out]; the group holds [out, in]
+};
 
-// Group `group`'s parameters from the checkpoint into `out` (LlamaGroupParams elements,
-// in out's dtype: F32, F16 or BF16, converted from the file's as needed).
-absl::Status ImportLlamaGroup(const memascend::SafetensorsCheckpoint& ckpt, const HfConfig& c,
-                              std::size_t group, memascend::MutableTensorView out);
+// Group `group`'s slices of a Hugging Face model (c.hf set), in the group's order.
+std::vector<HfTensorSlice> HfGroupTensors(const ModelConfig& c, std::size_t group);
+// Every group's tensors in group order, in `dtype` ("F32", "F16", "BF16"): the plan a
+// SafetensorsWriter takes.
+std::vector<memascend::SafetensorsTensor> HfTensors(const ModelConfig& c, std::string_view dtype);
+
 // The dtype the checkpoint stores group `group` in (its first tensor's): an import needs
 // no more memory than the group in that dtype.
-absl::StatusOr<memascend::DType> LlamaGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
-                                                 const HfConfig& c, std::size_t group);
+absl::StatusOr<memascend::DType> HfGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
+                                              const ModelConfig& c, std::size_t group);
+// Group `group`'s parameters from the checkpoint into `out` (GroupParams elements, in
+// out's dtype: F32, F16 or BF16, converted from the file's as needed).
+absl::Status ImportHfGroup(const memascend::SafetensorsCheckpoint& ckpt, const ModelConfig& c,
+                           std::size_t group, memascend::MutableTensorView out);
 
-// The tensors of every group, in group order, under Hugging Face's names and shapes, in
-// `dtype` ("F32", "F16", "BF16"): the plan a SafetensorsWriter takes.
-std::vector<memascend::SafetensorsTensor> LlamaTensors(const HfConfig& c, std::string_view dtype);
+// fn(tensor, data) for each of group g's tensors in order, `data` its elements in the
+// stored layout (fp32, from the group's `params`; valid during the call).
+absl::Status ForEachHfTensor(
+    const ModelConfig& c, std::size_t group, const float* params,
+    const std::function<absl::Status(const HfTensorSlice&, const float*)>& fn);
 
 struct HfExportOptions {
   std::string dtype = "F32";  // of every tensor: "F32", "F16" or "BF16"
@@ -51,13 +71,13 @@ struct HfExportOptions {
 std::string TorchDtypeName(std::string_view safetensors_dtype);
 
 // Writes a Hugging Face model directory: config.json and the weights under Hugging Face's
-// names, in group order, `group(g)` giving group g's parameters in fp32 (valid until the
-// next call), so one group is in memory at a time. `dir` is created if missing. Without
-// `overwrite`, a directory holding config.json or model*.safetensors* is refused
+// names and layouts, in group order, `group(g)` giving group g's parameters in fp32 (valid
+// until the next call), so one group is in memory at a time. `dir` is created if missing.
+// Without `overwrite`, a directory holding config.json or model*.safetensors* is refused
 // (kAlreadyExists, naming the file). Each file is written under a temporary name and
 // renamed when whole (SafetensorsWriter); config.json comes last, so a directory with a
 // config.json holds a whole export.
-absl::Status ExportHfModel(const HfConfig& c, const std::string& dir, const HfExportOptions& o,
+absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const HfExportOptions& o,
                            const std::function<absl::StatusOr<const float*>(std::size_t)>& group);
 
 }  // namespace offload_train

@@ -60,11 +60,21 @@ std::string ArchName(const ModelConfig& c) {
 absl::Status Validate(const ModelConfig& c) {
   if (c.hf.has_value()) {
     const HfConfig& h = *c.hf;
-    if (h.arch != Arch::kLlama) {
-      return absl::UnimplementedError(fmt::format(
-          "model_type '{}': the trainer runs Hugging Face's llama architecture; GPT-2 "
-          "checkpoints are not read yet (the demo's GPT trains without --config/--init-from)",
-          ToString(h.arch)));
+    if (h.arch == Arch::kGpt2) {
+      // GPT-2 runs on the demo's kernels: learned positions, a 4x MLP, layer norms of eps
+      // 1e-5, as many key/value heads as heads.
+      if (c.seq > h.max_positions) {
+        return absl::InvalidArgumentError(
+            fmt::format("--seq {} is longer than the model's {} learned positions (n_positions)",
+                        c.seq, h.max_positions));
+      }
+      if (h.intermediate != 4 * h.hidden || h.kv_heads != h.heads ||
+          h.head_dim * h.heads != h.hidden || h.norm_eps != ops::kLayerNormEps) {
+        return absl::UnimplementedError(fmt::format(
+            "model_type 'gpt2' with n_inner {} (the trainer's MLP is 4 x n_embd = {}) or "
+            "layer_norm_epsilon {} (the trainer's is 1e-5): not supported",
+            h.intermediate, 4 * h.hidden, h.norm_eps));
+      }
     }
     if (c.vocab != h.vocab || c.channels != h.hidden || c.layers != h.layers ||
         c.heads != h.heads) {
@@ -135,15 +145,20 @@ std::string GroupName(const ModelConfig& c, std::size_t group) {
   return "?";
 }
 
+bool IsLlama(const ModelConfig& c) { return c.hf.has_value() && c.hf->arch == Arch::kLlama; }
+
 std::vector<Slice> GroupLayout(const ModelConfig& c, std::size_t group) {
-  if (c.hf.has_value()) return LlamaGroupLayout(*c.hf, group);
+  if (IsLlama(c)) return LlamaGroupLayout(*c.hf, group);
+  // GPT-2's learned positions: as many as the model has (a Hugging Face GPT-2), or the
+  // demo's sequence length.
+  const std::size_t positions = c.hf.has_value() ? c.hf->max_positions : c.seq;
   SliceList out;
   auto add = [&out](const char* name, std::size_t n) { out.Add(name, n); };
   const std::size_t ch = c.channels;
   switch (KindOf(c, group)) {
     case GroupKind::kEmbed:
       add("wte", c.vocab * ch);
-      add("wpe", c.seq * ch);
+      add("wpe", positions * ch);
       break;
     case GroupKind::kBlock:
       add("ln1.w", ch);
@@ -162,7 +177,7 @@ std::vector<Slice> GroupLayout(const ModelConfig& c, std::size_t group) {
     case GroupKind::kHead:
       add("lnf.w", ch);
       add("lnf.b", ch);
-      add("lm_head.w", c.vocab * ch);
+      if (!TiedHead(c)) add("lm_head.w", c.vocab * ch);
       break;
   }
   return std::move(out).Take();
@@ -181,7 +196,7 @@ std::size_t TotalParams(const ModelConfig& c) {
 }
 
 void InitGroup(const ModelConfig& c, std::size_t group, std::uint64_t seed, float* params) {
-  if (c.hf.has_value()) return InitLlamaGroup(*c.hf, group, seed, params);
+  if (IsLlama(c)) return InitLlamaGroup(*c.hf, group, seed, params);
   SplitMix rng{seed * 0x100000001b3ull + group + 1};
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   for (const Slice& s : GroupLayout(c, group)) {
@@ -261,11 +276,12 @@ void Gpt<T>::Block(std::size_t layer, const T* params) {
 }
 
 template <typename T>
-double Gpt<T>::Head(const T* params, const std::int32_t* targets, T grad_scale, bool backward) {
+double Gpt<T>::Head(const T* params, const T* embed, const std::int32_t* targets, T grad_scale,
+                    bool backward) {
   const std::size_t ch = c_.channels;
   const T* lnf_w = params;
   const T* lnf_b = params + ch;
-  const T* lm = params + 2 * ch;
+  const T* lm = TiedHead(c_) ? embed : params + 2 * ch;
   ops::LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x_.data(), lnf_w, lnf_b,
                         rows_, ch, threads_);
   ops::MatmulForward(logits_.data(), lnf_.data(), lm, static_cast<const T*>(nullptr), rows_, ch,
@@ -292,7 +308,7 @@ void Gpt<T>::HeadGradient(T* out, std::size_t begin, std::size_t end) const {
   const std::size_t norm = dlnf_wb_.size();  // the final layer norm's gain and bias first
   std::fill(out, out + (end - begin), T(0));
   for (std::size_t k = begin; k < std::min(end, norm); ++k) out[k - begin] = dlnf_wb_[k];
-  if (end <= norm) return;
+  if (end <= norm || TiedHead(c_)) return;
   const std::size_t lo = std::max(begin, norm);
   ops::MatmulWeightGradientRange(out + (lo - begin), logits_.data(), lnf_.data(), rows_,
                                  c_.channels, c_.vocab, lo - norm, end - norm, threads_, blas_);
@@ -341,6 +357,13 @@ void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
 template <typename T>
 void Gpt<T>::EmbedGradient(T* out, std::size_t begin, std::size_t end) const {
   std::fill(out, out + (end - begin), T(0));
+  // A tied head's share first (dlogits^T . lnf, in the token embeddings' rows), then the
+  // rows the tokens and positions selected, each in a fixed order: range by range, the
+  // bits of the whole.
+  if (TiedHead(c_)) {
+    ops::MatmulWeightGradientRange(out, logits_.data(), lnf_.data(), rows_, c_.channels, c_.vocab,
+                                   begin, end, threads_, blas_);
+  }
   ops::EmbeddingGradientRange(out, x_.data(), tokens_.data(), rows_, c_.seq, c_.vocab, c_.channels,
                               begin, end);
 }

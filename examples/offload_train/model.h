@@ -45,6 +45,9 @@ struct ModelConfig {
 ModelConfig ForHf(const HfConfig& hf, std::size_t batch, std::size_t seq);
 // The output head multiplies by the token embeddings (group 0) instead of its own matrix.
 bool TiedHead(const ModelConfig& c);
+// A Hugging Face Llama (llama.h); otherwise GPT-2's layout (the demo's, or Hugging Face's
+// gpt2), which the Gpt class below runs.
+bool IsLlama(const ModelConfig& c);
 // "GPT", or Hugging Face's model type ("llama").
 std::string ArchName(const ModelConfig& c);
 
@@ -96,14 +99,17 @@ class Gpt {
   // `blas`: the matrix products through blas.h (ops.h).
   Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool blas = false);
 
-  // Forward: Embed, then every Block in order, then Head, which with `backward` also
+  // Forward: Embed, then every Block in order, then Head (multiplying by `embed`'s token
+  // embeddings with a tied head, TiedHead(); otherwise by its own matrix), which with
+  // `backward` also
   // starts the backward pass (the head is last forward and first backward, so its
   // parameters are used once): it leaves the gradient of the residual stream for
   // BlockBackward, and the head's own gradient, scaled by grad_scale, for HeadGradient.
   // Returns the mean loss. `tokens` and `targets` are [batch * seq].
   void Embed(const T* params, const std::int32_t* tokens);
   void Block(std::size_t layer, const T* params);
-  double Head(const T* params, const std::int32_t* targets, T grad_scale, bool backward);
+  double Head(const T* params, const T* embed, const std::int32_t* targets, T grad_scale,
+              bool backward);
   // Elements [begin, end) of the head's flat gradient into out[0, end - begin), after Head
   // with `backward` and before the next Head. Range by range, the bits of the whole.
   void HeadGradient(T* out, std::size_t begin, std::size_t end) const;

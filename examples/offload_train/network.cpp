@@ -15,9 +15,9 @@ class GptNetwork final : public Network {
       : m_(c, threads, o.blas) {}
   void Embed(const float* embed, const std::int32_t* tokens) override { m_.Embed(embed, tokens); }
   void Block(std::size_t layer, const float* params) override { m_.Block(layer, params); }
-  double Head(const float* head, const float*, const std::int32_t* targets, float grad_scale,
+  double Head(const float* head, const float* embed, const std::int32_t* targets, float grad_scale,
               bool backward) override {
-    return m_.Head(head, targets, grad_scale, backward);
+    return m_.Head(head, embed, targets, grad_scale, backward);
   }
   void HeadGradient(float* out, std::size_t begin, std::size_t end) const override {
     m_.HeadGradient(out, begin, end);
@@ -73,10 +73,10 @@ class LlamaNetwork final : public Network {
 }  // namespace
 
 absl::Status CheckNetworkOptions(const ModelConfig& c, const NetworkOptions& options) {
-  if (options.checkpoint && !c.hf.has_value()) {
+  if (options.checkpoint && !IsLlama(c)) {
     return absl::InvalidArgumentError(
-        "--checkpoint-activations: the demo's GPT keeps every block's activations; checkpointing "
-        "is for Hugging Face models (--config, --init-from)");
+        "--checkpoint-activations: GPT-2's layout (the demo's and Hugging Face's gpt2) keeps "
+        "every block's activations; checkpointing is for Llama");
   }
   return absl::OkStatus();
 }
@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
                                                      const NetworkOptions& options,
                                                      memascend::KernelThreads* threads) {
   MEMASCEND_RETURN_IF_ERROR(CheckNetworkOptions(c, options));
-  if (c.hf.has_value()) return std::make_unique<LlamaNetwork>(c, options, threads);
+  if (IsLlama(c)) return std::make_unique<LlamaNetwork>(c, options, threads);
   return std::make_unique<GptNetwork>(c, options, threads);
 }
 

@@ -200,9 +200,9 @@ class Run {
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
       const std::size_t n = GroupParams(c_, g);
       if (ckpt != nullptr) {
-        MEMASCEND_ASSIGN_OR_RETURN(const DType d, LlamaGroupDType(*ckpt, *c_.hf, g));
+        MEMASCEND_ASSIGN_OR_RETURN(const DType d, HfGroupDType(*ckpt, c_, g));
         raw.resize(n * memascend::SizeOf(d));
-        MEMASCEND_RETURN_IF_ERROR(ImportLlamaGroup(*ckpt, *c_.hf, g, {raw.data(), n, d}));
+        MEMASCEND_RETURN_IF_ERROR(ImportHfGroup(*ckpt, c_, g, {raw.data(), n, d}));
         MEMASCEND_RETURN_IF_ERROR(adam_->InitializeFrom(g, {raw.data(), n, d}));
       } else {
         float* w = Working(g);
@@ -766,7 +766,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     summary.eval_tokens = eval.second;
   }
   if (!o.export_dir.empty()) {
-    MEMASCEND_RETURN_IF_ERROR(ExportHfModel(*o.model.hf, o.export_dir, o.export_options,
+    MEMASCEND_RETURN_IF_ERROR(ExportHfModel(o.model, o.export_dir, o.export_options,
                                             [&run](std::size_t g) { return run.Master(g); }));
     for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
       summary.export_bytes +=

@@ -5,8 +5,8 @@ The PyTorch side is written here from Hugging Face's definitions (LlamaForCausal
 RMSNorm in fp32, rotate-half rotary embeddings with llama3 rescaling of the inverse
 frequencies, grouped-query attention, SwiGLU, tied or untied head) and writes its weights
 as a safetensors checkpoint with its own writer, so the C++ reader is checked against a
-writer it does not share code with. The C++ side is llama-reference (built with the
-tests; ctest passes its path in MEMASCEND_LLAMA_REFERENCE).
+writer it does not share code with. The C++ side is hf-reference (built with the
+tests; ctest passes its path in MEMASCEND_HF_REFERENCE).
 """
 import json
 import math
@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-BIN = os.environ.get("MEMASCEND_LLAMA_REFERENCE")
-pytestmark = pytest.mark.skipif(not BIN, reason="MEMASCEND_LLAMA_REFERENCE is not set (run by ctest)")
+BIN = os.environ.get("MEMASCEND_HF_REFERENCE")
+pytestmark = pytest.mark.skipif(not BIN, reason="MEMASCEND_HF_REFERENCE is not set (run by ctest)")
 
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 

@@ -386,7 +386,8 @@ TEST(Gradients, WholeModelEveryGroup) {
   auto forward = [&](std::vector<Vec>* grads) {
     model.Embed(params[0].data(), tokens.data());
     for (std::size_t l = 0; l < c.layers; ++l) model.Block(l, params[l + 1].data());
-    const double loss = model.Head(params[head].data(), targets.data(), 1.0, grads != nullptr);
+    const double loss =
+        model.Head(params[head].data(), nullptr, targets.data(), 1.0, grads != nullptr);
     if (grads != nullptr) {
       model.HeadGradient((*grads)[head].data(), 0, (*grads)[head].size());
       for (std::size_t l = c.layers; l-- > 0;)
@@ -551,7 +552,7 @@ void CheckRanges(bool blas) {
   model.Embed(params[0].data(), tokens.data());
   model.Block(0, params[1].data());
   std::vector<float> whole_head(GroupParams(c, head), -1.0f);
-  model.Head(params[head].data(), targets.data(), 1024.0f, /*backward=*/true);
+  model.Head(params[head].data(), nullptr, targets.data(), 1024.0f, /*backward=*/true);
   model.HeadGradient(whole_head.data(), 0, whole_head.size());
   std::vector<float> block(GroupParams(c, 1), 0.0f);
   model.BlockBackward(0, params[1].data(), block.data());

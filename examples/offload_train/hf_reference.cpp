@@ -1,14 +1,16 @@
-// llama-reference: one forward and backward pass of the trainer's Llama over a Hugging
-// Face checkpoint, for the PyTorch comparison (tests/python/test_llama_reference.py).
+// hf-reference: one forward and backward pass of the trainer's model (Llama or GPT-2) over
+// a Hugging Face checkpoint, for the PyTorch comparisons (tests/python/
+// test_llama_reference.py, test_gpt2_reference.py).
 //
-//   llama-reference MODEL_DIR TOKENS BATCH SEQ OUT.safetensors
+//   hf-reference MODEL_DIR TOKENS BATCH SEQ OUT.safetensors
 //
 // MODEL_DIR holds config.json and model.safetensors (or shards with their index); TOKENS
 // is BATCH x (SEQ + 1) little-endian uint32 ids, each row predicting its tokens 1..SEQ
 // from 0..SEQ-1. OUT gets "loss" (the mean cross-entropy, one F32), "grad.<name>" for
 // every parameter tensor and "param.<name>" after one step of the SDK's OffloadedAdam
 // (AdamW, lr 1e-2, weight decay 0.1, betas 0.9/0.999, eps 1e-8, no clipping or loss
-// scaling) over those gradients (F32, Hugging Face's names and shapes). Computed in fp32.
+// scaling) over those gradients (F32, Hugging Face's names and layouts: GPT-2's Conv1D
+// weights and their gradients [in, out]). Computed in fp32, on the exact matrix loops.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,23 +25,24 @@
 
 #include "checkpoint_io.h"
 #include "hf_config.h"
-#include "llama.h"
+#include "network.h"
 
 namespace offload_train {
 namespace {
 
 absl::Status Run(const std::string& dir, const std::string& tokens_path, std::size_t batch,
                  std::size_t seq, const std::string& out_path) {
-  MEMASCEND_ASSIGN_OR_RETURN(HfConfig c, ReadHfConfig(dir + "/config.json"));
-  if (c.arch != Arch::kLlama) return absl::InvalidArgumentError("llama-reference takes llama");
+  MEMASCEND_ASSIGN_OR_RETURN(HfConfig hf, ReadHfConfig(dir + "/config.json"));
+  const ModelConfig c = ForHf(hf, batch, seq);
+  MEMASCEND_RETURN_IF_ERROR(Validate(c));
   MEMASCEND_ASSIGN_OR_RETURN(auto ckpt, memascend::SafetensorsCheckpoint::Open(dir));
-  const std::size_t groups = LlamaGroupCount(c);
+  const std::size_t groups = GroupCount(c);
   std::vector<std::vector<float>> params(groups), grads(groups);
   for (std::size_t g = 0; g < groups; ++g) {
-    params[g].resize(LlamaGroupParams(c, g));
+    params[g].resize(GroupParams(c, g));
     grads[g].assign(params[g].size(), 0.0f);
-    MEMASCEND_RETURN_IF_ERROR(ImportLlamaGroup(
-        *ckpt, c, g, {params[g].data(), params[g].size(), memascend::DType::kF32}));
+    MEMASCEND_RETURN_IF_ERROR(
+        ImportHfGroup(*ckpt, c, g, {params[g].data(), params[g].size(), memascend::DType::kF32}));
   }
   std::vector<std::uint32_t> ids(batch * (seq + 1));
   std::FILE* f = std::fopen(tokens_path.c_str(), "rb");
@@ -61,15 +64,15 @@ absl::Status Run(const std::string& dir, const std::string& tokens_path, std::si
     }
   }
   memascend::KernelThreads threads(2);
-  Llama<float> model(c, batch, seq, &threads);
-  model.Embed(params[0].data(), inputs.data());
-  for (std::size_t l = 0; l < c.layers; ++l) model.Block(l, params[l + 1].data());
+  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<Network> model, MakeNetwork(c, {}, &threads));
+  model->Embed(params[0].data(), inputs.data());
+  for (std::size_t l = 0; l < c.layers; ++l) model->Block(l, params[l + 1].data());
   const double loss =
-      model.Head(params[groups - 1].data(), params[0].data(), targets.data(), 1.0f, true);
-  model.HeadGradient(grads[groups - 1].data(), 0, grads[groups - 1].size());
+      model->Head(params[groups - 1].data(), params[0].data(), targets.data(), 1.0f, true);
+  model->HeadGradient(grads[groups - 1].data(), 0, grads[groups - 1].size());
   for (std::size_t l = c.layers; l-- > 0;)
-    model.BlockBackward(l, params[l + 1].data(), grads[l + 1].data());
-  model.EmbedGradient(grads[0].data(), 0, grads[0].size());
+    model->BlockBackward(l, params[l + 1].data(), grads[l + 1].data());
+  model->EmbedGradient(grads[0].data(), 0, grads[0].size());
 
   // One AdamW step of the SDK's optimizer over the gradients, every group in memory.
   memascend::StateLayout layout;
@@ -101,7 +104,7 @@ absl::Status Run(const std::string& dir, const std::string& tokens_path, std::si
 
   std::vector<memascend::SafetensorsTensor> plan = {{"loss", "F32", {1}}};
   for (const char* prefix : {"grad.", "param."}) {
-    for (memascend::SafetensorsTensor t : LlamaTensors(c, "F32")) {
+    for (memascend::SafetensorsTensor t : HfTensors(c, "F32")) {
       t.name = prefix + t.name;
       plan.push_back(std::move(t));
     }
@@ -111,8 +114,12 @@ absl::Status Run(const std::string& dir, const std::string& tokens_path, std::si
   const float l32 = static_cast<float>(loss);
   MEMASCEND_RETURN_IF_ERROR(w->Append({&l32, 1, memascend::DType::kF32}));
   for (const auto* all : {&grads, &updated}) {
-    for (const std::vector<float>& g : *all)
-      MEMASCEND_RETURN_IF_ERROR(w->Append({g.data(), g.size(), memascend::DType::kF32}));
+    for (std::size_t g = 0; g < groups; ++g) {
+      MEMASCEND_RETURN_IF_ERROR(
+          ForEachHfTensor(c, g, (*all)[g].data(), [&w](const HfTensorSlice& t, const float* data) {
+            return w->Append({data, t.slice.count, memascend::DType::kF32});
+          }));
+    }
   }
   return w->Finish();
 }
@@ -122,13 +129,13 @@ absl::Status Run(const std::string& dir, const std::string& tokens_path, std::si
 
 int main(int argc, char** argv) {
   if (argc != 6) {
-    std::fprintf(stderr, "usage: llama-reference MODEL_DIR TOKENS BATCH SEQ OUT.safetensors\n");
+    std::fprintf(stderr, "usage: hf-reference MODEL_DIR TOKENS BATCH SEQ OUT.safetensors\n");
     return 2;
   }
   const absl::Status s = offload_train::Run(argv[1], argv[2], std::strtoul(argv[3], nullptr, 10),
                                             std::strtoul(argv[4], nullptr, 10), argv[5]);
   if (!s.ok()) {
-    std::fprintf(stderr, "llama-reference: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "hf-reference: %s\n", s.ToString().c_str());
     return 1;
   }
   return 0;
