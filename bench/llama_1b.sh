@@ -61,7 +61,7 @@ except ValueError:
 row = {"run": name, "fits": status == "0", "cap_bytes": int(cap.group(1)),
        "cgroup_peak_bytes": int(cap.group(2)), "oom_kills": int(cap.group(3)),
        "command": cmd}
-for k in ("params", "steps", "losses", "step_seconds", "peak_rss_bytes", "host_budget_bytes",
+for k in ("params", "steps", "losses", "step_seconds", "step_io_bytes", "peak_rss_bytes", "host_budget_bytes",
           "model_state_bytes", "io_read_bytes", "io_write_bytes", "activation_bytes",
           "phase_seconds", "eval_loss", "eval_tokens", "export_bytes", "seconds"):
     if k in s:

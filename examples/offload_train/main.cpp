@@ -502,6 +502,8 @@ int Main(int argc, char** argv) {
     for (double t : s.step_seconds) w.Double(t);
     w.EndArray().Key("step_skipped").BeginArray();
     for (bool k : s.step_skipped) w.Bool(k);
+    w.EndArray().Key("step_io_bytes").BeginArray();
+    for (std::uint64_t b : s.step_io_bytes) w.Uint(b);
     w.EndArray()
         .Field("params", s.params)
         .Field("model_state_bytes", s.model_state_bytes)

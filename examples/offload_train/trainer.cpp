@@ -730,6 +730,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     summary.losses.push_back(c.loss);
     summary.step_seconds.push_back(seconds);
     summary.step_skipped.push_back(c.skipped);
+    summary.step_io_bytes.push_back(io - io_last);
     summary.last_step = c.step;
     if (o.on_step) {
       StepReport r;

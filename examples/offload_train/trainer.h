@@ -162,6 +162,7 @@ struct TrainSummary {
   std::vector<double> losses;        // of the steps this call ran
   std::vector<double> step_seconds;  // likewise, each from the previous commit
   std::vector<bool> step_skipped;    // likewise: overflow, no update
+  std::vector<std::uint64_t> step_io_bytes;  // likewise: the store's reads and writes
   PhaseSeconds phases;
   double final_loss = 0;
   double seconds = 0;

@@ -81,9 +81,11 @@ TRAIN_OPTS = ["--steps", "--layers", "--channels", "--heads", "--seq", "--batch"
               "--overlap-optimizer", "--io-threads", "--write-behind", "--policy", "--lr",
               "--warmup", "--clip", "--weight-decay", "--seed", "--loss-scale", "--json",
               "--sample", "--timeline", "--zero-param-buffers", "--zero-optimizer-buffers",
-              "--zero-sub-group-size", "--zero-min-swap", "--bogus"]
+              "--zero-sub-group-size", "--zero-min-swap", "--config", "--init-from", "--export",
+              "--export-dtype", "--export-shard", "--export-overwrite", "--tokens", "--eval",
+              "--checkpoint-activations", "--matmul", "--bogus"]
 FLAGS = {"--force", "--resume", "--json", "--scratch", "--verify-data", "--quiet", "--repair",
-         "--allow-data-loss", "--help"}
+         "--allow-data-loss", "--help", "--export-overwrite", "--checkpoint-activations"}
 
 
 def generate():
@@ -115,6 +117,8 @@ def generate():
                 big = [] if o == "--steps" else ["4294967297"]
                 argv.append(rng.choice(["0", "1", "3", "-1", "1.5", "nan", "99999999999999999999",
                                         "abc", ""] + big))
+            elif o == "--export":  # it writes: only inside the scratch directory
+                argv.append(rng.choice([subdir, os.path.join(scratch, "export"), empty, text]))
             else:
                 argv.append(value())
     return argv
@@ -138,6 +142,7 @@ for case in range(cases):
         bad.append((argv, f"crashed: {err[-300:]}"))
     elif p.returncode != 0 and not err.strip():
         bad.append((argv, f"exit status {p.returncode} with nothing on stderr"))
+    shutil.rmtree(os.path.join(scratch, "export"), ignore_errors=True)
     for leftover in ("train.vol", "new.vol", "io.bin"):  # each case starts from nothing of its own
         try:
             os.unlink(os.path.join(scratch, leftover))
