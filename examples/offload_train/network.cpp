@@ -1,6 +1,8 @@
 #include "network.h"
 
 #include <cstdlib>
+#include <type_traits>
+#include <utility>
 
 #include <memascend/status.h>
 
@@ -9,10 +11,13 @@
 namespace offload_train {
 namespace {
 
-class GptNetwork final : public Network {
+// Either model behind the interface: both have the same calls (model.h, llama.h); only
+// Llama checkpoints its activations (MakeNetwork refuses to ask the other).
+template <typename Model>
+class ModelNetwork final : public Network {
  public:
-  GptNetwork(const ModelConfig& c, const NetworkOptions& o, memascend::KernelThreads* threads)
-      : m_(c, threads, o.blas) {}
+  template <typename... Args>
+  explicit ModelNetwork(Args&&... args) : m_(std::forward<Args>(args)...) {}
   void Embed(const float* embed, const std::int32_t* tokens) override { m_.Embed(embed, tokens); }
   void Block(std::size_t layer, const float* params) override { m_.Block(layer, params); }
   double Head(const float* head, const float* embed, const std::int32_t* targets, float grad_scale,
@@ -28,46 +33,21 @@ class GptNetwork final : public Network {
   void EmbedGradient(float* out, std::size_t begin, std::size_t end) const override {
     m_.EmbedGradient(out, begin, end);
   }
-  // Never called: MakeNetwork refuses to checkpoint this model.
-  const float* Residual() const override { std::abort(); }
-  void Recompute(std::size_t, const float*, const float*) override { std::abort(); }
-  const float* Logits(std::size_t b, std::size_t t) const override { return m_.Logits(b, t); }
-  const float* RowLosses() const override { return m_.RowLosses(); }
-  std::size_t ActivationBytes() const override { return m_.ActivationBytes(); }
-
- private:
-  Gpt<float> m_;
-};
-
-class LlamaNetwork final : public Network {
- public:
-  LlamaNetwork(const ModelConfig& c, const NetworkOptions& o, memascend::KernelThreads* threads)
-      : m_(*c.hf, c.batch, c.seq, threads, o.blas, o.checkpoint) {}
-  void Embed(const float* embed, const std::int32_t* tokens) override { m_.Embed(embed, tokens); }
-  void Block(std::size_t layer, const float* params) override { m_.Block(layer, params); }
-  double Head(const float* head, const float* embed, const std::int32_t* targets, float grad_scale,
-              bool backward) override {
-    return m_.Head(head, embed, targets, grad_scale, backward);
+  const float* Residual() const override {
+    if constexpr (kCheckpoints) return m_.Residual();
+    std::abort();
   }
-  void HeadGradient(float* out, std::size_t begin, std::size_t end) const override {
-    m_.HeadGradient(out, begin, end);
-  }
-  void BlockBackward(std::size_t layer, const float* params, float* dparams) override {
-    m_.BlockBackward(layer, params, dparams);
-  }
-  void EmbedGradient(float* out, std::size_t begin, std::size_t end) const override {
-    m_.EmbedGradient(out, begin, end);
-  }
-  const float* Residual() const override { return m_.Residual(); }
   void Recompute(std::size_t layer, const float* params, const float* input) override {
-    m_.Recompute(layer, params, input);
+    if constexpr (kCheckpoints) return m_.Recompute(layer, params, input);
+    std::abort();
   }
   const float* Logits(std::size_t b, std::size_t t) const override { return m_.Logits(b, t); }
   const float* RowLosses() const override { return m_.RowLosses(); }
   std::size_t ActivationBytes() const override { return m_.ActivationBytes(); }
 
  private:
-  Llama<float> m_;
+  static constexpr bool kCheckpoints = std::is_same_v<Model, Llama<float>>;
+  Model m_;
 };
 
 }  // namespace
@@ -85,8 +65,11 @@ absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
                                                      const NetworkOptions& options,
                                                      memascend::KernelThreads* threads) {
   MEMASCEND_RETURN_IF_ERROR(CheckNetworkOptions(c, options));
-  if (IsLlama(c)) return std::make_unique<LlamaNetwork>(c, options, threads);
-  return std::make_unique<GptNetwork>(c, options, threads);
+  if (IsLlama(c)) {
+    return std::make_unique<ModelNetwork<Llama<float>>>(*c.hf, c.batch, c.seq, threads,
+                                                        options.blas, options.checkpoint);
+  }
+  return std::make_unique<ModelNetwork<Gpt<float>>>(c, threads, options.blas);
 }
 
 }  // namespace offload_train

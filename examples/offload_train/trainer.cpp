@@ -145,6 +145,12 @@ class ActivationStash {
   void Prefetch(std::size_t layer) {
     if (store_ != nullptr) (void)store_->Prefetch(ids_[layer]);
   }
+  // Bytes in ordinary memory (without a store).
+  std::size_t MemoryBytes() const {
+    std::size_t n = 0;
+    for (const std::vector<float>& v : memory_) n += v.capacity() * sizeof(float);
+    return n;
+  }
   // Into `out`, then dropped (its bytes are dead).
   absl::Status Take(std::size_t layer, float* out) {
     if (store_ == nullptr) {
@@ -218,8 +224,12 @@ class Run {
 
   std::uint64_t step() const { return step_; }
   const PhaseSeconds& phases() const { return phases_; }
-  // Zero before the first pass.
-  std::size_t ActivationBytes() const { return net_ != nullptr ? net_->ActivationBytes() : 0; }
+  // The network's, and checkpointed inputs kept in ordinary memory; zero before the first
+  // pass.
+  std::size_t ActivationBytes() const {
+    return (net_ != nullptr ? net_->ActivationBytes() : 0) +
+           (stash_ != nullptr ? stash_->MemoryBytes() : 0);
+  }
 
   // Group g's fp32 master weights, in its working buffer (valid until the next call).
   absl::StatusOr<const float*> Master(std::size_t g) {

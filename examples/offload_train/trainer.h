@@ -159,9 +159,9 @@ struct PhaseSeconds {
 struct TrainSummary {
   std::size_t first_step = 1;  // > 1 for a resumed run
   std::size_t last_step = 0;
-  std::vector<double> losses;        // of the steps this call ran
-  std::vector<double> step_seconds;  // likewise, each from the previous commit
-  std::vector<bool> step_skipped;    // likewise: overflow, no update
+  std::vector<double> losses;                // of the steps this call ran
+  std::vector<double> step_seconds;          // likewise, each from the previous commit
+  std::vector<bool> step_skipped;            // likewise: overflow, no update
   std::vector<std::uint64_t> step_io_bytes;  // likewise: the store's reads and writes
   PhaseSeconds phases;
   double final_loss = 0;

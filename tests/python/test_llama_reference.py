@@ -174,10 +174,14 @@ def test_loss_and_every_gradient_agree_with_pytorch(tmp_path, tied, scaling, dty
     r = subprocess.run([BIN, str(tmp_path), str(tmp_path / "tokens.u32"), str(batch), str(seq),
                         str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    got = read_safetensors(out)
-    # PyTorch on the weights as stored (bf16 rounded), in fp32.
+    expect_reference(read_safetensors(out), forward, cfg, stored, ids)
+
+
+def expect_reference(got, forward_fn, cfg, stored, ids):
+    """hf-reference's output `got` against PyTorch: the loss, every gradient (in the
+    checkpoint's layout) and one AdamW step, from the weights as stored, in fp32."""
     p = {k: v.float().requires_grad_() for k, v in stored.items()}
-    loss = forward(cfg, p, ids)
+    loss = forward_fn(cfg, p, ids)
     loss.backward()
     assert float(got["loss"][0]) == pytest.approx(loss.item(), rel=1e-5)
     assert len([k for k in got if k.startswith("grad.")]) == len(p)
