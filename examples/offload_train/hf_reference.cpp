@@ -64,7 +64,7 @@ absl::Status Run(const std::string& dir, const std::string& tokens_path, std::si
     }
   }
   memascend::KernelThreads threads(2);
-  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<Network> model, MakeNetwork(c, {}, &threads));
+  const std::unique_ptr<Network> model = MakeNetwork(c, {}, &threads);
   model->Embed(params[0].data(), inputs.data());
   for (std::size_t l = 0; l < c.layers; ++l) model->Block(l, params[l + 1].data());
   const double loss =

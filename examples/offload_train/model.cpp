@@ -212,11 +212,16 @@ void InitGroup(const ModelConfig& c, std::size_t group, std::uint64_t seed, floa
 }
 
 template <typename T>
-Gpt<T>::Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool blas)
-    : c_(config), threads_(threads), blas_(blas), rows_(config.batch * config.seq) {
+Gpt<T>::Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool blas,
+            bool checkpoint)
+    : c_(config),
+      threads_(threads),
+      blas_(blas),
+      checkpoint_(checkpoint),
+      rows_(config.batch * config.seq) {
   const std::size_t ch = c_.channels;
   x_.resize(rows_ * ch);
-  acts_.resize(c_.layers);
+  acts_.resize(checkpoint_ ? 1 : c_.layers);
   for (BlockActs& a : acts_) {
     a.in.resize(rows_ * ch);
     a.ln1.resize(rows_ * ch);
@@ -252,10 +257,21 @@ void Gpt<T>::Embed(const T* params, const std::int32_t* tokens) {
 
 template <typename T>
 void Gpt<T>::Block(std::size_t layer, const T* params) {
+  Forward(layer, params, x_.data(), x_.data());
+}
+
+template <typename T>
+void Gpt<T>::Recompute(std::size_t layer, const T* params, const T* input) {
+  // The output is not needed (x_ holds the gradient now): it goes to scratch.
+  Forward(layer, params, input, scratch_c_.data());
+}
+
+template <typename T>
+void Gpt<T>::Forward(std::size_t layer, const T* params, const T* input, T* output) {
   const BlockParams p(c_.channels);
   const std::size_t ch = c_.channels;
-  BlockActs& a = acts_[layer];
-  a.in = x_;
+  BlockActs& a = Acts(layer);
+  a.in.assign(input, input + rows_ * ch);
   ops::LayerNormForward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), a.in.data(),
                         params + p.ln1_w, params + p.ln1_b, rows_, ch, threads_);
   ops::MatmulForward(a.qkv.data(), a.ln1.data(), params + p.qkv_w, params + p.qkv_b, rows_, ch,
@@ -272,7 +288,7 @@ void Gpt<T>::Block(std::size_t layer, const T* params) {
   ops::GeluForward(a.gelu.data(), a.fc.data(), rows_ * 4 * ch);
   ops::MatmulForward(scratch_c_.data(), a.gelu.data(), params + p.fcp_w, params + p.fcp_b, rows_,
                      4 * ch, ch, threads_, blas_);
-  for (std::size_t i = 0; i < rows_ * ch; ++i) x_[i] = a.mid[i] + scratch_c_[i];
+  for (std::size_t i = 0; i < rows_ * ch; ++i) output[i] = a.mid[i] + scratch_c_[i];
 }
 
 template <typename T>
@@ -318,7 +334,7 @@ template <typename T>
 void Gpt<T>::BlockBackward(std::size_t layer, const T* params, T* dparams) {
   const BlockParams p(c_.channels);
   const std::size_t ch = c_.channels;
-  BlockActs& a = acts_[layer];
+  BlockActs& a = Acts(layer);
   // x_ is d(out); out = mid + mlp(ln2(mid)); mid = in + attn(ln1(in)).
   std::vector<T> dmid = x_;
   T* dgelu = scratch_a_.data();

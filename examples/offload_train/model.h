@@ -96,8 +96,12 @@ void InitGroup(const ModelConfig& c, std::size_t group, std::uint64_t seed, floa
 template <typename T>
 class Gpt {
  public:
-  // `blas`: the matrix products through blas.h (ops.h).
-  Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool blas = false);
+  // `blas`: the matrix products through blas.h (ops.h). With `checkpoint`, the model keeps
+  // one block's activations: the caller keeps each block's input (Residual() before
+  // Block()) and hands it to Recompute() before that block's BlockBackward, which then
+  // gives the bits it would have given.
+  Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool blas = false,
+      bool checkpoint = false);
 
   // Forward: Embed, then every Block in order, then Head (multiplying by `embed`'s token
   // embeddings with a tied head, TiedHead(); otherwise by its own matrix), which with
@@ -108,6 +112,8 @@ class Gpt {
   // Returns the mean loss. `tokens` and `targets` are [batch * seq].
   void Embed(const T* params, const std::int32_t* tokens);
   void Block(std::size_t layer, const T* params);
+  const T* Residual() const { return x_.data(); }  // the next block's input, going forward
+  void Recompute(std::size_t layer, const T* params, const T* input);
   double Head(const T* params, const T* embed, const std::int32_t* targets, T grad_scale,
               bool backward);
   // Elements [begin, end) of the head's flat gradient into out[0, end - begin), after Head
@@ -130,9 +136,12 @@ class Gpt {
     std::vector<T> in, ln1, ln1_mean, ln1_rstd, qkv, att, atty, mid, ln2, ln2_mean, ln2_rstd, fc,
         gelu;
   };
+  BlockActs& Acts(std::size_t layer) { return acts_[checkpoint_ ? 0 : layer]; }
+  void Forward(std::size_t layer, const T* params, const T* input, T* output);
+
   ModelConfig c_;
   memascend::KernelThreads* threads_;
-  bool blas_;
+  bool blas_, checkpoint_;
   std::size_t rows_;
   std::vector<std::int32_t> tokens_;
   std::vector<T> x_;  // the residual stream, then its gradient

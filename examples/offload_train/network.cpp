@@ -1,18 +1,13 @@
 #include "network.h"
 
-#include <cstdlib>
-#include <type_traits>
 #include <utility>
-
-#include <memascend/status.h>
 
 #include "llama.h"
 
 namespace offload_train {
 namespace {
 
-// Either model behind the interface: both have the same calls (model.h, llama.h); only
-// Llama checkpoints its activations (MakeNetwork refuses to ask the other).
+// Either model behind the interface: both have the same calls (model.h, llama.h).
 template <typename Model>
 class ModelNetwork final : public Network {
  public:
@@ -33,43 +28,27 @@ class ModelNetwork final : public Network {
   void EmbedGradient(float* out, std::size_t begin, std::size_t end) const override {
     m_.EmbedGradient(out, begin, end);
   }
-  const float* Residual() const override {
-    if constexpr (kCheckpoints) return m_.Residual();
-    std::abort();
-  }
+  const float* Residual() const override { return m_.Residual(); }
   void Recompute(std::size_t layer, const float* params, const float* input) override {
-    if constexpr (kCheckpoints) return m_.Recompute(layer, params, input);
-    std::abort();
+    m_.Recompute(layer, params, input);
   }
   const float* Logits(std::size_t b, std::size_t t) const override { return m_.Logits(b, t); }
   const float* RowLosses() const override { return m_.RowLosses(); }
   std::size_t ActivationBytes() const override { return m_.ActivationBytes(); }
 
  private:
-  static constexpr bool kCheckpoints = std::is_same_v<Model, Llama<float>>;
   Model m_;
 };
 
 }  // namespace
 
-absl::Status CheckNetworkOptions(const ModelConfig& c, const NetworkOptions& options) {
-  if (options.checkpoint && !IsLlama(c)) {
-    return absl::InvalidArgumentError(
-        "--checkpoint-activations: GPT-2's layout (the demo's and Hugging Face's gpt2) keeps "
-        "every block's activations; checkpointing is for Llama");
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
-                                                     const NetworkOptions& options,
-                                                     memascend::KernelThreads* threads) {
-  MEMASCEND_RETURN_IF_ERROR(CheckNetworkOptions(c, options));
+std::unique_ptr<Network> MakeNetwork(const ModelConfig& c, const NetworkOptions& options,
+                                     memascend::KernelThreads* threads) {
   if (IsLlama(c)) {
     return std::make_unique<ModelNetwork<Llama<float>>>(*c.hf, c.batch, c.seq, threads,
                                                         options.blas, options.checkpoint);
   }
-  return std::make_unique<ModelNetwork<Gpt<float>>>(c, threads, options.blas);
+  return std::make_unique<ModelNetwork<Gpt<float>>>(c, threads, options.blas, options.checkpoint);
 }
 
 }  // namespace offload_train

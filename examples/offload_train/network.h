@@ -18,8 +18,6 @@
 #include <cstdint>
 #include <memory>
 
-#include <absl/status/statusor.h>
-
 #include <memascend/kernels.h>
 
 #include "model.h"
@@ -28,7 +26,7 @@ namespace offload_train {
 
 struct NetworkOptions {
   bool blas = false;        // the matrix products through blas.h
-  bool checkpoint = false;  // keep one block's activations (Llama only)
+  bool checkpoint = false;  // keep one block's activations
 };
 
 class Network {
@@ -51,12 +49,8 @@ class Network {
   virtual std::size_t ActivationBytes() const = 0;
 };
 
-// kInvalidArgument for checkpointing a model that cannot (the demo's GPT).
-absl::Status CheckNetworkOptions(const ModelConfig& c, const NetworkOptions& options);
-// CheckNetworkOptions's errors.
-absl::StatusOr<std::unique_ptr<Network>> MakeNetwork(const ModelConfig& c,
-                                                     const NetworkOptions& options,
-                                                     memascend::KernelThreads* threads);
+std::unique_ptr<Network> MakeNetwork(const ModelConfig& c, const NetworkOptions& options,
+                                     memascend::KernelThreads* threads);
 
 }  // namespace offload_train
 

@@ -193,10 +193,8 @@ class Run {
 
   // Builds the network, which holds a batch's activations: at the first pass, so that a
   // run that only imports or exports never allocates them.
-  absl::Status MakeNet() {
-    if (net_ != nullptr) return absl::OkStatus();
-    MEMASCEND_ASSIGN_OR_RETURN(net_, MakeNetwork(c_, {o_.blas, stash_ != nullptr}, threads_));
-    return absl::OkStatus();
+  void MakeNet() {
+    if (net_ == nullptr) net_ = MakeNetwork(c_, {o_.blas, stash_ != nullptr}, threads_);
   }
 
   // The initial state: the architecture's initialisation, or `ckpt`'s weights, read group
@@ -251,7 +249,7 @@ class Run {
       return absl::InvalidArgumentError(fmt::format(
           "--eval: {} tokens, fewer than one window of --seq + 1 = {}", tokens.size(), seq + 1));
     }
-    MEMASCEND_RETURN_IF_ERROR(MakeNet());
+    MakeNet();
     std::vector<std::int32_t> inputs(batch * seq), targets(batch * seq);
     double sum = 0;
     for (std::size_t first = 0; first < windows; first += batch) {
@@ -296,7 +294,7 @@ class Run {
     const std::size_t groups = GroupCount(c_);
     const std::size_t head = groups - 1;
     const float scale = adam_->loss_scale();
-    MEMASCEND_RETURN_IF_ERROR(MakeNet());
+    MakeNet();
     Lap(nullptr);
     const bool update = adam_->update_pending();  // the previous step's, interleaved
     if (update) {
@@ -664,7 +662,6 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   memascend::KernelThreads threads(nthreads);
   if (o.blas) blas::SetThreads(nthreads);
-  MEMASCEND_RETURN_IF_ERROR(CheckNetworkOptions(o.model, {o.blas, o.checkpoint_activations}));
   std::unique_ptr<memascend::SafetensorsCheckpoint> ckpt;
   if (!o.init_from.empty() && !o.resume) {
     MEMASCEND_ASSIGN_OR_RETURN(ckpt, memascend::SafetensorsCheckpoint::Open(o.init_from));
@@ -787,8 +784,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   if (o.sample_tokens > 0 && tokenizer != nullptr) {
     ModelConfig one = o.model;
     one.batch = 1;
-    MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<Network> sampler,
-                               MakeNetwork(one, {o.blas, false}, &threads));
+    const std::unique_ptr<Network> sampler = MakeNetwork(one, {o.blas, false}, &threads);
     std::vector<std::int32_t> ctx(tokens.begin(), tokens.begin() + 8);
     for (std::int32_t t : ctx) summary.sample += tokenizer->Decode(t);
     std::uint64_t rng = o.seed;

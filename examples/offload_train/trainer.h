@@ -84,7 +84,7 @@ struct TrainOptions {
   // The matrix products through OpenBLAS (blas.h): fast, and the same bits only at the
   // same thread count; off, the exact loops (the same bits at any thread count).
   bool blas = false;
-  // Keep each block's input only and recompute the block in the backward pass (Llama);
+  // Keep each block's input only and recompute the block in the backward pass;
   // the inputs go through the tensor store with MemAscend's policy, ordinary memory
   // otherwise (ZeRO-Infinity's cpu_checkpointing).
   bool checkpoint_activations = false;

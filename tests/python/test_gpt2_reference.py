@@ -145,6 +145,11 @@ def test_trainer_imports_trains_and_exports_gpt2s_layout(tmp_path):
     assert back["model_type"] == "gpt2" and back["n_positions"] == 20
     with torch.no_grad():
         assert forward(back, got, windows).item() == pytest.approx(out["eval_loss"], rel=1e-5)
+    # Checkpointed activations, the offloaded and the in-memory runs: the same bits.
+    common = ["--init-from", model, "--steps", 3, "--dtype", "bf16", "--lr", "1e-2"]
+    base = hf.train(tmp_path, *common)
+    assert hf.train(tmp_path, *common, "--checkpoint-activations")["losses"] == base["losses"]
+    assert hf.train(tmp_path, *common, "--mode", "reference")["losses"] == base["losses"]
 
 
 def test_a_gpt2_the_kernels_do_not_compute_is_refused(tmp_path):

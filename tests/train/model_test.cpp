@@ -15,6 +15,7 @@
 #include "blas.h"
 #include "llama.h"
 #include "llama_ops.h"
+#include "network.h"
 #include "ops.h"
 
 namespace offload_train {
@@ -470,68 +471,54 @@ TEST(Gradients, LlamaWholeModelEveryGroupTied) { CheckLlamaGradients(true); }
 
 // Checkpointed activations: each block's input kept by the caller and the block
 // recomputed before its backward pass give the bits of the model that kept everything,
-// on the exact path and (where built) the BLAS one.
-TEST(Llama, RecomputedBlocksGiveTheBitsOfKeptActivations) {
-  HfConfig c = SmallLlama(29, 16, 4, 2, 3, 24);
-  c.tie_embeddings = true;
-  const std::size_t batch = 2, seq = 7, groups = LlamaGroupCount(c), head = groups - 1;
+// for both architectures, on the exact path and (where built) the BLAS one.
+TEST(Network, RecomputedBlocksGiveTheBitsOfKeptActivations) {
+  HfConfig llama = SmallLlama(29, 16, 4, 2, 3, 24);
+  llama.tie_embeddings = true;
+  const ModelConfig gpt{
+      .vocab = 29, .seq = 7, .channels = 16, .layers = 3, .heads = 2, .batch = 2, .hf = {}};
   memascend::KernelThreads threads(2);
-  std::vector<std::vector<float>> params(groups);
-  for (std::size_t g = 0; g < groups; ++g) {
-    params[g].resize(LlamaGroupParams(c, g));
-    InitLlamaGroup(c, g, 5, params[g].data());
-  }
-  std::vector<std::int32_t> tokens, targets;
-  CheckTokens(batch * seq, c.vocab, &tokens, &targets);
-  for (const bool blas : {false, true}) {
-    if (blas && !blas::Available()) continue;
-    auto run = [&](bool checkpoint, double* loss) {
-      Llama<float> m(c, batch, seq, &threads, blas, checkpoint);
-      std::vector<std::vector<float>> inputs(c.layers), grads(groups);
-      for (std::size_t g = 0; g < groups; ++g) grads[g].assign(params[g].size(), 0.0f);
-      m.Embed(params[0].data(), tokens.data());
-      for (std::size_t l = 0; l < c.layers; ++l) {
-        inputs[l].assign(m.Residual(), m.Residual() + batch * seq * c.hidden);
-        m.Block(l, params[l + 1].data());
-      }
-      *loss = m.Head(params[head].data(), params[0].data(), targets.data(), 8.0f, true);
-      m.HeadGradient(grads[head].data(), 0, grads[head].size());
-      for (std::size_t l = c.layers; l-- > 0;) {
-        if (checkpoint) m.Recompute(l, params[l + 1].data(), inputs[l].data());
-        m.BlockBackward(l, params[l + 1].data(), grads[l + 1].data());
-      }
-      m.EmbedGradient(grads[0].data(), 0, grads[0].size());
-      return grads;
-    };
-    double kept_loss = 0, recomputed_loss = 0;
-    const auto kept = run(false, &kept_loss);
-    const auto recomputed = run(true, &recomputed_loss);
-    EXPECT_EQ(kept_loss, recomputed_loss);
-    for (std::size_t g = 0; g < groups; ++g) EXPECT_EQ(kept[g], recomputed[g]) << "group " << g;
-    EXPECT_NE(std::count(kept[1].begin(), kept[1].end(), 0.0f),
-              static_cast<std::ptrdiff_t>(kept[1].size()));
+  for (const ModelConfig& c : {ForHf(llama, 2, 7), gpt}) {
+    const std::size_t groups = GroupCount(c), head = groups - 1, rows = c.batch * c.seq;
+    std::vector<std::vector<float>> params(groups);
+    for (std::size_t g = 0; g < groups; ++g) {
+      params[g].resize(GroupParams(c, g));
+      InitGroup(c, g, 5, params[g].data());
+    }
+    std::vector<std::int32_t> tokens, targets;
+    CheckTokens(rows, c.vocab, &tokens, &targets);
+    for (const bool blas : {false, true}) {
+      if (blas && !blas::Available()) continue;
+      auto run = [&](bool checkpoint, double* loss) {
+        const std::unique_ptr<Network> m = MakeNetwork(c, {blas, checkpoint}, &threads);
+        std::vector<std::vector<float>> inputs(c.layers), grads(groups);
+        for (std::size_t g = 0; g < groups; ++g) grads[g].assign(params[g].size(), 0.0f);
+        m->Embed(params[0].data(), tokens.data());
+        for (std::size_t l = 0; l < c.layers; ++l) {
+          inputs[l].assign(m->Residual(), m->Residual() + rows * c.channels);
+          m->Block(l, params[l + 1].data());
+        }
+        *loss = m->Head(params[head].data(), params[0].data(), targets.data(), 8.0f, true);
+        m->HeadGradient(grads[head].data(), 0, grads[head].size());
+        for (std::size_t l = c.layers; l-- > 0;) {
+          if (checkpoint) m->Recompute(l, params[l + 1].data(), inputs[l].data());
+          m->BlockBackward(l, params[l + 1].data(), grads[l + 1].data());
+        }
+        m->EmbedGradient(grads[0].data(), 0, grads[0].size());
+        return grads;
+      };
+      double kept_loss = 0, recomputed_loss = 0;
+      const auto kept = run(false, &kept_loss);
+      const auto recomputed = run(true, &recomputed_loss);
+      EXPECT_EQ(kept_loss, recomputed_loss) << ArchName(c);
+      for (std::size_t g = 0; g < groups; ++g)
+        EXPECT_EQ(kept[g], recomputed[g]) << ArchName(c) << " group " << g << " blas " << blas;
+      EXPECT_NE(std::count(kept[1].begin(), kept[1].end(), 0.0f),
+                static_cast<std::ptrdiff_t>(kept[1].size()));
+    }
   }
 }
 
-TEST(Llama, GroupsCarryHuggingFacesNames) {
-  HfConfig c = SmallLlama(10, 4, 2, 1, 2, 6);
-  std::size_t total = 0;
-  for (std::size_t g = 0; g < LlamaGroupCount(c); ++g) total += LlamaGroupParams(c, g);
-  EXPECT_EQ(total, c.ParameterCount());
-  const auto block = LlamaGroupLayout(c, 2);
-  EXPECT_EQ(LlamaTensorName(c, 2, block[1]), "model.layers.1.self_attn.q_proj.weight");
-  EXPECT_EQ(block[2].count, 4u * 2u);  // k_proj: [kv_heads * head_dim, hidden]
-  const auto head = LlamaGroupLayout(c, 3);
-  EXPECT_EQ(LlamaTensorName(c, 3, head[0]), "model.norm.weight");
-  EXPECT_EQ(LlamaTensorName(c, 3, head[1]), "lm_head.weight");
-  EXPECT_EQ(LlamaTensorName(c, 0, LlamaGroupLayout(c, 0)[0]), "model.embed_tokens.weight");
-  c.tie_embeddings = true;
-  EXPECT_EQ(LlamaGroupLayout(c, 3).size(), 1u);
-}
-
-// Note [gradient parts] (trainer.h): the embeddings' and the head's gradients made range by
-// range, the ranges cutting rows anywhere, have the bits of the whole, in float; so do
-// the logits' gradient made in place and the split matrix product.
 // Through the BLAS too (blas.h: fixed tiles of rows, so the vocabulary spans several).
 void CheckRanges(bool blas) {
   const ModelConfig c{
