@@ -6,8 +6,9 @@ must be PyTorch's loss on the same windows; what it exports (--export) must carr
 Face's names, shapes, dtypes and config, sharded with an index when asked, and PyTorch's
 loss on the exported weights must be the trainer's evaluation after training. The run
 with checkpointed activations must give the losses of the run without, bit for bit, as
-must the offloaded and in-memory runs with the BLAS path. Bad inputs are refused with the
-file and what is wrong named. ctest passes the binary in MEMASCEND_TRAIN.
+must the offloaded, in-memory and ZeRO-Infinity-policy runs on the BLAS path. Bad inputs
+are refused with the file and what is wrong named. ctest passes the binary in
+MEMASCEND_TRAIN.
 """
 import json
 import os
@@ -166,7 +167,7 @@ def test_an_existing_export_is_refused_unless_overwritten(tmp_path, model):
     assert "model.safetensors" not in names and "model.safetensors.index.json" in names
 
 
-def test_checkpointed_activations_and_blas_keep_the_bits(tmp_path, model):
+def test_checkpointed_activations_blas_and_policies_keep_the_bits(tmp_path, model):
     _, _, d, _ = model
     common = ["--init-from", d, "--steps", 5, "--dtype", "bf16", "--lr", "1e-2", "--threads", 2]
     base = train(tmp_path, *common)
@@ -174,6 +175,9 @@ def test_checkpointed_activations_and_blas_keep_the_bits(tmp_path, model):
     assert ckpt["checkpoint_activations"] and ckpt["losses"] == base["losses"]
     in_memory = train(tmp_path, *common, "--mode", "reference")
     assert in_memory["losses"] == base["losses"]
+    # ZeRO-Infinity's rules (the baseline of docs/benchmarks.md), checkpoints in memory.
+    zero = train(tmp_path, *common, "--policy", "zero-infinity", "--checkpoint-activations")
+    assert zero["policy"] == "zero-infinity" and zero["losses"] == base["losses"]
     assert base["activation_bytes"] > ckpt["activation_bytes"]
 
 
