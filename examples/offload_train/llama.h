@@ -19,6 +19,7 @@
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_LLAMA_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_LLAMA_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,6 +55,7 @@ class Llama {
   // The residual stream ([batch * seq, hidden]): the next block's input during the
   // forward pass.
   const T* Residual() const { return x_.data(); }
+  void SetResidual(const T* stream) { std::copy(stream, stream + x_.size(), x_.begin()); }
   // Layer `layer`'s activations again from its input (checkpointed models).
   void Recompute(std::size_t layer, const T* params, const T* input);
   // `embed` is the embedding matrix, read only when the embeddings are tied.

@@ -14,6 +14,7 @@
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_MODEL_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_MODEL_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -113,6 +114,7 @@ class Gpt {
   void Embed(const T* params, const std::int32_t* tokens);
   void Block(std::size_t layer, const T* params);
   const T* Residual() const { return x_.data(); }  // the next block's input, going forward
+  void SetResidual(const T* stream) { std::copy(stream, stream + x_.size(), x_.begin()); }
   void Recompute(std::size_t layer, const T* params, const T* input);
   double Head(const T* params, const T* embed, const std::int32_t* targets, T grad_scale,
               bool backward);

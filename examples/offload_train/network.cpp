@@ -29,6 +29,7 @@ class ModelNetwork final : public Network {
     m_.EmbedGradient(out, begin, end);
   }
   const float* Residual() const override { return m_.Residual(); }
+  void SetResidual(const float* stream) override { m_.SetResidual(stream); }
   void Recompute(std::size_t layer, const float* params, const float* input) override {
     m_.Recompute(layer, params, input);
   }

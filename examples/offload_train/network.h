@@ -43,6 +43,9 @@ class Network {
   // Checkpointed networks: the residual stream ([batch * seq, channels]), and a block's
   // activations remade from its input.
   virtual const float* Residual() const = 0;
+  // Replaces the residual stream (a forward pass over several batches with each group
+  // read once: the evaluation).
+  virtual void SetResidual(const float* stream) = 0;
   virtual void Recompute(std::size_t layer, const float* params, const float* input) = 0;
   virtual const float* Logits(std::size_t b, std::size_t t) const = 0;
   virtual const float* RowLosses() const = 0;

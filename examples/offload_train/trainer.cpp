@@ -240,7 +240,9 @@ class Run {
   // The mean next-token loss over `tokens` cut into windows of seq + 1 (a partial last
   // window dropped), each predicting its tokens 1..seq from 0..seq-1, in fp32 from the
   // master weights; `batch` windows a pass (the last pass padded with its first window,
-  // whose rows are not counted). Returns {mean, positions}.
+  // whose rows are not counted). Passes go group by group in chunks whose residual
+  // streams take at most kEvalStreamBytes, so each group's master weights are read once
+  // per chunk, not once per pass. Returns {mean, positions}.
   absl::StatusOr<std::pair<double, std::uint64_t>> Evaluate(
       const std::vector<std::int32_t>& tokens) {
     const std::size_t seq = c_.seq, batch = c_.batch, groups = GroupCount(c_);
@@ -250,27 +252,48 @@ class Run {
           "--eval: {} tokens, fewer than one window of --seq + 1 = {}", tokens.size(), seq + 1));
     }
     MakeNet();
+    constexpr std::size_t kEvalStreamBytes = std::size_t{256} << 20;
+    const std::size_t stream = batch * seq * c_.channels;  // one pass's residual stream
+    const std::size_t passes = (windows + batch - 1) / batch;
+    const std::size_t per_chunk = std::max<std::size_t>(1, kEvalStreamBytes / (stream * 4));
     std::vector<std::int32_t> inputs(batch * seq), targets(batch * seq);
-    double sum = 0;
-    for (std::size_t first = 0; first < windows; first += batch) {
-      const std::size_t n = std::min(batch, windows - first);
+    // Pass p's windows into inputs/targets; returns how many are real.
+    const auto fill = [&](std::size_t p) {
+      const std::size_t first = p * batch, n = std::min(batch, windows - first);
       for (std::size_t b = 0; b < batch; ++b) {
         const std::int32_t* w = tokens.data() + (first + (b < n ? b : 0)) * (seq + 1);
         std::copy(w, w + seq, inputs.begin() + static_cast<std::ptrdiff_t>(b * seq));
         std::copy(w + 1, w + seq + 1, targets.begin() + static_cast<std::ptrdiff_t>(b * seq));
       }
+      return n;
+    };
+    std::vector<float> streams;
+    double sum = 0;
+    for (std::size_t chunk = 0; chunk < passes; chunk += per_chunk) {
+      const std::size_t k = std::min(per_chunk, passes - chunk);
+      streams.resize(k * stream);
       for (std::size_t g = 0; g < groups; ++g) {
         MEMASCEND_ASSIGN_OR_RETURN(const float* w, Master(g));
-        if (g == 0) {
-          net_->Embed(w, inputs.data());
-        } else if (g + 1 < groups) {
-          net_->Block(g - 1, w);
-        } else {
-          net_->Head(w, tied_ ? we_.data() : nullptr, targets.data(), 1.0f, /*backward=*/false);
+        for (std::size_t p = 0; p < k; ++p) {
+          const std::size_t n = fill(chunk + p);
+          float* mine = streams.data() + p * stream;
+          if (g == 0) {
+            net_->Embed(w, inputs.data());
+          } else {
+            net_->SetResidual(mine);
+            if (g + 1 < groups) {
+              net_->Block(g - 1, w);
+            } else {
+              net_->Head(w, tied_ ? we_.data() : nullptr, targets.data(), 1.0f,
+                         /*backward=*/false);
+              const float* rows = net_->RowLosses();
+              for (std::size_t r = 0; r < n * seq; ++r) sum += static_cast<double>(rows[r]);
+              continue;
+            }
+          }
+          std::copy(net_->Residual(), net_->Residual() + stream, mine);
         }
       }
-      const float* rows = net_->RowLosses();
-      for (std::size_t r = 0; r < n * seq; ++r) sum += static_cast<double>(rows[r]);
     }
     const std::uint64_t positions = static_cast<std::uint64_t>(windows) * seq;
     return std::make_pair(sum / static_cast<double>(positions), positions);
