@@ -279,8 +279,8 @@ int Main(int argc, char** argv) {
     else if (a == "--export")
       ok = value(&o.export_dir);
     else if (a == "--export-dtype") {
-      ok = value(&export_dtype) &&
-           (export_dtype == "F32" || export_dtype == "F16" || export_dtype == "BF16");
+      ok = value(&v) && (v == "F32" || v == "F16" || v == "BF16");
+      export_dtype = v;
       why = "F32, F16 or BF16";
     } else if (a == "--export-shard") {
       ok = value(&v) && ParseBytes(v, &bytes) && bytes > 0;
@@ -294,7 +294,8 @@ int Main(int argc, char** argv) {
     else if (a == "--checkpoint-activations")
       o.checkpoint_activations = true;
     else if (a == "--matmul") {
-      ok = value(&matmul) && (matmul == "blas" || matmul == "exact");
+      ok = value(&v) && (v == "blas" || v == "exact");
+      matmul = v;
       why = "blas or exact";
     } else if (a == "--timeline")
       ok = value(&timeline_path);
