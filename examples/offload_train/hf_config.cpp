@@ -139,6 +139,15 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json, std::string_view s
                    fmt::format("is '{}'; GPT-2's kernels compute gelu_new", act));
     if (c.hidden % c.heads != 0) return r.Bad("n_head", "does not divide n_embd");
     c.head_dim = c.hidden / c.heads;
+    // Attention scaled by 1/sqrt(head_dim), and by nothing else, as the kernels do.
+    MEMASCEND_ASSIGN_OR_RETURN(const bool scaled, r.Flag("scale_attn_weights", true));
+    if (!scaled) return r.Bad("scale_attn_weights", "is false; the kernels scale by 1/sqrt(d)");
+    MEMASCEND_ASSIGN_OR_RETURN(const bool by_layer,
+                               r.Flag("scale_attn_by_inverse_layer_idx", false));
+    if (by_layer) {
+      return r.Bad("scale_attn_by_inverse_layer_idx",
+                   "is true; the kernels do not scale attention by the layer");
+    }
   } else if (type == "llama") {
     c.arch = Arch::kLlama;
     MEMASCEND_ASSIGN_OR_RETURN(c.vocab, r.Count({"vocab_size"}));

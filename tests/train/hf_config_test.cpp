@@ -14,6 +14,7 @@ namespace offload_train {
 namespace {
 
 using ::memascend::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // meta-llama/Llama-3.2-1B's config.json (transformers 4.45), as published.
@@ -109,6 +110,21 @@ TEST(HfConfig, RefusesWhatTheTrainerCannotComputeNamingTheKey) {
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/models/x/config.json")));
   }
   EXPECT_THAT(ReadHfConfig("/nonexistent/config.json"), StatusIs(absl::StatusCode::kNotFound));
+  // GPT-2's options the kernels do not compute.
+  struct Gpt2Case {
+    const char* key;
+    const char* entry;
+  } gpt2_cases[] = {
+      {"scale_attn_weights", "\"scale_attn_weights\": false,"},
+      {"scale_attn_by_inverse_layer_idx", "\"scale_attn_by_inverse_layer_idx\": true,"}};
+  for (const Gpt2Case& c : gpt2_cases) {
+    std::string t = kGpt2;
+    t.insert(1, c.entry);
+    EXPECT_THAT(ParseHfConfig(t, "/models/gpt2/config.json"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("/models/gpt2/config.json"), HasSubstr(c.key))))
+        << c.key;
+  }
 }
 
 TEST(HfConfig, AWrittenConfigReadsBackTheSame) {
