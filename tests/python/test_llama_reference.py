@@ -166,20 +166,21 @@ def test_loss_and_every_gradient_agree_with_pytorch(tmp_path, tied, scaling, dty
     stored = {k: v.to(dtype) for k, v in weights.items()}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     write_safetensors(tmp_path / "model.safetensors", stored)
-    batch, seq = 2, 12
+    expect_reference(tmp_path, forward, cfg, stored)
+
+
+def expect_reference(model_dir, forward_fn, cfg, stored, batch=2, seq=12):
+    """hf-reference over the checkpoint in `model_dir` and random token ids against
+    PyTorch: the loss, every gradient (in the checkpoint's layout) and one AdamW step,
+    from the weights as stored, in fp32."""
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq + 1),
                         generator=torch.Generator().manual_seed(2))
-    (tmp_path / "tokens.u32").write_bytes(ids.to(torch.int32).numpy().astype("<u4").tobytes())
-    out = tmp_path / "out.safetensors"
-    r = subprocess.run([BIN, str(tmp_path), str(tmp_path / "tokens.u32"), str(batch), str(seq),
+    (model_dir / "tokens.u32").write_bytes(ids.to(torch.int32).numpy().astype("<u4").tobytes())
+    out = model_dir / "out.safetensors"
+    r = subprocess.run([BIN, str(model_dir), str(model_dir / "tokens.u32"), str(batch), str(seq),
                         str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    expect_reference(read_safetensors(out), forward, cfg, stored, ids)
-
-
-def expect_reference(got, forward_fn, cfg, stored, ids):
-    """hf-reference's output `got` against PyTorch: the loss, every gradient (in the
-    checkpoint's layout) and one AdamW step, from the weights as stored, in fp32."""
+    got = read_safetensors(out)
     p = {k: v.float().requires_grad_() for k, v in stored.items()}
     loss = forward_fn(cfg, p, ids)
     loss.backward()
