@@ -1,10 +1,12 @@
-// The model the trainer runs (ModelConfig: the demo's GPT below, or a Hugging Face
-// architecture, llama.h), and the demo's GPT itself.
+// The model the trainer runs (ModelConfig: the demo's GPT, or a Hugging Face gpt2 or
+// llama), and GPT-2's layout itself (Gpt; Llama is llama.h).
 //
 // A decoder-only transformer (GPT-2's layout: token and position embeddings, pre-norm
-// blocks of causal multi-head attention and a GELU MLP, a final layer norm, an untied
-// output head), with the parameters in groups that the trainer streams one at a time:
-// group 0 the embeddings, groups 1..L the blocks, group L+1 the head.
+// blocks of causal multi-head attention and a GELU MLP, a final layer norm, an output
+// head: the demo's untied, Hugging Face's GPT-2 tied to the token embeddings unless its
+// config says otherwise), with the parameters in groups that the trainer streams one at
+// a time: group 0 the embeddings, groups 1..L the blocks, group L+1 the head (with a
+// tied head, the final layer norm alone).
 //
 // A group's parameters are one flat array (GroupLayout gives the slices), so each group
 // is one tensor per kind of state in the store. The model keeps the activations of the

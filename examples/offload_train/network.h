@@ -1,6 +1,6 @@
-// The model the trainer runs, of either architecture (the demo's GPT, model.h, or Llama,
-// llama.h), behind one interface over its groups (model.h: group 0 the embeddings, 1..L
-// the blocks, L + 1 the head) in fp32.
+// The model the trainer runs, of either architecture (GPT-2's layout, model.h: the demo's
+// GPT or Hugging Face's gpt2; or Llama, llama.h), behind one interface over its groups (model.h:
+// group 0 the embeddings, 1..L the blocks, L + 1 the head) in fp32.
 //
 // A pass: Embed, Block for each layer in order, Head (which with `backward` starts the
 // backward pass), HeadGradient, then BlockBackward in reverse, then EmbedGradient. With a
@@ -40,12 +40,13 @@ class Network {
   virtual void HeadGradient(float* out, std::size_t begin, std::size_t end) const = 0;
   virtual void BlockBackward(std::size_t layer, const float* params, float* dparams) = 0;
   virtual void EmbedGradient(float* out, std::size_t begin, std::size_t end) const = 0;
-  // Checkpointed networks: the residual stream ([batch * seq, channels]), and a block's
-  // activations remade from its input.
+  // The residual stream ([batch * seq, channels]): during the forward pass, the next
+  // block's input (what a checkpointed network's caller keeps).
   virtual const float* Residual() const = 0;
   // Replaces the residual stream (a forward pass over several batches with each group
   // read once: the evaluation).
   virtual void SetResidual(const float* stream) = 0;
+  // A checkpointed block's activations remade from its input, before its BlockBackward.
   virtual void Recompute(std::size_t layer, const float* params, const float* input) = 0;
   virtual const float* Logits(std::size_t b, std::size_t t) const = 0;
   virtual const float* RowLosses() const = 0;
