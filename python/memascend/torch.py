@@ -259,8 +259,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 self._write_parameter(i, p, lambda h: self._core.load_parameters(
                     i, h.data_ptr(), h.numel(), self._dt))
 
-    def _gather(self, i, mine):
-        """Parameter i's shards from every rank, whole (flat), in fp32 on the wire."""
+    def _gather(self, i, mine, dtype=None):
+        """Parameter i's shards from every rank, whole (flat), in fp32 on the wire; in
+        the parameters' dtype unless `dtype` is given."""
         import torch.distributed as dist
         n = self._numels[i]
         chunk = -(-n // self._world)
@@ -269,7 +270,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         parts = [torch.empty(chunk, dtype=torch.float32) for _ in range(self._world)]
         dist.all_gather(parts, padded, group=self._pg)
         self.comm_bytes += 4 * chunk
-        return torch.cat(parts)[:n].to(self._dtype)
+        return torch.cat(parts)[:n].to(self._dtype if dtype is None else dtype)
 
     def _write_parameter(self, i, p, fill):
         """Runs fill(host tensor) to produce parameter i's values, in place in p."""
@@ -508,21 +509,32 @@ class OffloadedAdamW(torch.optim.Optimizer):
         """Makes the parameters' current values the master weights (after they were
         changed outside step(), e.g. by model.load_state_dict); the moments stay."""
         self._check()
-        self._refuse_sharded("reload_parameters")
+        if self._world > 1:
+            self._refuse_offloaded("reload_parameters")
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 if _offloaded(p):
                     continue
-                h = _host(p.detach())
-                self._core.write_state("master", i, h.data_ptr(), h.numel(), self._dt)
-                self._core.write_state("param", i, h.data_ptr(), h.numel(), self._dt)
+                k, h = self._mine(i, _host(p.detach()))
+                if k is None:
+                    continue
+                self._core.write_state("master", k, h.data_ptr(), h.numel(), self._dt)
+                self._core.write_state("param", k, h.data_ptr(), h.numel(), self._dt)
         self._core.commit(self._step_count)
 
-    def _refuse_sharded(self, what):
-        if self._world > 1:
+    def _mine(self, i, whole):
+        """This rank's group for parameter i and its slice of `whole` (any shape; all of
+        it in one process): (None, None) where the rank owns none of it."""
+        k, begin, end = self._shards[i]
+        if k is None:
+            return None, None
+        return k, whole.reshape(-1)[begin:end].contiguous()
+
+    def _refuse_offloaded(self, what):
+        if any(_offloaded(p) for p in self._params):
             raise errors.UnimplementedError(
-                f"{what}() under torch.distributed: each rank holds a shard of the state on its "
-                "own volume (resume=True restores it); gathering it whole is not supported yet")
+                f"{what}() under torch.distributed with offload_parameters: a rank holds only "
+                "its shard of the parameters")
 
     def stats(self):
         """I/O and store counters: bytes read and written, evictions, skipped steps."""
@@ -531,17 +543,23 @@ class OffloadedAdamW(torch.optim.Optimizer):
     # ---- state_dict in torch.optim.AdamW's format (plus 'master' for 16-bit parameters)
 
     def state_dict(self):
+        """The state whole, in torch.optim.AdamW's format. Under torch.distributed it is a
+        collective (call it on every rank): each rank's shards are all-gathered and every
+        rank returns the whole state."""
         self._check()
-        self._refuse_sharded("state_dict")
         state = {}
         step = torch.tensor(float(self._core.adam_step))
         for i in range(len(self._params)):
             entry = {"step": step.clone()}
             kinds = ["exp_avg", "exp_avg_sq"] + (["master"] if self._dt != "float32" else [])
             for kind in kinds:
-                t = torch.empty(self._shapes[i], dtype=torch.float32)
-                self._core.read_state(kind, i, t.data_ptr(), t.numel(), "float32")
-                entry[kind] = t
+                k, begin, end = self._shards[i]
+                t = torch.empty(end - begin, dtype=torch.float32)
+                if k is not None:
+                    self._core.read_state(kind, k, t.data_ptr(), t.numel(), "float32")
+                if self._world > 1:
+                    t = self._gather(i, t, dtype=torch.float32)
+                entry[kind] = t.view(self._shapes[i])
             state[i] = entry
         groups, start = [], 0
         for g in self.param_groups:
@@ -553,9 +571,11 @@ class OffloadedAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Loads a state_dict of this optimizer or of torch.optim.AdamW over the same
-        parameters; committed to the volume at once."""
+        parameters; committed to the volume at once. Under torch.distributed every rank
+        loads the same whole state_dict and keeps its shard of it."""
         self._check()
-        self._refuse_sharded("load_state_dict")
+        if self._world > 1:
+            self._refuse_offloaded("load_state_dict")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
@@ -574,15 +594,19 @@ class OffloadedAdamW(torch.optim.Optimizer):
                     if t.numel() != self._numels[i]:
                         raise errors.InvalidArgumentError(
                             f"parameter {i}'s {kind} has {t.numel()} elements, not {self._numels[i]}")
-                    self._core.write_state(kind, i, t.data_ptr(), t.numel(), "float32")
+                    k, h = self._mine(i, t)
+                    if k is not None:
+                        self._core.write_state(kind, k, h.data_ptr(), h.numel(), "float32")
                 master = entry.get("master")
                 if master is None:
                     master = self._params[i].detach()
                     if _offloaded(self._params[i]):
                         continue  # its master weights are on the volume already
-                h = _host(master.to(torch.float32))
-                self._core.write_state("master", i, h.data_ptr(), h.numel(), "float32")
-                self._core.write_state("param", i, h.data_ptr(), h.numel(), "float32")
+                k, h = self._mine(i, _host(master.to(torch.float32)))
+                if k is None:
+                    continue
+                self._core.write_state("master", k, h.data_ptr(), h.numel(), "float32")
+                self._core.write_state("param", k, h.data_ptr(), h.numel(), "float32")
         if len(steps) > 1:
             raise errors.InvalidArgumentError(
                 f"the parameters were stepped {sorted(steps)} times; OffloadedAdamW keeps one "

@@ -2,10 +2,14 @@
 gloo), or the whole batch in one process when WORLD is 1.
 
     dist_worker.py RANK WORLD INIT_FILE VOLUME STEPS OUT [--resume] [--kill-after N]
+                   [--save-state FILE] [--load-state FILE]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
 and the final parameters; every rank prints "owned N" (the elements of its shard).
+--save-state: after the last step every rank calls opt.state_dict() and rank 0 saves it
+with the model's state and the step. --load-state: a fresh run starts from such a file
+(the model's and the optimizer's state, at its step) on volumes of its own.
 """
 import argparse
 import os
@@ -30,6 +34,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--kill-after", type=int, default=0)
+    ap.add_argument("--save-state", default="")
+    ap.add_argument("--load-state", default="")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.world > 1:
@@ -42,9 +48,15 @@ def main():
                             lr=1e-3, weight_decay=0.01, volume=a.volume, host_budget=1 << 20,
                             part_elements=1 << 18, max_grad_norm=1.0, resume=a.resume)
     print("owned", sum(e - b for k, b, e in opt._shards if k is not None), flush=True)
+    first = opt.resumed_step or 0
+    if a.load_state:
+        saved = torch.load(a.load_state)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        first = saved["step"]
     rows = GLOBAL_BATCH // a.world
     losses = {}
-    for step in range(opt.resumed_step or 0, a.steps):
+    for step in range(first, a.steps):
         x, y = gpt.batch(step, batch_size=GLOBAL_BATCH)
         x, y = x[a.rank * rows:(a.rank + 1) * rows], y[a.rank * rows:(a.rank + 1) * rows]
         loss = model(x, y)
@@ -58,6 +70,11 @@ def main():
         if a.kill_after and step + 1 == a.kill_after and a.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
     opt.settle()
+    if a.save_state:
+        state = opt.state_dict()  # a collective: every rank
+        if a.rank == 0:
+            torch.save({"opt": state, "model": model.state_dict(), "step": a.steps},
+                       a.save_state)
     if a.rank == 0:
         torch.save({"losses": losses, "params": [p.detach().clone() for p in model.parameters()],
                     "comm_bytes": opt.comm_bytes}, a.out)

@@ -85,3 +85,40 @@ def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
     assert all(rc != 0 for _, _, rc in bad)
     assert all("hold different steps ([8, 4]" in err for _, err, _ in bad), bad
     assert [(tmp_path / f"r.{r}.vol").read_bytes() for r in range(2)] == before
+
+
+def test_state_dict_gathers_the_shards_and_load_state_dict_takes_them_back(tmp_path):
+    """state_dict() under torch.distributed is the whole state, as one process's over the
+    same batches (to the tolerance of the first test); a pair that loads it, or one
+    process's, onto fresh volumes goes on as the uninterrupted runs do."""
+    one = launch(tmp_path, 1, 4, str(tmp_path / "one.vol"), tmp_path / "one.pt",
+                 ["--save-state", str(tmp_path / "one.state")])
+    assert one[0][2] == 0, one[0][1]
+    two = launch(tmp_path, 2, 4, str(tmp_path / "two.{rank}.vol"), tmp_path / "two.pt",
+                 ["--save-state", str(tmp_path / "two.state")])
+    assert all(rc == 0 for _, _, rc in two), two
+    a, b = torch.load(tmp_path / "one.state"), torch.load(tmp_path / "two.state")
+    assert sorted(a["opt"]["state"]) == sorted(b["opt"]["state"])
+    for i, entry in a["opt"]["state"].items():
+        other = b["opt"]["state"][i]
+        assert float(entry["step"]) == float(other["step"]) == 4.0
+        for kind in ("exp_avg", "exp_avg_sq"):
+            assert entry[kind].shape == other[kind].shape, (i, kind)
+            scale = entry[kind].abs().max().item() + 1e-12
+            assert (entry[kind] - other[kind]).abs().max().item() <= 1e-2 * scale, (i, kind)
+    # The pair's own state, loaded by a fresh pair: the uninterrupted pair's losses, exactly.
+    whole = launch(tmp_path, 2, 8, str(tmp_path / "w.{rank}.vol"), tmp_path / "whole.pt")
+    loaded = launch(tmp_path, 2, 8, str(tmp_path / "l.{rank}.vol"), tmp_path / "loaded.pt",
+                    ["--load-state", str(tmp_path / "two.state")])
+    assert all(rc == 0 for _, _, rc in whole + loaded), loaded
+    w, l = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "loaded.pt")
+    assert sorted(l["losses"]) == [5, 6, 7, 8]
+    for s in l["losses"]:
+        assert l["losses"][s] == w["losses"][s], s
+    # One process's state, split across a pair: each rank keeps its shard.
+    split = launch(tmp_path, 2, 8, str(tmp_path / "s.{rank}.vol"), tmp_path / "split.pt",
+                   ["--load-state", str(tmp_path / "one.state")])
+    assert all(rc == 0 for _, _, rc in split), split
+    c = torch.load(tmp_path / "split.pt")
+    for s in c["losses"]:
+        assert c["losses"][s] == pytest.approx(w["losses"][s], rel=1e-4), s
