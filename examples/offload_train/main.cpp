@@ -352,12 +352,13 @@ int Main(int argc, char** argv) {
     auto hf = offload_train::ReadHfConfig(config_path);
     if (!hf.ok()) return Fail(std::string(hf.status().message()));
     o.model = offload_train::ForHf(*hf, o.model.batch, o.model.seq);
-    // The export's dtype: the imported weights' (their embedding's), else the config's.
-    if (export_dtype.empty() && !o.init_from.empty()) {
+    // The export's dtype: the imported weights' (their embeddings'), else the config's.
+    if (export_dtype.empty() && !o.init_from.empty() && !o.export_dir.empty()) {
       auto ckpt = memascend::SafetensorsCheckpoint::Open(o.init_from);
       if (!ckpt.ok()) return Fail(std::string(ckpt.status().message()));
-      auto where = (*ckpt)->Find("model.embed_tokens.weight");
-      if (where.ok()) export_dtype = where->tensor->dtype;
+      auto dtype = offload_train::HfGroupDType(**ckpt, o.model, 0);
+      if (!dtype.ok()) return Fail(std::string(dtype.status().message()));
+      export_dtype = memascend::SafetensorsName(*dtype);
     }
     if (export_dtype.empty()) {
       export_dtype = hf->torch_dtype == "bfloat16"  ? "BF16"

@@ -136,6 +136,12 @@ def test_trainer_imports_trains_and_exports_gpt2s_layout(tmp_path):
     assert back["model_type"] == "gpt2" and back["n_positions"] == 20
     with torch.no_grad():
         assert forward(back, got, windows).item() == pytest.approx(out["eval_loss"], rel=1e-5)
+    # A bf16 checkpoint exports in bf16 by default (its "transformer.wte.weight"'s dtype).
+    write_checkpoint(tmp_path / "bf16", cfg, weights, torch.bfloat16)
+    hf.train(tmp_path, "--init-from", tmp_path / "bf16", "--steps", 0, "--export",
+             tmp_path / "bf16-out")
+    _, dtypes, _ = hf.read_any(tmp_path / "bf16-out" / "model.safetensors")
+    assert set(dtypes.values()) == {"BF16"}
     # Checkpointed activations, the offloaded and the in-memory runs: the same bits.
     common = ["--init-from", model, "--steps", 3, "--dtype", "bf16", "--lr", "1e-2"]
     base = hf.train(tmp_path, *common)
