@@ -81,6 +81,17 @@ struct AdamGroupOptions {
   float weight_decay = 0.0f;
 };
 
+// Note [global gradient check]: data-parallel ranks that each hold a shard of the
+// gradients (Note [layout shards]) must plan the same step. EndBackward hands this rank's
+// overflow flag and sum of squares (of the scaled gradients it holds) to the options'
+// reduce_gradient_check, which returns every rank's together (an all-reduce: any overflow,
+// the sum of the sums), before the loss scaler and the clip use them. It must return the
+// same on every rank (MPI_Allreduce does); an error fails EndBackward.
+struct GradientCheck {
+  bool overflow = false;
+  double sum_squares = 0;
+};
+
 struct OffloadedAdamOptions {
   float lr = 1e-3f;  // every group's, unless `groups` says otherwise
   float weight_decay = 0.0f;
@@ -98,6 +109,8 @@ struct OffloadedAdamOptions {
   std::size_t read_ahead_bytes = 0;
   std::size_t keep_bytes = 0;  // Note [kept state]
   bool gradient_room = false;  // Note [gradient room]
+  // Note [global gradient check]; empty: this optimizer holds every gradient.
+  std::function<absl::StatusOr<GradientCheck>(const GradientCheck&)> reduce_gradient_check;
 };
 
 // What EndBackward() decided for the step.

@@ -93,6 +93,28 @@ struct StateLayout {
   std::uint64_t Fingerprint() const;
 };
 
+// Note [layout shards]: data-parallel ranks each own a share of the state, as ZeRO
+// partitions it. The layout's parts, in order (group by group), are cut into `world`
+// contiguous runs of about equal elements (a part goes to the rank whose share of the
+// elements holds its middle); rank r owns run r. A rank's share of a group is therefore
+// whole parts, contiguous, cut where the whole's are; its own layout has one group per
+// group it has a share of, named as the whole's, with the whole's dtypes and part size.
+// A rank holds its shard on a storage of its own (its own volume); the gradients are
+// reduced to, and the new parameters gathered from, the owner of each part.
+struct LayoutShard {
+  StateLayout layout;  // the rank's
+  int rank = 0, world = 1;
+  // Per group of the whole: its group in `layout` (nullopt: none of it is this rank's) and
+  // the elements [begin, end) of the whole group that it holds (empty: none).
+  std::vector<std::optional<std::size_t>> local;
+  std::vector<std::pair<std::size_t, std::size_t>> range;
+  // Per group of the whole, per part: the rank that owns it.
+  std::vector<std::vector<int>> owner;
+};
+// kInvalidArgument for a bad layout, rank or world, or a world with more ranks than there
+// are parts to share (some rank would own nothing: smaller parts would do).
+absl::StatusOr<LayoutShard> ShardLayout(const StateLayout& whole, int rank, int world);
+
 // What one commit makes durable with the state (Note [train state versions]).
 struct CommitRecord {
   std::uint64_t step = 0;  // steps completed

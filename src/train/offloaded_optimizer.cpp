@@ -326,6 +326,12 @@ absl::StatusOr<StepPlan> OffloadedAdam::EndBackward(double lr_factor) {
   if (storage_->ChecksOverflowAfterBackward()) {
     MEMASCEND_ASSIGN_OR_RETURN(overflow_, storage_->CheckOverflow());
   }
+  if (o_.reduce_gradient_check) {
+    MEMASCEND_ASSIGN_OR_RETURN(const GradientCheck all,
+                               o_.reduce_gradient_check({overflow_, sum_squares_}));
+    overflow_ = all.overflow;
+    sum_squares_ = all.sum_squares;
+  }
   StepPlan plan;
   plan.loss_scale = scale_;
   plan.skipped = !scaler_.Update(overflow_);

@@ -153,6 +153,59 @@ std::uint64_t StateLayout::Fingerprint() const {
   return h;
 }
 
+// ---- LayoutShard (Note [layout shards]) --------------------------------------------------
+
+absl::StatusOr<LayoutShard> ShardLayout(const StateLayout& whole, int rank, int world) {
+  MEMASCEND_RETURN_IF_ERROR(whole.Validate());
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        fmt::format("layout shard: rank {} of a world of {} ranks", rank, world));
+  }
+  LayoutShard s;
+  s.rank = rank;
+  s.world = world;
+  s.layout.param_dtype = whole.param_dtype;
+  s.layout.grad_dtype = whole.grad_dtype;
+  s.layout.part_elements = whole.part_elements;
+  // Each part's rank, in order: the one whose share of the elements holds its middle, then
+  // held to a run without gaps in which every rank gets a part (given enough parts).
+  std::size_t parts = 0;
+  for (std::size_t g = 0; g < whole.groups.size(); ++g) parts += whole.Parts(g);
+  if (parts < static_cast<std::size_t>(world)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "layout shard: {} parts of up to {} elements cannot be shared among {} ranks (some "
+        "would own none); use smaller parts",
+        parts, whole.MaxPartElements(), world));
+  }
+  const auto total = static_cast<double>(whole.TotalElements());
+  std::uint64_t before = 0;  // elements of the whole before the part in hand
+  std::size_t index = 0;     // of the part in hand, in order
+  int previous = 0;
+  for (std::size_t g = 0; g < whole.groups.size(); ++g) {
+    std::vector<int>& owners = s.owner.emplace_back();
+    std::pair<std::size_t, std::size_t> mine{0, 0};
+    for (std::size_t part = 0; part < whole.Parts(g); ++part, ++index) {
+      const auto [begin, end] = whole.PartRange(g, part);
+      const double middle = static_cast<double>(before + (end - begin) / 2);
+      int r = std::min(world - 1, static_cast<int>(middle / total * world));
+      r = std::clamp(r, previous, index == 0 ? 0 : previous + 1);
+      r = std::max(r, world - static_cast<int>(std::min<std::size_t>(parts - index, world)));
+      owners.push_back(previous = r);
+      if (r == rank) mine = {mine.second == mine.first ? begin : mine.first, end};
+      before += end - begin;
+    }
+    s.range.push_back(mine);
+    if (mine.second > mine.first) {
+      s.local.emplace_back(s.layout.groups.size());
+      s.layout.groups.push_back(
+          {whole.groups[g].name, mine.second - mine.first, whole.groups[g].store_parameters});
+    } else {
+      s.local.emplace_back(std::nullopt);
+    }
+  }
+  return s;
+}
+
 // ---- CommitRecord -----------------------------------------------------------------------
 
 std::string EncodeCommitRecord(const CommitRecord& r) {

@@ -1,9 +1,12 @@
 // The SDK's offloaded Adam: part by part over a tensor store under a budget far below the
 // state, against whole-tensor AdamW written out with the fused kernel (itself checked
 // against a scalar reference in kernels/adam_test.cpp).
+#include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -417,6 +420,189 @@ TEST(OffloadedAdam, MisuseIsRefusedWithAReason) {
   EXPECT_THAT(adam->SetGroupOptions(3, {}), StatusIs(absl::StatusCode::kOutOfRange));
   EXPECT_THAT(adam->SetGroupOptions(0, {-1.0f, 0.0f}),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Note [layout shards]: each part has one owner; a rank's shard is its parts, whole.
+TEST(LayoutShard, EveryPartHasOneOwnerAndEachRankItsShareOfWholeParts) {
+  const StateLayout l = Layout();  // embed: 3 parts, block: 1, head: 2
+  for (int world : {1, 2, 3, 6}) {
+    std::vector<std::vector<int>> owners;
+    std::vector<std::uint64_t> held(static_cast<std::size_t>(world), 0);
+    for (int rank = 0; rank < world; ++rank) {
+      ASSERT_OK_AND_ASSIGN(LayoutShard s, ShardLayout(l, rank, world));
+      ASSERT_OK(s.layout.Validate());
+      EXPECT_EQ(s.layout.part_elements, l.part_elements);
+      EXPECT_EQ(s.layout.param_dtype, l.param_dtype);
+      if (rank == 0) owners = s.owner;
+      EXPECT_EQ(s.owner, owners) << "every rank sees the same owners";
+      for (std::size_t g = 0; g < l.groups.size(); ++g) {
+        const auto [begin, end] = s.range[g];
+        std::size_t mine = 0;
+        for (std::size_t p = 0; p < l.Parts(g); ++p) {
+          if (s.owner[g][p] != rank) continue;
+          const auto [pb, pe] = l.PartRange(g, p);
+          EXPECT_LE(begin, pb);
+          EXPECT_GE(end, pe);
+          mine += pe - pb;
+        }
+        EXPECT_EQ(mine, end - begin) << "contiguous whole parts";
+        ASSERT_EQ(s.local[g].has_value(), mine > 0);
+        if (!s.local[g]) continue;
+        const StateGroup& lg = s.layout.groups[*s.local[g]];
+        EXPECT_EQ(lg.name, l.groups[g].name);
+        EXPECT_EQ(lg.elements, mine);
+        EXPECT_EQ(begin % l.part_elements, 0u) << "parts cut where the whole's are";
+        held[static_cast<std::size_t>(rank)] += mine;
+      }
+    }
+    std::uint64_t total = 0;
+    for (std::uint64_t h : held) total += h;
+    EXPECT_EQ(total, l.TotalElements());
+    for (std::size_t g = 0; g < owners.size(); ++g) {
+      EXPECT_TRUE(std::is_sorted(owners[g].begin(), owners[g].end()));
+      if (g > 0) {
+        EXPECT_LE(owners[g - 1].back(), owners[g].front());
+      }
+    }
+  }
+  EXPECT_THAT(ShardLayout(l, 0, 7),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("6 parts of up to 262144 elements cannot be shared among 7")));
+  EXPECT_THAT(ShardLayout(l, 2, 2), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ShardLayout(l, -1, 2), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ShardLayout(StateLayout{}, 0, 1), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// An all-reduce among threads, for ranks simulated in one process.
+class ThreadReduce {
+ public:
+  explicit ThreadReduce(int world) : barrier_(world), slots_(static_cast<std::size_t>(world)) {}
+  GradientCheck AllReduce(int rank, const GradientCheck& mine) {
+    slots_[static_cast<std::size_t>(rank)] = mine;
+    barrier_.arrive_and_wait();
+    GradientCheck all;
+    for (const GradientCheck& c : slots_) {  // in rank order on every rank: the same sum
+      all.overflow = all.overflow || c.overflow;
+      all.sum_squares += c.sum_squares;
+    }
+    barrier_.arrive_and_wait();
+    return all;
+  }
+
+ private:
+  std::barrier<> barrier_;
+  std::vector<GradientCheck> slots_;
+};
+
+// Note [global gradient check]: ranks that each hold a shard train as one optimizer that
+// holds everything, and skip the same steps.
+TEST(OffloadedAdam, ShardedRanksTrainAsOneOptimizerOfTheWholeState) {
+  const StateLayout l = Layout();
+  OffloadedAdamOptions o = Options();
+  o.max_grad_norm = 0;  // the norm's sum is in another order: not part of the bits
+  constexpr int kWorld = 3;
+  constexpr int kSteps = 3;
+  Reference ref(l, o);
+  // The whole optimizer's plans, for the norm and the overflow.
+  std::vector<StepPlan> whole_plans;
+  {
+    ASSERT_OK_AND_ASSIGN(auto state, InMemoryTrainingState::Create(l));
+    KernelThreads threads(1);
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(state.get(), o, &threads));
+    ASSERT_OK(Start(adam.get(), ref));
+    for (int step = 1; step <= kSteps; ++step) {
+      ASSERT_OK(FeedGradients(adam.get(), step));
+      ASSERT_OK_AND_ASSIGN(StepPlan plan, adam->EndBackward());
+      whole_plans.push_back(plan);
+      ASSERT_OK(adam->UpdateAll());
+      ASSERT_OK(adam->Commit(static_cast<std::uint64_t>(step)));
+    }
+  }
+  ThreadReduce reduce(kWorld);
+  std::vector<absl::Status> results(kWorld);
+  std::vector<std::vector<StepPlan>> plans(kWorld);
+  std::vector<std::unique_ptr<InMemoryTrainingState>> states(kWorld);
+  std::vector<LayoutShard> shards(kWorld);
+  const auto rank_main = [&](int rank) -> absl::Status {
+    MEMASCEND_ASSIGN_OR_RETURN(LayoutShard shard, ShardLayout(l, rank, kWorld));
+    MEMASCEND_ASSIGN_OR_RETURN(auto state, InMemoryTrainingState::Create(shard.layout));
+    KernelThreads threads(1);
+    OffloadedAdamOptions ro = o;
+    ro.groups.clear();
+    for (std::size_t g = 0; g < l.groups.size(); ++g)
+      if (shard.local[g]) ro.groups.push_back(o.groups[g]);
+    ro.reduce_gradient_check = [&reduce, rank](const GradientCheck& mine) {
+      return absl::StatusOr<GradientCheck>(reduce.AllReduce(rank, mine));
+    };
+    MEMASCEND_ASSIGN_OR_RETURN(auto adam, OffloadedAdam::Create(state.get(), ro, &threads));
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      if (!shard.local[g]) continue;
+      const auto [begin, end] = shard.range[g];
+      MEMASCEND_RETURN_IF_ERROR(adam->Initialize(
+          *shard.local[g], std::span<const float>(ref.master[g]).subspan(begin, end - begin)));
+    }
+    MEMASCEND_RETURN_IF_ERROR(adam->Commit(0));
+    // Step kSteps + 1: one rank's shard overflows, and every rank skips.
+    for (int step = 1; step <= kSteps + 1; ++step) {
+      adam->BeginBackward();
+      for (std::size_t g = 0; g < l.groups.size(); ++g) {
+        if (!shard.local[g]) continue;
+        auto f = Gradient(l.groups[g].elements, g, step, adam->loss_scale());
+        if (step == kSteps + 1 && rank == kWorld - 1) f[shard.range[g].first] = INFINITY;
+        const StateLayout& sl = shard.layout;
+        const std::size_t lg = *shard.local[g];
+        for (std::size_t p = 0; p < sl.Parts(lg); ++p) {
+          const auto [begin, end] = sl.PartRange(lg, p);
+          MEMASCEND_RETURN_IF_ERROR(adam->SetGradient(
+              lg, p, {f.data() + shard.range[g].first + begin, end - begin, DType::kF32}));
+        }
+      }
+      MEMASCEND_ASSIGN_OR_RETURN(StepPlan plan, adam->EndBackward());
+      plans[static_cast<std::size_t>(rank)].push_back(plan);
+      if (!plan.skipped) MEMASCEND_RETURN_IF_ERROR(adam->UpdateAll());
+      MEMASCEND_RETURN_IF_ERROR(adam->Commit(static_cast<std::uint64_t>(step)));
+    }
+    states[static_cast<std::size_t>(rank)] = std::move(state);
+    shards[static_cast<std::size_t>(rank)] = std::move(shard);
+    return absl::OkStatus();
+  };
+  {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kWorld; ++r)
+      ranks.emplace_back([&, r] { results[static_cast<std::size_t>(r)] = rank_main(r); });
+    for (std::thread& t : ranks) t.join();
+  }
+  for (int step = 1; step <= kSteps; ++step) ref.Step(step, step, 1024.0f);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_OK(results[static_cast<std::size_t>(r)]);
+    const auto& mine = plans[static_cast<std::size_t>(r)];
+    ASSERT_EQ(mine.size(), kSteps + 1u);
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_FALSE(mine[step].skipped);
+      EXPECT_NEAR(mine[step].grad_norm, whole_plans[step].grad_norm,
+                  1e-12 * whole_plans[step].grad_norm);
+      EXPECT_EQ(mine[step].grad_norm, plans[0][step].grad_norm) << "every rank the same norm";
+    }
+    EXPECT_TRUE(mine[kSteps].skipped) << "rank " << r;
+    // The shard's state: the bits of the whole's, at its elements.
+    const LayoutShard& shard = shards[static_cast<std::size_t>(r)];
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      if (!shard.local[g]) continue;
+      const std::size_t lg = *shard.local[g];
+      const StateLayout& sl = shard.layout;
+      for (std::size_t p = 0; p < sl.Parts(lg); ++p) {
+        const auto [begin, end] = sl.PartRange(lg, p);
+        const std::size_t at = shard.range[g].first + begin, n = end - begin;
+        TrainingStateStorage* st = states[static_cast<std::size_t>(r)].get();
+        ASSERT_OK_AND_ASSIGN(StateBuffer master, st->Read(StateKind::kMaster, lg, p, false));
+        EXPECT_EQ(std::memcmp(master.data, ref.master[g].data() + at, n * 4), 0) << g << "." << p;
+        ASSERT_OK_AND_ASSIGN(StateBuffer v, st->Read(StateKind::kExpAvgSq, lg, p, false));
+        EXPECT_EQ(std::memcmp(v.data, ref.v[g].data() + at, n * 4), 0) << g << "." << p;
+        ASSERT_OK_AND_ASSIGN(StateBuffer param, st->Read(StateKind::kParameters, lg, p, false));
+        EXPECT_EQ(std::memcmp(param.data, ref.params[g].data() + at, n * 2), 0) << g << "." << p;
+      }
+    }
+  }
 }
 
 TEST(ParameterStream, LoadsInEitherDirectionAndHasNoDeviceWithoutAGpuTier) {
