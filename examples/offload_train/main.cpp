@@ -151,7 +151,20 @@ void ForEachLedgerPeak(const memascend::LedgerSnapshot& ledger, F&& fn) {
   }
 }
 
+// Under mpirun (Note [data parallel] in trainer.h): MPI_COMM_WORLD; null for one process.
+std::unique_ptr<offload_train::Communicator> g_comm;
+
+bool Root() { return g_comm == nullptr || g_comm->rank() == 0; }
+
+// The error, named by rank under mpirun; there, every rank then stops (no rank waits in a
+// collective for this one).
 int Fail(const std::string& message) {
+  if (g_comm != nullptr) {
+    std::fprintf(stderr, "memascend-train: rank %d of %d: %s\n", g_comm->rank(), g_comm->size(),
+                 message.c_str());
+    std::fflush(stderr);
+    g_comm->Abort(1);
+  }
   std::fprintf(stderr, "memascend-train: %s\n", message.c_str());
   return 1;
 }
@@ -163,8 +176,15 @@ int Main(int argc, char** argv);
 // No input ends in an uncaught exception: an allocation the machine cannot satisfy (a
 // model or batch too large) is reported like any other error.
 int main(int argc, char** argv) {
+  if (offload_train::LaunchedAsMpiRanks()) {
+    auto comm = offload_train::MakeMpiCommunicator(&argc, &argv);
+    if (!comm.ok()) return Fail(std::string(comm.status().message()));
+    g_comm = std::move(*comm);
+  }
   try {
-    return Main(argc, argv);
+    const int rc = Main(argc, argv);
+    g_comm.reset();  // MPI_Finalize
+    return rc;
   } catch (const std::bad_alloc&) {
     return Fail("out of memory: the model, batch or budget is too large for this machine");
   } catch (const std::exception& e) {
@@ -430,8 +450,10 @@ int Main(int argc, char** argv) {
 
   memascend::MemoryLedger ledger;
   o.ledger = &ledger;
+  o.comm = g_comm.get();
+  const int world = g_comm != nullptr ? g_comm->size() : 1;
   const std::uint64_t state = offload_train::ModelStateBytes(o.model, o.dtype);
-  if (!json) {
+  if (!json && Root()) {
     const std::size_t budget =
         o.host_budget != 0 ? o.host_budget : offload_train::DefaultHostBudget(o.model, o.dtype);
     fmt::print(
@@ -448,6 +470,15 @@ int Main(int argc, char** argv) {
           Gib(static_cast<double>(state)),
           o.zero.nvme_path.empty() ? o.volume_path + ".zero" : o.zero.nvme_path,
           Gib(static_cast<double>(offload_train::ZeroPinnedBytes(o))));
+    } else if (o.mode == Mode::kOffload && world > 1) {
+      fmt::print(
+          "  data-parallel over {} ranks (MPI): {} sequences per rank of the global batch of {}; "
+          "each rank offloads its shard of the {} training state to {} through a pinned host "
+          "budget of {}\n",
+          world, o.model.batch / static_cast<std::size_t>(world), o.model.batch,
+          Gib(static_cast<double>(state)), o.volume_path,
+          o.host_budget != 0 ? Gib(static_cast<double>(o.host_budget))
+                             : std::string("40% of its shard"));
     } else if (o.mode == Mode::kOffload) {
       fmt::print(
           "  training state {} offloaded to {} through a pinned host budget of {} ({:.0f}%)\n",
@@ -459,7 +490,9 @@ int Main(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
-  if (!quiet && !json) {
+  if (!Root()) {
+    // Rank 0 reports; the others print only their errors.
+  } else if (!quiet && !json) {
     o.on_step = [](const offload_train::StepReport& r) {
       fmt::print(
           "step {:4}/{} | loss {:.4f} | scale {:g}{} | {:7.0f} tok/s | io {:.3f} GiB/s | "
@@ -476,6 +509,7 @@ int Main(int argc, char** argv) {
   auto summary =
       tokenizer ? offload_train::Train(o, tokens, *tokenizer) : offload_train::Train(o, tokens);
   if (!summary.ok()) return Fail(std::string(summary.status().message()));
+  if (!Root()) return 0;
   if (!timeline_path.empty()) {
     if (absl::Status s = ledger.WriteCsv(timeline_path); !s.ok())
       return Fail(std::string(s.message()));
@@ -506,8 +540,24 @@ int Main(int argc, char** argv) {
     for (bool k : s.step_skipped) w.Bool(k);
     w.EndArray().Key("step_io_bytes").BeginArray();
     for (std::uint64_t b : s.step_io_bytes) w.Uint(b);
-    w.EndArray()
-        .Field("params", s.params)
+    w.EndArray().Field("world", s.world);
+    if (s.world > 1) {
+      w.Key("step_comm_bytes").BeginArray();
+      for (std::uint64_t b : s.step_comm_bytes) w.Uint(b);
+      w.EndArray().Key("ranks").BeginArray();
+      for (const auto& r : s.ranks) {
+        w.BeginObject()
+            .Field("peak_rss_bytes", r.peak_rss_bytes)
+            .Field("peak_pinned_bytes", r.peak_pinned_bytes)
+            .Field("mean_step_seconds", r.mean_step_seconds)
+            .Field("comm_bytes_per_step", r.comm_bytes_per_step)
+            .Field("io_bytes_per_step", r.io_bytes_per_step)
+            .Field("state_elements", r.state_elements)
+            .EndObject();
+      }
+      w.EndArray();
+    }
+    w.Field("params", s.params)
         .Field("model_state_bytes", s.model_state_bytes)
         .Field("host_budget_bytes", s.host_budget)
         .Field("peak_pinned_bytes", s.peak_pinned_bytes)
@@ -561,6 +611,15 @@ int Main(int argc, char** argv) {
       "\ndone: steps {}..{} in {:.1f} s, final loss {:.4f} (ln vocab = {:.2f}), {} skipped\n",
       s.first_step, s.last_step, s.seconds, s.final_loss,
       std::log(static_cast<double>(o.model.vocab)), s.skipped_steps);
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    const auto& f = s.ranks[r];
+    fmt::print(
+        "  rank {}: {:.2f} M elements of state, peak RSS {}, pinned peak {}, {:.2f} s/step, sent "
+        "{}/step, volume I/O {}/step\n",
+        r, static_cast<double>(f.state_elements) / 1e6, Gib(static_cast<double>(f.peak_rss_bytes)),
+        Gib(static_cast<double>(f.peak_pinned_bytes)), f.mean_step_seconds,
+        Gib(f.comm_bytes_per_step), Gib(f.io_bytes_per_step));
+  }
   fmt::print("  training state {}, pinned host peak {} (budget {}), peak RSS {}\n",
              Gib(static_cast<double>(s.model_state_bytes)),
              Gib(static_cast<double>(s.peak_pinned_bytes)), Gib(static_cast<double>(s.host_budget)),

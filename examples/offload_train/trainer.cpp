@@ -174,8 +174,11 @@ class ActivationStash {
 // Mixed-precision training of the model with its state behind an OffloadedAdam.
 class Run {
  public:
+  // `o.model.batch` is this rank's share of the batch; `shard` (with `comm`) this rank's
+  // of the whole layout `whole` (Note [data parallel]); null for one process.
   Run(const TrainOptions& o, OffloadedAdam* adam, memascend::KernelThreads* threads,
-      memascend::MemoryLedger* ledger, ActivationStash* stash)
+      memascend::MemoryLedger* ledger, ActivationStash* stash,
+      const memascend::LayoutShard* shard = nullptr, const StateLayout* whole = nullptr)
       : o_(o),
         c_(o.model),
         adam_(adam),
@@ -183,13 +186,32 @@ class Run {
         ledger_(ledger),
         overlap_(o.overlap_optimizer && MemAscendOffload(o)),
         tied_(TiedHead(o.model)),
-        forward_(adam, 0, GroupCount(o.model), o.window),
+        shard_(shard),
+        whole_(whole),
+        comm_(shard != nullptr ? o.comm : nullptr),
+        forward_(adam, 0, GroupCount(o.model), o.window),  // one process's (Note [data parallel])
         backward_(adam, 1, GroupCount(o.model) - 1, o.window),
         stash_(stash),
         wf_(WorkingParams(o.model)),
         we_(tied_ ? GroupParams(o.model, 0) : 0),
-        df_(GradientScratchParams(o.model)),
-        block_in_(stash != nullptr ? o.model.batch * o.model.seq * o.model.channels : 0) {}
+        df_(std::max(GradientScratchParams(o.model),
+                     whole != nullptr ? whole->MaxPartElements() : std::size_t{0})),
+        block_in_(stash != nullptr ? o.model.batch * o.model.seq * o.model.channels : 0) {
+    if (shard_ == nullptr) return;
+    // Every rank's elements of every group, and this rank's first part of each.
+    const std::size_t world = static_cast<std::size_t>(shard_->world);
+    for (std::size_t g = 0; g < GroupCount(c_); ++g) {
+      std::vector<std::pair<std::size_t, std::size_t>>& r = ranges_.emplace_back(world);
+      std::size_t first = SIZE_MAX;
+      for (std::size_t p = 0; p < whole_->Parts(g); ++p) {
+        const auto [b, e] = whole_->PartRange(g, p);
+        auto& mine = r[static_cast<std::size_t>(shard_->owner[g][p])];
+        mine = {mine.second == mine.first ? b : mine.first, e};
+        if (shard_->owner[g][p] == shard_->rank && first == SIZE_MAX) first = p;
+      }
+      first_part_.push_back(first);
+    }
+  }
 
   // Builds the network, which holds a batch's activations: at the first pass, so that a
   // run that only imports or exports never allocates them.
@@ -203,15 +225,22 @@ class Run {
     std::vector<std::byte> raw;
     for (std::size_t g = 0; g < GroupCount(c_); ++g) {
       const std::size_t n = GroupParams(c_, g);
+      // Note [data parallel]: every rank makes (or reads) the group, and keeps its shard.
+      const std::optional<std::size_t> local =
+          shard_ != nullptr ? shard_->local[g] : std::optional<std::size_t>(g);
+      const std::size_t begin = shard_ != nullptr ? shard_->range[g].first : 0;
+      const std::size_t count = shard_ != nullptr ? shard_->range[g].second - begin : n;
+      if (!local.has_value()) continue;
       if (ckpt != nullptr) {
         MEMASCEND_ASSIGN_OR_RETURN(const DType d, HfGroupDType(*ckpt, c_, g));
         raw.resize(n * memascend::SizeOf(d));
         MEMASCEND_RETURN_IF_ERROR(ImportHfGroup(*ckpt, c_, g, {raw.data(), n, d}));
-        MEMASCEND_RETURN_IF_ERROR(adam_->InitializeFrom(g, {raw.data(), n, d}));
+        MEMASCEND_RETURN_IF_ERROR(
+            adam_->InitializeFrom(*local, {raw.data() + begin * memascend::SizeOf(d), count, d}));
       } else {
         float* w = Working(g);
         InitGroup(c_, g, o_.seed, w);
-        MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(g, {w, n}));
+        MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(*local, {w + begin, count}));
       }
     }
     raw = {};
@@ -230,10 +259,20 @@ class Run {
   }
 
   // Group g's fp32 master weights, in its working buffer (valid until the next call).
+  // With several ranks, a collective: each reads its shard, and all are gathered.
   absl::StatusOr<const float*> Master(std::size_t g) {
     float* w = Working(g);
-    MEMASCEND_RETURN_IF_ERROR(
-        adam_->ReadState(memascend::StateKind::kMaster, g, {w, GroupParams(c_, g), DType::kF32}));
+    if (shard_ == nullptr) {
+      MEMASCEND_RETURN_IF_ERROR(
+          adam_->ReadState(memascend::StateKind::kMaster, g, {w, GroupParams(c_, g), DType::kF32}));
+      return w;
+    }
+    if (const auto local = shard_->local[g]) {
+      const auto [b, e] = shard_->range[g];
+      MEMASCEND_RETURN_IF_ERROR(
+          adam_->ReadState(memascend::StateKind::kMaster, *local, {w + b, e - b, DType::kF32}));
+    }
+    MEMASCEND_RETURN_IF_ERROR(Gather(g, w, sizeof(float)));
     return w;
   }
 
@@ -267,20 +306,26 @@ class Run {
       }
       return n;
     };
+    // Note [data parallel]: each rank takes its run of the passes; every rank reads (and
+    // gathers) the master weights as often as the rank with the most.
+    const std::size_t world = shard_ != nullptr ? static_cast<std::size_t>(shard_->world) : 1;
+    const std::size_t rank = shard_ != nullptr ? static_cast<std::size_t>(shard_->rank) : 0;
+    const std::size_t lo = passes * rank / world, mine = passes * (rank + 1) / world - lo;
+    const std::size_t most = (passes + world - 1) / world;
     std::vector<float> streams;
     double sum = 0;
-    for (std::size_t chunk = 0; chunk < passes; chunk += per_chunk) {
-      const std::size_t k = std::min(per_chunk, passes - chunk);
+    for (std::size_t chunk = 0; chunk < most; chunk += per_chunk) {
+      const std::size_t k = chunk < mine ? std::min(per_chunk, mine - chunk) : 0;
       streams.resize(k * stream);
       for (std::size_t g = 0; g < groups; ++g) {
         MEMASCEND_ASSIGN_OR_RETURN(const float* w, Master(g));
         for (std::size_t p = 0; p < k; ++p) {
-          const std::size_t n = fill(chunk + p);
-          float* mine = streams.data() + p * stream;
+          const std::size_t n = fill(lo + chunk + p);
+          float* kept = streams.data() + p * stream;
           if (g == 0) {
             net_->Embed(w, inputs.data());
           } else {
-            net_->SetResidual(mine);
+            net_->SetResidual(kept);
             if (g + 1 < groups) {
               net_->Block(g - 1, w);
             } else {
@@ -291,9 +336,14 @@ class Run {
               continue;
             }
           }
-          std::copy(net_->Residual(), net_->Residual() + stream, mine);
+          std::copy(net_->Residual(), net_->Residual() + stream, kept);
         }
       }
+    }
+    if (comm_ != nullptr) {
+      double all[] = {sum};
+      MEMASCEND_RETURN_IF_ERROR(comm_->AllReduceSum(all));
+      sum = all[0];
     }
     const std::uint64_t positions = static_cast<std::uint64_t>(windows) * seq;
     return std::make_pair(sum / static_cast<double>(positions), positions);
@@ -317,6 +367,9 @@ class Run {
     const std::size_t groups = GroupCount(c_);
     const std::size_t head = groups - 1;
     const float scale = adam_->loss_scale();
+    // Note [data parallel]: each rank's gradients are of its rows' mean, scaled by 1/N so
+    // that their sum is the global mean's.
+    const float grad_scale = comm_ != nullptr ? scale / static_cast<float>(comm_->size()) : scale;
     MakeNet();
     Lap(nullptr);
     const bool update = adam_->update_pending();  // the previous step's, interleaved
@@ -332,11 +385,11 @@ class Run {
       const MutableTensorView working{Working(g), GroupParams(c_, g), DType::kF32};
       if (update) {
         // The new parameters go to the working copy as each part is updated.
-        MEMASCEND_RETURN_IF_ERROR(adam_->UpdateGroup(g, working));
+        MEMASCEND_RETURN_IF_ERROR(UpdateInto(g, working));
         Sample(g, "opt");
         Lap(&phases_.optimizer);
       } else {
-        forward_.PrefetchAfter(g, ParameterStream::Direction::kForward);
+        PrefetchAfter(forward_, g, ParameterStream::Direction::kForward);
       }
       if (g == head) {
         if (update) {
@@ -347,18 +400,23 @@ class Run {
         }
         // Under the head's compute: the backward pass's first parameters, then (when
         // overlapped) the next update's first reads, of the version now committed.
-        backward_.PrefetchAfter(head, ParameterStream::Direction::kReverse);
+        PrefetchAfter(backward_, head, ParameterStream::Direction::kReverse);
         if (overlap_) adam_->ReadAheadForUpdate();
       }
-      if (!update) MEMASCEND_RETURN_IF_ERROR(adam_->LoadParameters(g, working));
+      if (!update) MEMASCEND_RETURN_IF_ERROR(LoadInto(g, working, nullptr));
       if (g == 0) {
         net_->Embed(Working(0), inputs.data());
       } else if (g < head) {
         if (stash_ != nullptr) MEMASCEND_RETURN_IF_ERROR(stash_->Put(g - 1, net_->Residual()));
         net_->Block(g - 1, wf_.data());
       } else {
-        loss = net_->Head(wf_.data(), tied_ ? we_.data() : nullptr, targets.data(), scale,
+        loss = net_->Head(wf_.data(), tied_ ? we_.data() : nullptr, targets.data(), grad_scale,
                           /*backward=*/true);
+        if (comm_ != nullptr) {
+          double all[] = {loss};
+          MEMASCEND_RETURN_IF_ERROR(comm_->AllReduceSum(all));
+          loss = all[0] / comm_->size();
+        }
         MEMASCEND_RETURN_IF_ERROR(StoreGrad(g));
       }
       Sample(g, "fwd");
@@ -367,8 +425,8 @@ class Run {
     // Backward, the blocks in reverse; the embedding needs no parameters.
     for (std::size_t g = head - 1; g >= 1; --g) {
       if (stash_ != nullptr && g > 1) stash_->Prefetch(g - 2);
-      MEMASCEND_RETURN_IF_ERROR(backward_.Load(g, {wf_.data(), GroupParams(c_, g), DType::kF32},
-                                               ParameterStream::Direction::kReverse));
+      MEMASCEND_RETURN_IF_ERROR(
+          LoadInto(g, {wf_.data(), GroupParams(c_, g), DType::kF32}, &backward_));
       if (stash_ != nullptr) {
         MEMASCEND_RETURN_IF_ERROR(stash_->Take(g - 1, block_in_.data()));
         net_->Recompute(g - 1, wf_.data(), block_in_.data());
@@ -437,7 +495,7 @@ class Run {
     std::copy(ctx.end() - static_cast<std::ptrdiff_t>(n), ctx.end(), window.begin());
     for (std::size_t g = 0; g < groups; ++g) {
       MEMASCEND_RETURN_IF_ERROR(
-          adam_->LoadParameters(g, {Working(g), GroupParams(c_, g), DType::kF32}));
+          LoadInto(g, {Working(g), GroupParams(c_, g), DType::kF32}, nullptr));
       if (g == 0) {
         model.Embed(Working(0), window.data());
       } else if (g + 1 < groups) {
@@ -466,6 +524,93 @@ class Run {
   // Where group g's fp32 parameters go (Note [tied head]).
   float* Working(std::size_t g) { return g == 0 && tied_ ? we_.data() : wf_.data(); }
 
+  // ---- Note [data parallel]: each rank's shard, gathered
+
+  // Every rank's elements of group g, of `element_bytes` each, gathered in place in `data`
+  // (which holds the group's elements of that size, this rank's at their place).
+  absl::Status Gather(std::size_t g, void* data, std::size_t element_bytes) {
+    const std::size_t world = ranges_[g].size();
+    std::vector<std::size_t> counts(world), offsets(world);
+    for (std::size_t r = 0; r < world; ++r) {
+      offsets[r] = ranges_[g][r].first;
+      counts[r] = ranges_[g][r].second - ranges_[g][r].first;
+    }
+    return comm_->AllGather(data, element_bytes, counts, offsets);
+  }
+
+  // The group's 16-bit parameters, at the front of the fp32 buffer `out` (this rank's
+  // shard at its place), gathered from every rank, then widened to fp32 in place: element
+  // i's 16 bits lie at bytes [2i, 2i + 2), below its fp32 at [4i, 4i + 4), so converting
+  // from the back, a run [a, b) with b - a <= a at a time, never overwrites what is still
+  // to be read.
+  absl::Status GatherParameters(std::size_t g, float* out) {
+    const DType d = adam_->layout().param_dtype;
+    auto* bytes = reinterpret_cast<std::byte*>(out);
+    MEMASCEND_RETURN_IF_ERROR(Gather(g, bytes, memascend::SizeOf(d)));
+    std::size_t b = GroupParams(c_, g);
+    while (b > 1) {
+      const std::size_t a = (b + 1) / 2;
+      MEMASCEND_RETURN_IF_ERROR(memascend::Convert({bytes + a * memascend::SizeOf(d), b - a, d},
+                                                   {out + a, b - a, DType::kF32}, {threads_}));
+      b = a;
+    }
+    if (b == 1) {
+      std::uint16_t first;
+      std::memcpy(&first, bytes, sizeof(first));
+      MEMASCEND_RETURN_IF_ERROR(memascend::Convert({&first, 1, d}, {out, 1, DType::kF32}));
+    }
+    return absl::OkStatus();
+  }
+
+  // Group g's parameters into `out` (fp32): loaded (through `stream`, if given, which
+  // prefetches the next groups), or with several ranks, this rank's shard loaded and every
+  // rank's gathered.
+  absl::Status LoadInto(std::size_t g, MutableTensorView out, ParameterStream* stream) {
+    if (shard_ == nullptr) {
+      return stream != nullptr ? stream->Load(g, out, ParameterStream::Direction::kReverse)
+                               : adam_->LoadParameters(g, out);
+    }
+    if (stream != nullptr) PrefetchAfter(*stream, g, ParameterStream::Direction::kReverse);
+    auto* f = static_cast<float*>(out.data);
+    if (const auto local = shard_->local[g]) {
+      const DType d = adam_->layout().param_dtype;
+      const auto [b, e] = shard_->range[g];
+      MEMASCEND_RETURN_IF_ERROR(adam_->LoadParameters(
+          *local, {reinterpret_cast<std::byte*>(f) + b * memascend::SizeOf(d), e - b, d}));
+    }
+    return GatherParameters(g, f);
+  }
+
+  // The previous step's update of group g, its new parameters into `out` (fp32); with
+  // several ranks, this rank's shard updated and every rank's gathered.
+  absl::Status UpdateInto(std::size_t g, MutableTensorView out) {
+    if (shard_ == nullptr) return adam_->UpdateGroup(g, out);
+    auto* f = static_cast<float*>(out.data);
+    if (const auto local = shard_->local[g]) {
+      const DType d = adam_->layout().param_dtype;
+      const auto [b, e] = shard_->range[g];
+      MEMASCEND_RETURN_IF_ERROR(adam_->UpdateGroup(
+          *local, {reinterpret_cast<std::byte*>(f) + b * memascend::SizeOf(d), e - b, d}));
+    }
+    return GatherParameters(g, f);
+  }
+
+  // Prefetches the window after group g in `direction`: one process's stream, or this
+  // rank's groups among the next `window`.
+  void PrefetchAfter(ParameterStream& stream, std::size_t g, ParameterStream::Direction d) {
+    if (shard_ == nullptr) {
+      stream.PrefetchAfter(g, d);
+      return;
+    }
+    const bool forward = d == ParameterStream::Direction::kForward;
+    const std::size_t first = forward ? 0 : 1, last = forward ? GroupCount(c_) : GroupCount(c_) - 1;
+    for (std::size_t i = 1; i <= o_.window; ++i) {
+      if (forward ? g + i >= last : g < first + i) return;
+      if (const auto local = shard_->local[forward ? g + i : g - i])
+        adam_->PrefetchParameters(*local);
+    }
+  }
+
   // Adds the time since the last call to `*total` (if given).
   void Lap(double* total) {
     const auto now = Clock::now();
@@ -488,6 +633,9 @@ class Run {
   absl::Status Settle(const CommitFn& on_commit) {
     MEMASCEND_RETURN_IF_ERROR(adam_->Settle());
     if (committing_.has_value()) {
+      // Note [data parallel]: the step is committed once every rank's shard of it is
+      // durable; no rank writes the version it superseded before.
+      if (comm_ != nullptr) MEMASCEND_RETURN_IF_ERROR(comm_->Barrier());
       const Committed c = *committing_;
       committing_.reset();
       if (on_commit) on_commit(c);
@@ -498,6 +646,7 @@ class Run {
   // The group's fp32 gradient (scaled) into its stored gradient, part by part; the
   // optimizer checks each part for overflow and adds it to the norm.
   absl::Status StoreGrad(std::size_t g) {
+    if (shard_ != nullptr) return StoreGradSharded(g);
     const StateLayout& l = adam_->layout();
     const GroupKind kind = KindOf(c_, g);
     for (std::size_t part = 0; part < l.Parts(g); ++part) {
@@ -523,6 +672,30 @@ class Run {
     return absl::OkStatus();
   }
 
+  // Note [data parallel]: each part of the whole group's fp32 gradient (this rank's rows'),
+  // made whole in df_ (a block's is there already), reduced to the part's owner, which
+  // stores it.
+  absl::Status StoreGradSharded(std::size_t g) {
+    const StateLayout& l = *whole_;
+    const GroupKind kind = KindOf(c_, g);
+    for (std::size_t part = 0; part < l.Parts(g); ++part) {
+      const auto [begin, end] = l.PartRange(g, part);
+      float* grad = df_.data();
+      if (kind == GroupKind::kBlock) grad += begin;
+      if (kind == GroupKind::kHead) net_->HeadGradient(grad, begin, end);
+      if (kind == GroupKind::kEmbed) net_->EmbedGradient(grad, begin, end);
+      const int owner = shard_->owner[g][part];
+      MEMASCEND_RETURN_IF_ERROR(comm_->ReduceSum(grad, end - begin, owner));
+      if (owner != shard_->rank) continue;
+      const auto fill = [&](MutableTensorView stored) {
+        return memascend::Convert({grad, end - begin, DType::kF32}, stored, {threads_});
+      };
+      MEMASCEND_RETURN_IF_ERROR(
+          adam_->WriteGradient(*shard_->local[g], part - first_part_[g], fill));
+    }
+    return absl::OkStatus();
+  }
+
   void Sample(std::size_t g, const char* phase) {
     if (ledger_ != nullptr) ledger_->Sample(fmt::format("{}.{}", phase, GroupName(c_, g)));
   }
@@ -534,6 +707,13 @@ class Run {
   memascend::MemoryLedger* ledger_;
   bool overlap_;  // memascend Note [optimizer overlap]
   bool tied_;     // Note [tied head]
+  // Note [data parallel]: this rank's shard of the whole layout, every rank's elements of
+  // each group, this rank's first part of each; null / empty for one process.
+  const memascend::LayoutShard* shard_;
+  const StateLayout* whole_;
+  Communicator* comm_;
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> ranges_;
+  std::vector<std::size_t> first_part_;
   ParameterStream forward_, backward_;
   std::unique_ptr<Network> net_;
   ActivationStash* stash_;  // null: activations not checkpointed
@@ -636,13 +816,60 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
         "in [1, 2^24]",
         o.lr, o.weight_decay, o.clip, o.initial_loss_scale));
   }
-  const StateLayout layout = MakeStateLayout(o);
-  const StateLayout parted = MakeStateLayout(o.model, o.dtype, o.optimizer_chunk, true);
-  if (o.host_budget == 0) o.host_budget = DefaultHostBudget(o.model, o.dtype, o.optimizer_chunk);
+  // Note [data parallel]: this process's rank, its share of the batch and of the state.
+  Communicator* comm = o.comm != nullptr && o.comm->size() > 1 ? o.comm : nullptr;
+  const int world = comm != nullptr ? comm->size() : 1;
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  const bool volume_per_rank = o.volume_path.find("{rank}") != std::string::npos;
+  for (std::size_t at; (at = o.volume_path.find("{rank}")) != std::string::npos;)
+    o.volume_path.replace(at, 6, std::to_string(rank));
+  if (comm != nullptr) {
+    if (o.policy == Policy::kZeroInfinity && o.mode == Mode::kOffload) {
+      return absl::UnimplementedError(
+          "--policy zero-infinity trains in one process: the baseline is not data-parallel "
+          "(run it without mpirun)");
+    }
+    if (o.model.batch % static_cast<std::size_t>(world) != 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--batch {} (the global batch) does not divide among {} ranks: give a multiple of {}",
+          o.model.batch, world, world));
+    }
+    if (MemAscendOffload(o) && comm->local_size() > 1 && !volume_per_rank) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--volume {}: {} ranks run on this host and each needs a volume of its own: put "
+          "{{rank}} in the path (it becomes the rank's number)",
+          o.volume_path, comm->local_size()));
+    }
+  }
+  const StateLayout whole = MakeStateLayout(o);
+  std::optional<memascend::LayoutShard> shard;
+  if (comm != nullptr) {
+    auto s = memascend::ShardLayout(whole, rank, world);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} ranks: {} (lower --optimizer-chunk, a multiple of {})", world,
+                      std::string(s.status().message()), kOptimizerChunkQuantum));
+    }
+    shard = std::move(*s);
+  }
+  const StateLayout& layout = shard.has_value() ? shard->layout : whole;
+  StateLayout parted = MakeStateLayout(o.model, o.dtype, o.optimizer_chunk, true);
+  if (comm != nullptr) {
+    MEMASCEND_ASSIGN_OR_RETURN(memascend::LayoutShard s,
+                               memascend::ShardLayout(parted, rank, world));
+    parted = std::move(s.layout);
+  }
+  if (o.host_budget == 0) {
+    // DefaultHostBudget's share: 40% of the rank's state, at least twice the minimum.
+    const auto forty = static_cast<std::size_t>(
+        static_cast<double>(ModelStateBytes(o.model, o.dtype)) * 0.4 / world);
+    o.host_budget =
+        (std::max(forty, 2 * OffloadedAdam::MinimumHostBudget(parted)) + 4095) / 4096 * 4096;
+  }
   // A budget beyond what the store can ever hold (every stored tensor, both versions) is
   // capped there: the rest would be page-locked for nothing (UsableHostBudget).
   o.host_budget =
-      std::min<std::size_t>(o.host_budget, UsableHostBudget(o.model, o.dtype, o.optimizer_chunk));
+      std::min<std::size_t>(o.host_budget, memascend::VersionedTrainingState::StoredBytes(parted));
   const std::size_t minimum = OffloadedAdam::MinimumHostBudget(parted);
   {
     // OffloadedAdam Note [kept state]: what the budget leaves beyond the minimum and the
@@ -714,35 +941,68 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   ao.read_ahead_bytes = o.read_ahead_bytes;
   ao.keep_bytes = o.keep_bytes;
   ao.gradient_room = o.overlap_optimizer && MemAscendOffload(o);
+  if (comm != nullptr) {
+    // A rank's shard belongs to its rank of a run of this many ranks.
+    ao.fingerprint = (ao.fingerprint ^ (static_cast<std::uint64_t>(world) << 32 |
+                                        static_cast<std::uint32_t>(rank))) *
+                     1099511628211ull;
+    // memascend Note [global gradient check]
+    ao.reduce_gradient_check =
+        [comm](const memascend::GradientCheck& mine) -> absl::StatusOr<memascend::GradientCheck> {
+      double v[] = {mine.overflow ? 1.0 : 0.0, mine.sum_squares};
+      MEMASCEND_RETURN_IF_ERROR(comm->AllReduceSum(v));
+      return memascend::GradientCheck{v[0] > 0, v[1]};
+    };
+  }
   MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<OffloadedAdam> adam,
                              OffloadedAdam::Create(backend, ao, &threads));
+  // The run's model computes this rank's rows of the batch.
+  TrainOptions mine = o;
+  mine.model.batch = o.model.batch / static_cast<std::size_t>(world);
   std::optional<ActivationStash> stash;
   if (o.checkpoint_activations) {
     stash.emplace(MemAscendOffload(o) ? offload.store.get() : nullptr, o.model.layers,
-                  o.model.batch * o.model.seq * o.model.channels);
+                  mine.model.batch * o.model.seq * o.model.channels);
     MEMASCEND_RETURN_IF_ERROR(stash->Register(o.model.layers));
   }
-  Run run(o, adam.get(), &threads, ledger, stash ? &*stash : nullptr);
+  Run run(mine, adam.get(), &threads, ledger, stash ? &*stash : nullptr, shard ? &*shard : nullptr,
+          shard ? &whole : nullptr);
   if (o.resume) {
     auto last = adam->Resume();
     if (!last.ok() && last.status().code() == absl::StatusCode::kFailedPrecondition) {
-      return absl::FailedPreconditionError(fmt::format(
-          "--resume: the volume's run had another model, data, seed or hyper-parameters ({})",
-          std::string(last.status().message())));
-    }
-    MEMASCEND_RETURN_IF_ERROR(last.status());
-    if (!last->has_value()) {
-      return absl::NotFoundError(
+      last = absl::FailedPreconditionError(fmt::format(
+          "--resume: the volume's run had another model, data, seed, hyper-parameters{} ({})",
+          comm != nullptr ? " or ranks" : "", std::string(last.status().message())));
+    } else if (last.ok() && !last->has_value()) {
+      last = absl::NotFoundError(
           fmt::format("--resume: the volume '{}' holds no committed step; start without --resume",
                       o.volume_path));
     }
-    run.Resume((*last)->step);
+    if (comm != nullptr) {
+      // Note [data parallel]: the newest step every rank holds; a rank one step ahead goes
+      // back to it (its previous commit is whole).
+      std::uint64_t v[] = {last.ok() ? 1u : 0u, last.ok() ? (**last).step : 0};
+      MEMASCEND_RETURN_IF_ERROR(comm->AllReduceMin(v));
+      MEMASCEND_RETURN_IF_ERROR(last.status());
+      if (v[0] == 0) {
+        return absl::FailedPreconditionError(
+            "--resume: another rank cannot resume from its volume (its error says why)");
+      }
+      if ((**last).step > v[1]) {
+        last = adam->ResumeAtMost(v[1]);
+        MEMASCEND_RETURN_IF_ERROR(last.status());
+      }
+    }
+    MEMASCEND_RETURN_IF_ERROR(last.status());
+    run.Resume((**last).step);
   } else {
     MEMASCEND_RETURN_IF_ERROR(run.Init(ckpt.get()));
     ckpt.reset();
     // The initial state is durable before the clock starts, as under ZeRO-Infinity's rules
-    // (written synchronously): the first step's time is a step's, in every policy.
+    // (written synchronously): the first step's time is a step's, in every policy; with
+    // several ranks, on every rank.
     MEMASCEND_RETURN_IF_ERROR(adam->Settle());
+    if (comm != nullptr) MEMASCEND_RETURN_IF_ERROR(comm->Barrier());
   }
 
   TrainSummary summary;
@@ -750,9 +1010,11 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   summary.model_state_bytes = ModelStateBytes(o.model, o.dtype);
   summary.host_budget = MemAscendOffload(o) ? o.host_budget : 0;
   summary.first_step = run.step() + 1;
+  summary.world = world;
   const auto start = Clock::now();
   auto last = start;  // of the last commit: a step's time runs from the one before
   std::uint64_t io_last = backend->io_read_bytes() + backend->io_write_bytes();
+  std::uint64_t sent_last = comm != nullptr ? comm->bytes_sent() : 0;
   const Run::CommitFn on_commit = [&](const Run::Committed& c) {
     const auto now = Clock::now();
     const double seconds = std::chrono::duration<double>(now - last).count();
@@ -761,6 +1023,10 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     summary.step_seconds.push_back(seconds);
     summary.step_skipped.push_back(c.skipped);
     summary.step_io_bytes.push_back(io - io_last);
+    if (comm != nullptr) {
+      summary.step_comm_bytes.push_back(comm->bytes_sent() - sent_last);
+      sent_last = comm->bytes_sent();
+    }
     summary.last_step = c.step;
     if (o.on_step) {
       StepReport r;
@@ -782,6 +1048,14 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   std::vector<std::int32_t> inputs, targets;
   for (std::size_t step = run.step() + 1; step <= o.steps; ++step) {
     SampleBatch(tokens, o.seed, step, o.model.batch, o.model.seq, &inputs, &targets);
+    if (comm != nullptr) {  // this rank's rows
+      const std::size_t rows = mine.model.batch * o.model.seq;
+      const auto first = static_cast<std::ptrdiff_t>(rows * static_cast<std::size_t>(rank));
+      inputs.assign(inputs.begin() + first,
+                    inputs.begin() + first + static_cast<std::ptrdiff_t>(rows));
+      targets.assign(targets.begin() + first,
+                     targets.begin() + first + static_cast<std::ptrdiff_t>(rows));
+    }
     MEMASCEND_RETURN_IF_ERROR(run.Step(inputs, targets, on_commit));
   }
   MEMASCEND_RETURN_IF_ERROR(run.Finish(on_commit));
@@ -796,7 +1070,12 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     summary.eval_loss = eval.first;
     summary.eval_tokens = eval.second;
   }
-  if (!o.export_dir.empty()) {
+  if (!o.export_dir.empty() && rank != 0) {
+    // Note [data parallel]: rank 0 writes; the others give their shards, group by group in
+    // the export's order.
+    for (std::size_t g = 0; g < GroupCount(o.model); ++g)
+      MEMASCEND_RETURN_IF_ERROR(run.Master(g).status());
+  } else if (!o.export_dir.empty()) {
     MEMASCEND_RETURN_IF_ERROR(ExportHfModel(o.model, o.export_dir, o.export_options,
                                             [&run](std::size_t g) { return run.Master(g); }));
     for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
@@ -824,6 +1103,28 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   summary.peak_pinned_bytes =
       static_cast<std::uint64_t>(summary.ledger.tier(memascend::Tier::kPinnedHost).reserved_peak);
   summary.peak_rss_bytes = summary.ledger.peak_rss_bytes;
+  if (comm != nullptr) {
+    // Every rank's figures to rank 0.
+    const auto steps = static_cast<double>(std::max<std::size_t>(1, summary.step_seconds.size()));
+    double sum_seconds = 0, sum_comm = 0, sum_io = 0;
+    for (double t : summary.step_seconds) sum_seconds += t;
+    for (std::uint64_t b : summary.step_comm_bytes) sum_comm += static_cast<double>(b);
+    for (std::uint64_t b : summary.step_io_bytes) sum_io += static_cast<double>(b);
+    const double figures[] = {static_cast<double>(summary.peak_rss_bytes),
+                              static_cast<double>(summary.peak_pinned_bytes),
+                              sum_seconds / steps,
+                              sum_comm / steps,
+                              sum_io / steps,
+                              static_cast<double>(layout.TotalElements())};
+    constexpr std::size_t kFigures = std::size(figures);
+    std::vector<double> all(rank == 0 ? kFigures * static_cast<std::size_t>(world) : 0);
+    MEMASCEND_RETURN_IF_ERROR(comm->GatherToRoot(figures, all));
+    for (std::size_t r = 0; rank == 0 && r < static_cast<std::size_t>(world); ++r) {
+      const double* f = all.data() + r * kFigures;
+      summary.ranks.push_back({static_cast<std::uint64_t>(f[0]), static_cast<std::uint64_t>(f[1]),
+                               f[2], f[3], f[4], static_cast<std::uint64_t>(f[5])});
+    }
+  }
   return summary;
 }
 

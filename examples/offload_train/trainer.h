@@ -28,6 +28,27 @@
 // master weights, to the bits that would have been stored. The layout is the same whether
 // the update is overlapped or not, so a run may be resumed either way.
 //
+// Note [data parallel]: with TrainOptions::comm of several ranks (memascend-train under
+// mpirun), each rank trains on its slice of every global batch (--batch is the global
+// batch, divided among the ranks) and holds a shard of the training state on a volume of
+// its own (memascend Note [layout shards]: whole parts, about 1/N of the elements; the
+// 16-bit parameters are sharded too, as ZeRO-3 and ZeRO-Infinity do). A step:
+//   - each group's parameters: each rank loads (or, with the update overlapped, updates)
+//     its shard in the 16-bit dtype, every rank's shard is all-gathered in place at the
+//     front of the fp32 working buffer, which is then widened in place (no second buffer);
+//     the blocks are gathered again for the backward pass;
+//   - each part's fp32 gradient (the loss scaled by scale / N, so the sum is the global
+//     mean's) is reduced to the part's owner, which stores it;
+//   - the overflow check and the norm are all-reduced (memascend Note [global gradient
+//     check]), so every rank plans the same step and skips the same ones;
+//   - the loss reported is the mean over the ranks.
+// Reductions are MPI's sums, in its order: for two ranks a + b, so a run's losses repeat
+// exactly, and agree with one process's within float rounding (the batch's rows are summed
+// in another order). Commits are two-phase, keyed by the step: a rank's commit is reported
+// only after every rank has settled it (a barrier), and no rank writes the version a
+// commit supersedes before that. After a crash the ranks' volumes are at most a step
+// apart; --resume takes the newest step every rank holds (ResumeAtMost of the minimum).
+//
 // Thread-safety: one Train() call at a time per volume.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
@@ -47,6 +68,7 @@
 #include <memascend/tensor_store.h>
 
 #include "checkpoint_io.h"
+#include "comm.h"
 #include "data.h"
 #include "model.h"
 
@@ -133,6 +155,9 @@ struct TrainOptions {
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own
   // Tests: faults under the volume's I/O engine (EIO, ENOSPC, short transfers).
   std::shared_ptr<memascend::FaultInjector> fault_injector;
+  // Note [data parallel]: this process's rank among several (volume_path's "{rank}" is
+  // replaced by the rank); null: one process.
+  Communicator* comm = nullptr;
 };
 
 struct StepReport {
@@ -184,6 +209,19 @@ struct TrainSummary {
   std::optional<double> eval_loss;
   std::uint64_t eval_tokens = 0;
   std::uint64_t export_bytes = 0;  // with TrainOptions::export_dir
+  // Note [data parallel]: the ranks, and the payload bytes this rank sent each step.
+  int world = 1;
+  std::vector<std::uint64_t> step_comm_bytes;
+  // On rank 0 of several: every rank's figures, rank by rank.
+  struct Rank {
+    std::uint64_t peak_rss_bytes = 0;
+    std::uint64_t peak_pinned_bytes = 0;
+    double mean_step_seconds = 0;
+    double comm_bytes_per_step = 0;
+    double io_bytes_per_step = 0;
+    std::uint64_t state_elements = 0;  // of its shard
+  };
+  std::vector<Rank> ranks;
 };
 
 // The least pinned memory a MemAscend run needs: the optimizer step holds, for one part
