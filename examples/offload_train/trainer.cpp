@@ -982,8 +982,9 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
       // Note [data parallel]: the newest step every rank holds; a rank one step ahead goes
       // back to it (its previous commit is whole).
       std::uint64_t v[] = {last.ok() ? 1u : 0u, last.ok() ? (**last).step : 0};
-      MEMASCEND_RETURN_IF_ERROR(comm->AllReduceMin(v));
-      MEMASCEND_RETURN_IF_ERROR(last.status());
+      const absl::Status reduced = comm->AllReduceMin(v);
+      MEMASCEND_RETURN_IF_ERROR(last.status());  // this rank's own reason first
+      MEMASCEND_RETURN_IF_ERROR(reduced);
       if (v[0] == 0) {
         return absl::FailedPreconditionError(
             "--resume: another rank cannot resume from its volume (its error says why)");

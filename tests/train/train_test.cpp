@@ -22,6 +22,7 @@
 #include "data.h"
 #include "storage/volume_test_util.h"
 #include "testing/status_matchers.h"
+#include "train/thread_comm.h"
 #include "trainer.h"
 #include "zero_backend.h"
 
@@ -603,6 +604,170 @@ TEST(Train, ResumeAfterSigkillReachesTheSameLosses) {
     if (rest.first_step > 1) ++resumed_mid_run;
   }
   EXPECT_EQ(resumed_mid_run, 4);
+}
+
+// ---- Note [data parallel]: ranks as threads (thread_comm.h), each with its own volume
+
+using Result = absl::StatusOr<TrainSummary>;
+
+// `world` ranks of `o` (its volume_path holding {rank}) on threads.
+std::vector<Result> TrainRanks(int world, const TrainOptions& o, const Data& d,
+                               const std::function<void(int, TrainOptions*)>& per_rank = {}) {
+  return testing::RunRanks<Result>(
+      world,
+      [&](int rank, Communicator* comm) {
+        TrainOptions mine = o;
+        mine.comm = comm;
+        if (per_rank) per_rank(rank, &mine);
+        return Train(mine, d.tokens, d.tok);
+      },
+      [](const Result& r) { return r.ok(); });
+}
+
+TEST(DataParallel, RanksTrainAsOneProcessOfTheGlobalBatch) {
+  const Data d = MakeData(256);
+  ScratchPath one("train");
+  TrainOptions o = Tiny(one.path());
+  o.steps = 8;
+  ASSERT_OK_AND_ASSIGN(TrainSummary alone, Train(o, d.tokens, d.tok));
+  std::vector<double> two_ranks;
+  for (int world : {2, 2, 4}) {
+    ScratchPath dir("train_dp");
+    ASSERT_EQ(::mkdir(dir.path().c_str(), 0755), 0);
+    o.volume_path = dir.path() + "/rank{rank}.vol";
+    const std::vector<Result> runs = TrainRanks(world, o, d);
+    std::uint64_t elements = 0;
+    for (int r = 0; r < world; ++r) {
+      const Result& run = runs[static_cast<std::size_t>(r)];
+      ASSERT_OK(run.status()) << "rank " << r;
+      EXPECT_EQ(run->world, world);
+      EXPECT_EQ(run->losses, runs[0]->losses) << "every rank reports the mean loss";
+      EXPECT_LE(run->peak_pinned_bytes, run->host_budget);
+      EXPECT_GT(run->step_comm_bytes.size(), 0u);
+      struct stat st {};
+      EXPECT_EQ(::stat(fmt::format("{}/rank{}.vol", dir.path(), r).c_str(), &st), 0)
+          << "a volume per rank";
+    }
+    const TrainSummary& root = *runs[0];
+    ASSERT_EQ(root.ranks.size(), static_cast<std::size_t>(world));
+    for (const TrainSummary::Rank& r : root.ranks) {
+      EXPECT_GT(r.state_elements, 0u);
+      EXPECT_GT(r.comm_bytes_per_step, 0);
+      elements += r.state_elements;
+    }
+    EXPECT_EQ(elements, root.params) << "the shards cover the state once";
+    ASSERT_EQ(root.losses.size(), alone.losses.size());
+    // The batch's rows are summed in another order: float rounding, no more.
+    for (std::size_t i = 0; i < alone.losses.size(); ++i)
+      EXPECT_NEAR(root.losses[i], alone.losses[i], 1e-5 * alone.losses[i]) << world << " " << i;
+    if (world == 2 && two_ranks.empty()) {
+      two_ranks = root.losses;
+    } else if (world == 2) {
+      EXPECT_EQ(root.losses, two_ranks) << "a rank count's losses repeat exactly";
+    }
+  }
+  // In ordinary memory, the same operations: the offloaded ranks' bits.
+  o.mode = Mode::kReference;
+  const std::vector<Result> reference = TrainRanks(2, o, d);
+  ASSERT_OK(reference[0].status());
+  EXPECT_EQ(reference[0]->losses, two_ranks);
+}
+
+// A failing disk under one rank stops every rank (the others with "another rank
+// stopped"); --resume on every rank continues from the newest step all of them hold, to
+// the uninterrupted run's losses.
+TEST(DataParallel, AFailingRankStopsEveryRankAndResumeContinuesFromTheStepAllHold) {
+  const Data d = MakeData(256);
+  TrainOptions o = Tiny("");
+  o.steps = 10;
+  std::vector<double> whole;
+  {
+    ScratchPath dir("train_dp");
+    ASSERT_EQ(::mkdir(dir.path().c_str(), 0755), 0);
+    o.volume_path = dir.path() + "/rank{rank}.vol";
+    const std::vector<Result> runs = TrainRanks(2, o, d);
+    ASSERT_OK(runs[0].status());
+    whole = runs[0]->losses;
+  }
+  std::mt19937 rng(5);
+  int resumed_runs = 0, faulted = 0;
+  for (int round = 0; round < 8; ++round) {
+    ScratchPath dir("train_dp");
+    ASSERT_EQ(::mkdir(dir.path().c_str(), 0755), 0);
+    o.volume_path = dir.path() + "/rank{rank}.vol";
+    const int failing = round % 2;
+    const std::uint64_t after = 20 + rng() % 200;
+    const std::vector<Result> runs = TrainRanks(2, o, d, [&](int rank, TrainOptions* mine) {
+      if (rank == failing)
+        mine->fault_injector = std::make_shared<DyingDisk>(DyingDisk::Kind::kWriteEio, after);
+    });
+    if (runs[static_cast<std::size_t>(failing)].ok()) continue;  // its disk outlived the run
+    ++faulted;
+    EXPECT_THAT(std::string(runs[static_cast<std::size_t>(failing)].status().message()),
+                HasSubstr("Input/output error"));
+    EXPECT_THAT(runs[static_cast<std::size_t>(1 - failing)],
+                StatusIs(absl::StatusCode::kAborted, HasSubstr("another rank stopped")));
+    TrainOptions again = o;
+    again.resume = true;
+    const std::vector<Result> resumed = TrainRanks(2, again, d);
+    if (!resumed[0].ok()) {
+      // A rank failed before its initial state was committed: nothing to resume.
+      EXPECT_THAT(resumed[static_cast<std::size_t>(failing)],
+                  StatusIs(absl::StatusCode::kNotFound));
+      continue;
+    }
+    ++resumed_runs;
+    ASSERT_OK(resumed[1].status());
+    EXPECT_EQ(resumed[0]->first_step, resumed[1]->first_step);
+    for (std::size_t i = 0; i < resumed[0]->losses.size(); ++i) {
+      EXPECT_EQ(resumed[0]->losses[i], whole[resumed[0]->first_step - 1 + i])
+          << "round " << round << " step " << resumed[0]->first_step + i;
+    }
+  }
+  EXPECT_GE(faulted, 6) << "too few disks failed within the run";
+  EXPECT_GE(resumed_runs, 4) << "too few runs had committed a step before the fault";
+}
+
+TEST(DataParallel, WhatCannotBeSharedIsRefusedOnEveryRank) {
+  const Data d = MakeData(256);
+  ScratchPath dir("train_dp");
+  ASSERT_EQ(::mkdir(dir.path().c_str(), 0755), 0);
+  TrainOptions o = Tiny(dir.path() + "/rank{rank}.vol");
+  o.steps = 2;
+  const auto refused = [&](const TrainOptions& opts, int world, absl::StatusCode code,
+                           const std::string& why) {
+    for (const Result& r : TrainRanks(world, opts, d))
+      EXPECT_THAT(r, StatusIs(code, HasSubstr(why)));
+  };
+  TrainOptions odd = o;
+  odd.model.batch = 3;
+  refused(odd, 2, absl::StatusCode::kInvalidArgument, "does not divide among 2 ranks");
+  TrainOptions shared = o;
+  shared.volume_path = dir.path() + "/one.vol";
+  refused(shared, 2, absl::StatusCode::kInvalidArgument, "put {rank} in the path");
+  TrainOptions zero = o;
+  zero.policy = Policy::kZeroInfinity;
+  refused(zero, 2, absl::StatusCode::kUnimplemented, "not data-parallel");
+  // Tiny's 4 groups are a part each: 5 ranks would leave one without.
+  TrainOptions many = o;
+  many.model.batch = 5;
+  refused(many, 5, absl::StatusCode::kInvalidArgument, "lower --optimizer-chunk");
+  // A rank's volume belongs to its rank of a run of as many ranks: a run of 4 is not
+  // resumed by 2, and is left alone.
+  {
+    TrainOptions four = o;
+    four.model.batch = 4;
+    for (const Result& r : TrainRanks(4, four, d)) ASSERT_OK(r.status());
+    TrainOptions again = four;
+    again.resume = true;
+    for (const Result& r : TrainRanks(2, again, d))
+      EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("or ranks")));
+    again.steps = 3;
+    for (const Result& r : TrainRanks(4, again, d)) {
+      ASSERT_OK(r.status());
+      EXPECT_EQ(r->first_step, 3u);
+    }
+  }
 }
 
 }  // namespace
