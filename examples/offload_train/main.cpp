@@ -86,6 +86,10 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --timeline FILE    CSV memory timeline (the ledger, sampled per layer)
   --json             one JSON summary object on stdout instead of the report
   --quiet            no progress lines
+Under mpirun (a build with MPI), each rank trains on its rows of the global --batch
+and offloads its shard of the state to its own volume: --volume may hold {rank}, and
+must when ranks share a host. Rank 0 reports (--json: every rank's figures inside).
+--resume continues from the newest step every rank holds (docs/distributed.md).
 Byte sizes are whole numbers with an optional K, M, G or T suffix (powers of 1024).
 )";
 
