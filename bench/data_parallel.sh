@@ -8,7 +8,7 @@
 # untied), --seq 128, global --batch 4, bf16, each rank's default pinned budget (40% of its
 # shard), 4 steps; the machine's cores split among the ranks (--threads cores/N, at least
 # 1: 4 ranks on 2 cores are oversubscribed). Each rank count runs REPEATS times (default
-# 3), in a random order per repeat. One JSON object per run goes to $OUT (default
+# 5), in a random order per repeat. One JSON object per run goes to $OUT (default
 # docs/benchmarks-data/data_parallel.jsonl); a table of medians and ranges follows.
 #
 # Environment: BUILD (with an MPI build of memascend-train; default build/release),
@@ -19,7 +19,7 @@ ROOT=$(pwd)
 BUILD=${BUILD:-$ROOT/build/release}
 WORK=${WORK:-/tmp/memascend-dp}
 OUT=${OUT:-$ROOT/docs/benchmarks-data/data_parallel.jsonl}
-REPEATS=${REPEATS:-3}
+REPEATS=${REPEATS:-5}
 SEED=${SEED:-1}
 TRAIN=$BUILD/examples/offload_train/memascend-train
 CONFIG=$ROOT/bench/configs/llama-dp-56m.json
@@ -52,7 +52,7 @@ while read -r line; do
          --dtype bf16 --seq 128 --batch 4 --steps 4 --threads "$threads" --json --quiet
          --volume "$WORK/rank{rank}.vol")
     echo "data_parallel: repeat $repeat, $n ranks: ${cmd[*]}" >&2
-    "${cmd[@]}" > "$WORK/run.json"
+    "${cmd[@]}" > "$WORK/run.json" < /dev/null  # mpirun would read the loop's input
     python3 - "$WORK/run.json" "$OUT" "$n" "$repeat" "$threads" "${cmd[*]}" <<'PY'
 import json, sys
 src, out, n, repeat, threads, cmd = sys.argv[1:7]

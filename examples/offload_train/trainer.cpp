@@ -210,6 +210,7 @@ class Run {
         if (shard_->owner[g][p] == shard_->rank && first == SIZE_MAX) first = p;
       }
       first_part_.push_back(first);
+      if (shard_->local[g]) global_.push_back(g);
     }
   }
 
@@ -478,7 +479,9 @@ class Run {
   absl::Status Finish(const CommitFn& on_commit) {
     MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
     if (!pending_.has_value()) return absl::OkStatus();
-    MEMASCEND_RETURN_IF_ERROR(adam_->UpdateAll([this](std::size_t g) { Sample(g, "opt"); }));
+    MEMASCEND_RETURN_IF_ERROR(adam_->UpdateAll([this](std::size_t g) {
+      Sample(shard_ != nullptr ? global_[g] : g, "opt");  // g: the optimizer's group
+    }));
     Lap(&phases_.optimizer);
     MEMASCEND_RETURN_IF_ERROR(CommitPending(on_commit));
     MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
@@ -714,6 +717,7 @@ class Run {
   Communicator* comm_;
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> ranges_;
   std::vector<std::size_t> first_part_;
+  std::vector<std::size_t> global_;  // per group of this rank's layout: the model's group
   ParameterStream forward_, backward_;
   std::unique_ptr<Network> net_;
   ActivationStash* stash_;  // null: activations not checkpointed

@@ -666,6 +666,19 @@ TEST(DataParallel, RanksTrainAsOneProcessOfTheGlobalBatch) {
       EXPECT_EQ(root.losses, two_ranks) << "a rank count's losses repeat exactly";
     }
   }
+  // The update not overlapped (each forward pass gathers loaded parameters), activations
+  // checkpointed through each rank's store: the same bits.
+  {
+    ScratchPath dir("train_dp");
+    ASSERT_EQ(::mkdir(dir.path().c_str(), 0755), 0);
+    TrainOptions other = o;
+    other.volume_path = dir.path() + "/rank{rank}.vol";
+    other.overlap_optimizer = false;
+    other.checkpoint_activations = true;
+    const std::vector<Result> runs = TrainRanks(2, other, d);
+    ASSERT_OK(runs[0].status());
+    EXPECT_EQ(runs[0]->losses, two_ranks);
+  }
   // In ordinary memory, the same operations: the offloaded ranks' bits.
   o.mode = Mode::kReference;
   const std::vector<Result> reference = TrainRanks(2, o, d);
