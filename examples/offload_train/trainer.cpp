@@ -565,6 +565,18 @@ class Run {
     return absl::OkStatus();
   }
 
+  // This rank's group for group g, and where its shard's 16-bit parameters go in the fp32
+  // buffer `f` (GatherParameters); nullopt where it holds none of the group.
+  std::optional<std::pair<std::size_t, MutableTensorView>> Shard16(std::size_t g, float* f) {
+    const auto local = shard_->local[g];
+    if (!local.has_value()) return std::nullopt;
+    const DType d = adam_->layout().param_dtype;
+    const auto [b, e] = shard_->range[g];
+    return std::pair{
+        *local,
+        MutableTensorView{reinterpret_cast<std::byte*>(f) + b * memascend::SizeOf(d), e - b, d}};
+  }
+
   // Group g's parameters into `out` (fp32): loaded (through `stream`, if given, which
   // prefetches the next groups), or with several ranks, this rank's shard loaded and every
   // rank's gathered.
@@ -575,12 +587,8 @@ class Run {
     }
     if (stream != nullptr) PrefetchAfter(*stream, g, ParameterStream::Direction::kReverse);
     auto* f = static_cast<float*>(out.data);
-    if (const auto local = shard_->local[g]) {
-      const DType d = adam_->layout().param_dtype;
-      const auto [b, e] = shard_->range[g];
-      MEMASCEND_RETURN_IF_ERROR(adam_->LoadParameters(
-          *local, {reinterpret_cast<std::byte*>(f) + b * memascend::SizeOf(d), e - b, d}));
-    }
+    if (const auto mine = Shard16(g, f))
+      MEMASCEND_RETURN_IF_ERROR(adam_->LoadParameters(mine->first, mine->second));
     return GatherParameters(g, f);
   }
 
@@ -589,12 +597,8 @@ class Run {
   absl::Status UpdateInto(std::size_t g, MutableTensorView out) {
     if (shard_ == nullptr) return adam_->UpdateGroup(g, out);
     auto* f = static_cast<float*>(out.data);
-    if (const auto local = shard_->local[g]) {
-      const DType d = adam_->layout().param_dtype;
-      const auto [b, e] = shard_->range[g];
-      MEMASCEND_RETURN_IF_ERROR(adam_->UpdateGroup(
-          *local, {reinterpret_cast<std::byte*>(f) + b * memascend::SizeOf(d), e - b, d}));
-    }
+    if (const auto mine = Shard16(g, f))
+      MEMASCEND_RETURN_IF_ERROR(adam_->UpdateGroup(mine->first, mine->second));
     return GatherParameters(g, f);
   }
 
