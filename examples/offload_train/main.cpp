@@ -79,6 +79,7 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
     --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
     --zero-optimizer-buffers N (4) --zero-sub-group-size ELEMS (1e9)
     --zero-queue-depth N (8) --zero-min-swap BYTES (1M)
+    --zero-max-in-cpu ELEMS (1e9) --zero-pin-optimizer 0|1 (0) --zero-reduce-bucket ELEMS (5e8)
   --lr X --warmup N --clip X --weight-decay X --seed N --threads N
   --loss-scale X     initial dynamic loss scale (default 65536 for fp16, 1 for bf16)
   --data FILE        training text (default: /usr/share/common-licenses/*)
@@ -281,6 +282,12 @@ int Main(int argc, char** argv) {
       ok = number(&o.zero.sub_group_size);
     else if (a == "--zero-queue-depth")
       ok = number(&o.zero.aio_queue_depth);
+    else if (a == "--zero-max-in-cpu")
+      ok = number(&o.zero.max_in_cpu);
+    else if (a == "--zero-pin-optimizer")
+      ok = number(&o.zero.optimizer_pin_memory);
+    else if (a == "--zero-reduce-bucket")
+      ok = number(&o.zero.reduce_bucket_size);
     else if (a == "--nvme-path")
       ok = value(&o.zero.nvme_path);
     else if (a == "--zero-min-swap") {

@@ -88,6 +88,15 @@ struct ZeroOptions {
   std::size_t aio_block_bytes = 1u << 20;         // aio.block_size
   std::size_t aio_queue_depth = 8;                // aio.queue_depth: requests in flight
   std::size_t min_swap_bytes = 1u << 20;          // smaller tensors stay in memory
+  // offload_param.max_in_cpu (elements): while the 16-bit parameters total at most this,
+  // stage 3 keeps them in one pinned buffer and never swaps them; the sub-groups beyond
+  // it go to NVMe (zero_backend.h, Note [zero rules]).
+  std::uint64_t max_in_cpu = 1'000'000'000;
+  // offload_optimizer.pin_memory: the flat gradient buffer is pinned only when set.
+  bool optimizer_pin_memory = false;
+  // reduce_bucket_size (elements): gradients are partitioned, and their fp32 copies
+  // swapped out, a bucket at a time.
+  std::uint64_t reduce_bucket_size = 500'000'000;
   std::string nvme_path;  // the swap directory (one file per tensor); empty: next to the volume
 };
 

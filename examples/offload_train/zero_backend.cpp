@@ -148,6 +148,11 @@ struct Layout {
   std::size_t param_buffer_elements = 0;
   std::size_t param_buffer_bytes = 0;  // one buffer, padded for O_DIRECT
   std::size_t optimizer_buffer_bytes = 0;
+  // Note [zero rules]: max_in_cpu's pinned flat buffer, which groups live in it, and the
+  // buffer that carries a sub-group's new parameters to NVMe (0: none on NVMe).
+  std::size_t flat_param_elements = 0;
+  std::vector<bool> param_in_cpu;
+  std::size_t partitioned_swap_bytes = 0;
 };
 
 Layout MakeLayout(const TrainOptions& o) {
@@ -171,6 +176,25 @@ Layout MakeLayout(const TrainOptions& o) {
       elements = 0;
     }
   }
+  // max_in_cpu: the sub-groups whose parameters fit, in order, in a flat buffer of at most
+  // that many elements live there; the rest on NVMe.
+  l.flat_param_elements =
+      static_cast<std::size_t>(std::min<std::uint64_t>(l.total, o.zero.max_in_cpu));
+  l.param_in_cpu.assign(l.groups, false);
+  std::size_t flat_offset = 0;
+  bool on_nvme = false;
+  for (const std::vector<std::size_t>& sub : l.sub_groups) {
+    std::size_t n = 0;
+    for (std::size_t g : sub) n += l.numel[g];
+    const bool fits = flat_offset + n <= l.flat_param_elements;
+    for (std::size_t g : sub) l.param_in_cpu[g] = fits;
+    on_nvme = on_nvme || !fits;
+    flat_offset += n;
+  }
+  // Each tensor of a sub-group at a 4 KiB boundary (O_DIRECT).
+  if (on_nvme)
+    l.partitioned_swap_bytes =
+        Round4k(l.largest_sub_group * memascend::SizeOf(o.dtype)) + 4096 * l.groups;
   // "More elements ... than buffer size": the rule raises buffer_size to the largest.
   l.param_buffer_elements = std::max<std::size_t>(o.zero.param_buffer_size, l.largest);
   l.param_buffer_bytes = Round4k(l.param_buffer_elements * memascend::SizeOf(o.dtype));
@@ -195,6 +219,8 @@ class ZeroBackend final : public Backend {
     param_pool_.Reset();
     optimizer_buffers_.clear();
     flat_grads_.Reset();
+    flat_params_.Reset();
+    partitioned_swap_.Reset();
     pool_.reset();
     if (ledger_ != nullptr) {
       for (const auto& [use, bytes] : pageable_)
@@ -204,7 +230,7 @@ class ZeroBackend final : public Backend {
 
   absl::StatusOr<Buf> Read(Kind k, std::size_t g, std::size_t, bool) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
-    if (k == Kind::kGradient) return GradView(g);
+    if (k == Kind::kGradient) return GradView(g, /*written=*/false);
     if (k != Kind::kParameters)
       return absl::UnimplementedError("zero-infinity reads states itself");
     if (!Swapped(Kind::kParameters, g)) return MemoryView(Kind::kParameters, g);
@@ -228,7 +254,7 @@ class ZeroBackend final : public Backend {
 
   absl::StatusOr<Buf> Overwrite(Kind k, std::size_t g, std::size_t, bool next) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
-    if (k == Kind::kGradient) return GradView(g);
+    if (k == Kind::kGradient) return GradView(g, /*written=*/true);
     if (next) return absl::UnimplementedError("zero-infinity writes new states itself");
     // Initialisation: fill, then swap out when released.
     if (!Swapped(k, g)) return MemoryView(k, g);
@@ -275,9 +301,13 @@ class ZeroBackend final : public Backend {
 
   // isinf(flat).any(), then isnan(flat).any(): each a 1-byte temporary per element.
   absl::StatusOr<bool> CheckOverflow() override {
+    // The end of the backward pass (independent_gradient_partition_epilogue): the last
+    // bucket's gradients partitioned and swapped out, then the step's check.
+    MEMASCEND_RETURN_IF_ERROR(FlushBucket());
+    MEMASCEND_RETURN_IF_ERROR(deferred_);
     const std::uint16_t exp_mask = o_.dtype == DType::kF16 ? 0x7c00 : 0x7f80;
     const std::uint16_t man_mask = o_.dtype == DType::kF16 ? 0x03ff : 0x007f;
-    const auto* flat = reinterpret_cast<const std::uint16_t*>(flat_grads_.data());
+    const auto* flat = reinterpret_cast<const std::uint16_t*>(grads_);
     for (int pass = 0; pass < 2; ++pass) {
       Account(Use::kStaging, static_cast<std::int64_t>(layout_.total));
       std::vector<std::uint8_t> temp(layout_.total);
@@ -320,31 +350,37 @@ class ZeroBackend final : public Backend {
                         numel(g) * 4);
           }
         }
-        MEMASCEND_RETURN_IF_ERROR(
-            memascend::Convert({flat_grads_.data() + layout_.offset[g] * half, numel(g), o_.dtype},
-                               {grad32 + off, numel(g), DType::kF32}, {threads}));
+        if (Swapped(Kind::kGradient, g)) {  // swapped out in the backward pass
+          ops.push_back(aio_.Submit(Path(Kind::kGradient, g),
+                                    reinterpret_cast<std::byte*>(grad32 + off),
+                                    FileBytes(Kind::kGradient, g), false));
+        } else {
+          MEMASCEND_RETURN_IF_ERROR(
+              memascend::Convert({grads_ + layout_.offset[g] * half, numel(g), o_.dtype},
+                                 {grad32 + off, numel(g), DType::kF32}, {threads}));
+        }
         off += Round4k(numel(g) * 4) / 4;
       }
       for (const auto& op : ops) MEMASCEND_RETURN_IF_ERROR(Aio::Wait(op));
       ops.clear();
-      // Adam, tensor by tensor; new 16-bit parameters through a parameter buffer.
+      // Adam, tensor by tensor; the new 16-bit parameters to the flat CPU buffer, or (a
+      // sub-group on NVMe) through the partitioned swap buffer.
       off = 0;
+      std::size_t poff = 0;  // bytes into the partitioned swap buffer
       for (std::size_t g : sub) {
         const std::size_t n = numel(g);
-        Buf param;
+        std::byte* param = Swapped(Kind::kParameters, g) ? partitioned_swap_.data() + poff
+                                                         : MemoryView(Kind::kParameters, g).data;
+        MEMASCEND_RETURN_IF_ERROR(
+            memascend::FusedAdam(adam, {reinterpret_cast<float*>(state[0] + off * 4), n},
+                                 {reinterpret_cast<float*>(state[1] + off * 4), n},
+                                 {reinterpret_cast<float*>(state[2] + off * 4), n},
+                                 {grad32 + off, n, DType::kF32}, {param, n, o_.dtype}, {threads}));
         if (Swapped(Kind::kParameters, g)) {
-          MEMASCEND_ASSIGN_OR_RETURN(std::size_t slot, TakeParamSlot());
-          param = ParamSlotBuf(slot, g, /*write_on_release=*/true);
-        } else {
-          param = MemoryView(Kind::kParameters, g);
+          ops.push_back(aio_.Submit(Path(Kind::kParameters, g), param,
+                                    FileBytes(Kind::kParameters, g), true));
+          poff += FileBytes(Kind::kParameters, g);
         }
-        MEMASCEND_RETURN_IF_ERROR(memascend::FusedAdam(
-            adam, {reinterpret_cast<float*>(state[0] + off * 4), n},
-            {reinterpret_cast<float*>(state[1] + off * 4), n},
-            {reinterpret_cast<float*>(state[2] + off * 4), n}, {grad32 + off, n, DType::kF32},
-            {param.data, n, o_.dtype}, {threads}));
-        param = Buf{};  // swapped out now
-        MEMASCEND_RETURN_IF_ERROR(deferred_);
         for (int s = 0; s < 3; ++s) {
           if (Swapped(kinds[s], g)) {
             ops.push_back(
@@ -409,14 +445,31 @@ class ZeroBackend final : public Backend {
                           Use::kOptimizerState));
       optimizer_buffers_.push_back(std::move(b));
     }
-    MEMASCEND_ASSIGN_OR_RETURN(
-        flat_grads_, pool_->Allocate(layout_.total * memascend::SizeOf(o_.dtype), Use::kGradients));
+    const std::size_t grad_bytes = layout_.total * memascend::SizeOf(o_.dtype);
+    if (o_.zero.optimizer_pin_memory) {
+      MEMASCEND_ASSIGN_OR_RETURN(flat_grads_, pool_->Allocate(grad_bytes, Use::kGradients));
+      grads_ = flat_grads_.data();
+    } else {
+      // torch.zeros: pageable, and every page touched.
+      pageable_grads_ = std::make_unique<std::byte[]>(grad_bytes);
+      grads_ = pageable_grads_.get();
+      Account(Use::kGradients, static_cast<std::int64_t>(grad_bytes));
+    }
+    if (layout_.flat_param_elements > 0) {
+      MEMASCEND_ASSIGN_OR_RETURN(
+          flat_params_, pool_->Allocate(layout_.flat_param_elements * memascend::SizeOf(o_.dtype),
+                                        Use::kParameters));
+    }
+    if (layout_.partitioned_swap_bytes > 0) {
+      MEMASCEND_ASSIGN_OR_RETURN(partitioned_swap_,
+                                 pool_->Allocate(layout_.partitioned_swap_bytes, Use::kParameters));
+    }
     // Tensors under min_swap_bytes stay in pageable memory.
     for (Kind k : {Kind::kParameters, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) {
       auto& mem = memory_[static_cast<int>(k)];
       mem.resize(layout_.groups);
       for (std::size_t g = 0; g < layout_.groups; ++g) {
-        if (Swapped(k, g)) continue;
+        if (Swapped(k, g) || (k == Kind::kParameters && layout_.param_in_cpu[g])) continue;
         mem[g].resize(numel(g) * Element(k));
         Account(k == Kind::kParameters ? Use::kParameters : Use::kOptimizerState,
                 static_cast<std::int64_t>(mem[g].size()));
@@ -426,10 +479,12 @@ class ZeroBackend final : public Backend {
   }
 
   std::size_t numel(std::size_t g) const { return layout_.numel[g]; }
+  // Bytes per element as swapped: the gradient in fp32 (partition_grads' copy).
   std::size_t Element(Kind k) const {
-    return k == Kind::kParameters || k == Kind::kGradient ? memascend::SizeOf(o_.dtype) : 4;
+    return k == Kind::kParameters ? memascend::SizeOf(o_.dtype) : 4;
   }
   bool Swapped(Kind k, std::size_t g) const {
+    if (k == Kind::kParameters && layout_.param_in_cpu[g]) return false;  // max_in_cpu
     return numel(g) * Element(k) >= o_.zero.min_swap_bytes;
   }
   std::size_t FileBytes(Kind k, std::size_t g) const { return Round4k(numel(g) * Element(k)); }
@@ -441,6 +496,8 @@ class ZeroBackend final : public Backend {
         return fmt::format("{}/optimizer/rank0/{}_fp32_param.tensor.swp", root_, g);
       case Kind::kExpAvg:
         return fmt::format("{}/optimizer/rank0/{}_exp_avg.tensor.swp", root_, g);
+      case Kind::kGradient:
+        return fmt::format("{}/optimizer/rank0/{}_gradient.tensor.swp", root_, g);
       default:
         return fmt::format("{}/optimizer/rank0/{}_exp_avg_sq.tensor.swp", root_, g);
     }
@@ -471,14 +528,69 @@ class ZeroBackend final : public Backend {
     });
     return b;
   }
-  Buf GradView(std::size_t g) {
+  // Group g's 16-bit gradient in the flat buffer; once `written` (the backward pass's),
+  // into the bucket when released.
+  Buf GradView(std::size_t g, bool written) {
     Buf b;
-    b.data = flat_grads_.data() + layout_.offset[g] * memascend::SizeOf(o_.dtype);
+    b.data = grads_ + layout_.offset[g] * memascend::SizeOf(o_.dtype);
     b.bytes = numel(g) * memascend::SizeOf(o_.dtype);
+    if (written) {
+      b.hold = std::shared_ptr<void>(b.data, [this, g](void*) {
+        bucket_.push_back(g);
+        bucket_elements_ += numel(g);
+        if (bucket_elements_ >= o_.zero.reduce_bucket_size) Note(FlushBucket());
+      });
+    }
     return b;
+  }
+  // partition_grads: the bucket's gradients copied to fp32 temporaries (all at once, in
+  // pageable memory), then each swapped out, staged through the optimizer buffers (free
+  // outside the step), and the temporaries freed.
+  absl::Status FlushBucket() {
+    if (bucket_.empty()) return absl::OkStatus();
+    const std::size_t half = memascend::SizeOf(o_.dtype);
+    std::vector<std::vector<float>> temps;
+    std::int64_t bytes = 0;
+    for (std::size_t g : bucket_) {
+      temps.emplace_back(numel(g));
+      bytes += static_cast<std::int64_t>(numel(g) * 4);
+      MEMASCEND_RETURN_IF_ERROR(
+          memascend::Convert({grads_ + layout_.offset[g] * half, numel(g), o_.dtype},
+                             {temps.back().data(), numel(g), DType::kF32}));
+    }
+    Account(Use::kStaging, bytes);
+    absl::Status s;
+    std::vector<std::shared_ptr<Aio::Op>> staged(optimizer_buffers_.size());
+    for (std::size_t i = 0; i < bucket_.size() && s.ok(); ++i) {
+      const std::size_t g = bucket_[i];
+      if (!Swapped(Kind::kGradient, g)) continue;
+      const std::size_t slot = i % staged.size();
+      if (staged[slot] != nullptr) s = Aio::Wait(staged[slot]);
+      if (!s.ok()) break;
+      std::byte* buf = optimizer_buffers_[slot].data();
+      std::memcpy(buf, temps[i].data(), numel(g) * 4);
+      staged[slot] =
+          aio_.Submit(Path(Kind::kGradient, g), buf, FileBytes(Kind::kGradient, g), true);
+    }
+    for (const auto& op : staged) {
+      if (op != nullptr) {
+        const absl::Status w = Aio::Wait(op);
+        if (s.ok()) s = w;
+      }
+    }
+    temps.clear();
+    Account(Use::kStaging, -bytes);
+    bucket_.clear();
+    bucket_elements_ = 0;
+    return s;
   }
   Buf MemoryView(Kind k, std::size_t g) {
     Buf b;
+    if (k == Kind::kParameters && layout_.param_in_cpu[g]) {
+      b.data = flat_params_.data() + layout_.offset[g] * memascend::SizeOf(o_.dtype);
+      b.bytes = numel(g) * memascend::SizeOf(o_.dtype);
+      return b;
+    }
     b.data = memory_[static_cast<int>(k)][g].data();
     b.bytes = memory_[static_cast<int>(k)][g].size();
     return b;
@@ -503,7 +615,13 @@ class ZeroBackend final : public Backend {
   memascend::PinnedBlock param_pool_;
   std::vector<bool> param_busy_;
   std::vector<memascend::PinnedBlock> optimizer_buffers_;
-  memascend::PinnedBlock flat_grads_;
+  memascend::PinnedBlock flat_grads_;            // with optimizer_pin_memory
+  std::unique_ptr<std::byte[]> pageable_grads_;  // without it
+  std::byte* grads_ = nullptr;                   // the flat 16-bit gradients, either way
+  memascend::PinnedBlock flat_params_;           // max_in_cpu's
+  memascend::PinnedBlock partitioned_swap_;      // a sub-group's new parameters, to NVMe
+  std::vector<std::size_t> bucket_;              // gradients written, not yet partitioned
+  std::uint64_t bucket_elements_ = 0;
   std::array<std::vector<std::vector<std::byte>>, 5> memory_;
   std::map<std::size_t, Pending> prefetched_;
   std::map<Use, std::int64_t> pageable_;
@@ -514,9 +632,14 @@ class ZeroBackend final : public Backend {
 
 std::uint64_t ZeroPinnedBytes(const TrainOptions& o) {
   const Layout l = MakeLayout(o);
-  return Pow2(l.param_buffer_bytes * o.zero.param_buffer_count) +
-         o.zero.optimizer_buffer_count * Pow2(l.optimizer_buffer_bytes + 4096 * l.groups) +
-         Pow2(l.total * memascend::SizeOf(o.dtype));
+  const std::size_t half = memascend::SizeOf(o.dtype);
+  std::uint64_t bytes =
+      Pow2(l.param_buffer_bytes * o.zero.param_buffer_count) +
+      o.zero.optimizer_buffer_count * Pow2(l.optimizer_buffer_bytes + 4096 * l.groups);
+  if (o.zero.optimizer_pin_memory) bytes += Pow2(l.total * half);
+  if (l.flat_param_elements > 0) bytes += Pow2(l.flat_param_elements * half);
+  if (l.partitioned_swap_bytes > 0) bytes += Pow2(l.partitioned_swap_bytes);
+  return bytes;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(

@@ -1,17 +1,32 @@
 // The ZeRO-Infinity baseline: the same training run under DeepSpeed's host-memory and
 // storage rules (../shared/guide/ANCHORS.md), implemented as written, not weakened.
 //
-// - Parameter swap buffers: one pinned allocation of param_buffer_count x
-//   param_buffer_size elements (16-bit), where param_buffer_size is raised to the
-//   largest parameter. A parameter is swapped in to a free buffer before its layer
-//   runs (the next one prefetched into another buffer).
-// - Optimizer swap buffers: optimizer_buffer_count pinned buffers, each the largest
-//   optimizer sub-group in fp32. Sub-groups pack consecutive parameters until they
-//   reach sub_group_size elements (the last parameter may pass it). A sub-group's step
-//   swaps in its fp32 master weights and both moments, takes its gradient as fp32, runs
-//   Adam, swaps the states out and writes the new 16-bit parameters.
-// - Gradients: stage 3's grad_partitions_flat_buffer, one pinned 16-bit buffer for all
-//   parameters (pinned when the optimizer is offloaded).
+// Note [zero rules]: each rule, and the DeepSpeed source it comes from
+// (deepspeed/runtime/zero/ and deepspeed/runtime/swap_tensor/):
+// - Parameter swap buffers (partitioned_param_swapper.py, AsyncPartitionedParameterSwapper,
+//   made whenever offload_param's device is nvme): one pinned allocation of
+//   param_buffer_count x param_buffer_size elements (16-bit), param_buffer_size raised to
+//   the largest parameter. A parameter on NVMe is swapped in to a free buffer before its
+//   layer runs (the next one prefetched into another).
+// - Parameters kept in CPU memory (stage3.py, _create_param_groups_fp16_flat_cpu_memory and
+//   _create_fp16_partitions_with_defragmentation): a pinned 16-bit flat buffer of
+//   min(all parameters, max_in_cpu) elements; each optimizer sub-group whose parameters
+//   fit in it, in order, lives there and is never swapped; the others live on NVMe. If any
+//   does, a pinned 16-bit buffer of the largest sub-group (reserve_partitioned_swap_space)
+//   carries the new parameters out after the sub-group's step.
+// - Optimizer swap buffers (partitioned_optimizer_swapper.py): optimizer_buffer_count
+//   pinned buffers, each the largest optimizer sub-group in fp32. Sub-groups pack
+//   consecutive parameters until they reach sub_group_size elements (the last parameter
+//   may pass it; stage3.py, _create_fp16_sub_groups). A sub-group's step swaps in its fp32
+//   master weights, both moments and its fp32 gradient, runs Adam, swaps the states out
+//   and writes the new 16-bit parameters.
+// - Gradients (stage3.py, partition_grads): the backward pass writes 16-bit gradients to
+//   the flat grad_partitions_flat_buffer, pinned only with offload_optimizer.pin_memory
+//   (pageable and zero-filled otherwise). A bucket of reduce_bucket_size elements at a
+//   time (and the rest at the end of the backward pass), each gradient is copied to an
+//   fp32 temporary (grad_buffer.float(), pageable; the bucket's all at once) and, with the
+//   optimizer on NVMe, swapped out (swap_out_gradients, staged through the optimizer swap
+//   buffers); the step swaps them back in.
 // - Every pinned allocation goes through the pow2 pool (PyTorch's caching host
 //   allocator rounds to powers of two).
 // - Storage: one file per tensor on a file system
@@ -21,6 +36,8 @@
 //   (pageable) memory.
 // - Overflow check: isinf(flat).any(), then isnan(flat).any(), each over a 1-byte
 //   temporary per gradient element.
+// Not modelled yet: pipeline_read/pipeline_write (default off), the start-up's pageable
+// copies, a multithreaded overflow check.
 // Unlike DeepSpeed, every I/O result is checked (checking costs no memory).
 //
 // Thread-safety: one training loop drives it.

@@ -1,8 +1,10 @@
 // The training loop: offloaded and in-memory runs agree bit for bit; a run killed with
 // SIGKILL resumes to the same losses; budgets below one layer's need are refused.
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <signal.h>
@@ -11,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -296,6 +299,41 @@ TEST(Train, ZeroInfinityPolicyTrainsIdenticallyUnderItsOwnRules) {
   EXPECT_EQ(zero.peak_pinned_bytes, ZeroPinnedBytes(o));  // every buffer pinned up front
   EXPECT_GT(zero.io_read_bytes, 0u);
   EXPECT_FALSE(zero.store.has_value());  // its own buffers and files, no tensor store
+  // Note [zero rules]: under max_in_cpu (1e9 elements) the 16-bit parameters stay in a
+  // pinned flat buffer, never on disk; the gradients go out in fp32 and come back for the
+  // step: per step, master weights, both moments and the gradient are read (4 bytes each).
+  const std::string swap = path.path() + ".zero/zero_stage_3";
+  namespace fs = std::filesystem;
+  EXPECT_TRUE(fs::is_empty(swap + "/params/rank0"));
+  EXPECT_TRUE(fs::exists(swap + "/optimizer/rank0/1_gradient.tensor.swp"));
+  const std::uint64_t params = TotalParams(o.model);
+  EXPECT_GE(zero.io_read_bytes, 16 * params * o.steps);
+  EXPECT_LT(zero.io_read_bytes, 16 * params * o.steps + 4 * 4096 * GroupCount(o.model) * o.steps);
+  // Above max_in_cpu, every sub-group's parameters on NVMe (a buffer of the largest
+  // sub-group carries them out); the flat gradient buffer pinned as offload_optimizer's
+  // pin_memory says; buckets of any size: the same losses, each buffer pinned up front.
+  for (const auto& [max_in_cpu, pin, bucket] :
+       {std::tuple<std::uint64_t, bool, std::uint64_t>{0, false, 500'000'000},
+        {0, true, 5000},
+        {1'000'000'000, true, 1}}) {
+    ScratchPath other("train");
+    TrainOptions z = o;
+    z.volume_path = other.path();
+    z.zero.max_in_cpu = max_in_cpu;
+    z.zero.optimizer_pin_memory = pin;
+    z.zero.reduce_bucket_size = bucket;
+    ASSERT_OK_AND_ASSIGN(TrainSummary run, Train(z, d.tokens, d.tok));
+    EXPECT_EQ(run.losses, ours.losses) << max_in_cpu << " " << pin << " " << bucket;
+    EXPECT_EQ(run.peak_pinned_bytes, ZeroPinnedBytes(z));
+    EXPECT_EQ(fs::exists(other.path() + ".zero/zero_stage_3/params/rank0/1_param.tensor.swp"),
+              max_in_cpu == 0);
+    TrainOptions unpinned = z;
+    unpinned.zero.optimizer_pin_memory = false;
+    if (pin) {
+      EXPECT_EQ(ZeroPinnedBytes(z) - ZeroPinnedBytes(unpinned),
+                std::bit_ceil(TotalParams(o.model) * 2));
+    }
+  }
   // With DeepSpeed's minimum of tensors to swap, this tiny model stays in memory.
   o.zero.min_swap_bytes = 1u << 20;
   ASSERT_OK_AND_ASSIGN(TrainSummary in_memory, Train(o, d.tokens, d.tok));
