@@ -308,16 +308,34 @@ class ZeroBackend final : public Backend {
     const std::uint16_t exp_mask = o_.dtype == DType::kF16 ? 0x7c00 : 0x7f80;
     const std::uint16_t man_mask = o_.dtype == DType::kF16 ? 0x03ff : 0x007f;
     const auto* flat = reinterpret_cast<const std::uint16_t*>(grads_);
+    // ATen runs both kernels, isinf/isnan and any(), on its intra-op threads.
+    const std::size_t nthreads =
+        o_.threads > 0 ? static_cast<std::size_t>(o_.threads)
+                       : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+    const auto parallel = [&](const auto& body) {  // body(begin, end) over [0, total)
+      std::vector<std::thread> pool;
+      const std::size_t n = layout_.total;
+      for (std::size_t t = 1; t < nthreads; ++t)
+        pool.emplace_back([&, t] { body(n * t / nthreads, n * (t + 1) / nthreads); });
+      body(0, n / nthreads);
+      for (std::thread& th : pool) th.join();
+    };
     for (int pass = 0; pass < 2; ++pass) {
       Account(Use::kStaging, static_cast<std::int64_t>(layout_.total));
       std::vector<std::uint8_t> temp(layout_.total);
-      for (std::size_t i = 0; i < layout_.total; ++i) {
-        const bool special = (flat[i] & exp_mask) == exp_mask;
-        const bool mantissa = (flat[i] & man_mask) != 0;
-        temp[i] = special && (pass == 0 ? !mantissa : mantissa);
-      }
-      bool any = false;
-      for (std::uint8_t t : temp) any |= t != 0;
+      parallel([&](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) {
+          const bool special = (flat[i] & exp_mask) == exp_mask;
+          const bool mantissa = (flat[i] & man_mask) != 0;
+          temp[i] = special && (pass == 0 ? !mantissa : mantissa);
+        }
+      });
+      std::atomic<bool> any{false};
+      parallel([&](std::size_t begin, std::size_t end) {
+        bool mine = false;
+        for (std::size_t i = begin; i < end; ++i) mine |= temp[i] != 0;
+        if (mine) any = true;
+      });
       temp.clear();
       temp.shrink_to_fit();
       Account(Use::kStaging, -static_cast<std::int64_t>(layout_.total));
@@ -439,10 +457,16 @@ class ZeroBackend final : public Backend {
         pool_->Allocate(layout_.param_buffer_bytes * o_.zero.param_buffer_count, Use::kParameters));
     param_busy_.assign(o_.zero.param_buffer_count, false);
     for (std::size_t i = 0; i < o_.zero.optimizer_buffer_count; ++i) {
-      MEMASCEND_ASSIGN_OR_RETURN(
-          memascend::PinnedBlock b,
-          pool_->Allocate(layout_.optimizer_buffer_bytes + 4096 * layout_.groups,
-                          Use::kOptimizerState));
+      // SwapBufferManager: pin_memory(torch.zeros(n)): a zeroed pageable tensor, then its
+      // pinned copy; both exist until the copy is made.
+      const std::size_t bytes = layout_.optimizer_buffer_bytes + 4096 * layout_.groups;
+      std::vector<std::byte> zeros(bytes);
+      Account(Use::kStaging, static_cast<std::int64_t>(bytes));
+      MEMASCEND_ASSIGN_OR_RETURN(memascend::PinnedBlock b,
+                                 pool_->Allocate(bytes, Use::kOptimizerState));
+      std::memcpy(b.data(), zeros.data(), bytes);
+      zeros = {};
+      Account(Use::kStaging, -static_cast<std::int64_t>(bytes));
       optimizer_buffers_.push_back(std::move(b));
     }
     const std::size_t grad_bytes = layout_.total * memascend::SizeOf(o_.dtype);
@@ -463,6 +487,15 @@ class ZeroBackend final : public Backend {
     if (layout_.partitioned_swap_bytes > 0) {
       MEMASCEND_ASSIGN_OR_RETURN(partitioned_swap_,
                                  pool_->Allocate(layout_.partitioned_swap_bytes, Use::kParameters));
+    }
+    // _create_fp32_partitions: each sub-group's fp32 master weights made in a pageable
+    // buffer of the sub-group (its 16-bit parameters converted, or swapped in and
+    // converted) before they are swapped out; the largest is the start-up's peak.
+    {
+      std::vector<float> fp32(layout_.largest_sub_group, 0.0f);
+      Account(Use::kStaging, static_cast<std::int64_t>(fp32.size() * 4));
+      fp32 = {};
+      Account(Use::kStaging, -static_cast<std::int64_t>(layout_.largest_sub_group * 4));
     }
     // Tensors under min_swap_bytes stay in pageable memory.
     for (Kind k : {Kind::kParameters, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) {

@@ -34,10 +34,15 @@
 //   transfer with O_DIRECT and moved in aio_block_bytes requests with
 //   aio_queue_depth in flight on a thread pool. Tensors under min_swap_bytes stay in
 //   (pageable) memory.
-// - Overflow check: isinf(flat).any(), then isnan(flat).any(), each over a 1-byte
-//   temporary per gradient element.
-// Not modelled yet: pipeline_read/pipeline_write (default off), the start-up's pageable
-// copies, a multithreaded overflow check.
+// - Overflow check (stage3.py, has_overflow_partitioned_grads_serial and
+//   CheckOverflow): isinf(flat).any(), then isnan(flat).any(), each over a 1-byte
+//   temporary per gradient element, on the intra-op threads as ATen runs them.
+// - Start-up (swap_buffer_manager.py, SwapBufferManager; stage3.py,
+//   _create_fp32_partitions): each optimizer swap buffer is pin_memory(torch.zeros(n)),
+//   a zeroed pageable copy beside the pinned one until it is made; each sub-group's fp32
+//   master weights are made in a pageable buffer of the sub-group before they go out.
+// Not modelled: pipeline_read/pipeline_write (default off: a sub-group's swap-in
+// overlapped with the previous one's update).
 // Unlike DeepSpeed, every I/O result is checked (checking costs no memory).
 //
 // Thread-safety: one training loop drives it.
