@@ -78,7 +78,7 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
     --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)
     --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
     --zero-optimizer-buffers N (4) --zero-sub-group-size ELEMS (1e9)
-    --zero-queue-depth N (8) --zero-min-swap BYTES (1M)
+    --zero-queue-depth N (8) --zero-block BYTES (1M) --zero-min-swap BYTES (1M)
     --zero-max-in-cpu ELEMS (1e9) --zero-pin-optimizer 0|1 (0) --zero-reduce-bucket ELEMS (5e8)
   --lr X --warmup N --clip X --weight-decay X --seed N --threads N
   --loss-scale X     initial dynamic loss scale (default 65536 for fp16, 1 for bf16)
@@ -282,7 +282,12 @@ int Main(int argc, char** argv) {
       ok = number(&o.zero.sub_group_size);
     else if (a == "--zero-queue-depth")
       ok = number(&o.zero.aio_queue_depth);
-    else if (a == "--zero-max-in-cpu")
+    else if (a == "--zero-block") {
+      ok = value(&v) && ParseBytes(v, &bytes) && bytes >= 4096 && bytes % 4096 == 0 &&
+           bytes <= (1u << 30);
+      why = "a multiple of 4096 bytes (O_DIRECT) up to 1G";
+      o.zero.aio_block_bytes = bytes;
+    } else if (a == "--zero-max-in-cpu")
       ok = number(&o.zero.max_in_cpu);
     else if (a == "--zero-pin-optimizer")
       ok = number(&o.zero.optimizer_pin_memory);

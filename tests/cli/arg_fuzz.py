@@ -81,7 +81,7 @@ TRAIN_OPTS = ["--steps", "--layers", "--channels", "--heads", "--seq", "--batch"
               "--overlap-optimizer", "--io-threads", "--write-behind", "--policy", "--lr",
               "--warmup", "--clip", "--weight-decay", "--seed", "--loss-scale", "--json",
               "--sample", "--timeline", "--zero-param-buffers", "--zero-optimizer-buffers",
-              "--zero-sub-group-size", "--zero-min-swap", "--zero-max-in-cpu",
+              "--zero-sub-group-size", "--zero-min-swap", "--zero-max-in-cpu", "--zero-block",
               "--zero-pin-optimizer", "--zero-reduce-bucket", "--config", "--init-from", "--export",
               "--export-dtype", "--export-shard", "--export-overwrite", "--tokens", "--eval",
               "--checkpoint-activations", "--matmul", "--bogus"]

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""bench/fit.py: what trains under a hard memory cap (issue 25): each run in a memory
+cgroup the kernel enforces (bench/memcap.sh: v2 memory.max or v1 memory.limit_in_bytes),
+at 2, 4 and 8 GiB, for memascend and ZeRO-Infinity (its complete rules, Note [zero rules]).
+
+Per cap and policy:
+  - the largest model of the ladder (bench/configs/: 56 M, 250 M, 1.2 B parameters) that
+    trains 3 steps at --seq 256;
+  - the longest sequence of the 1B model that trains 3 steps, activations checkpointed
+    (memascend through its store, ZeRO in host memory: cpu_checkpointing);
+  - the largest batch of the 1B model at --seq 256, checkpointed likewise.
+A run the kernel kills (or that fails) counts as "does not fit". The ladders are walked
+upwards and stop at the first that does not fit.
+
+Operating points, fixed here before any run: memascend's pinned budget is a quarter of
+the cap (at most 40% of the model's training state); ZeRO runs DeepSpeed's defaults and
+its smallest configuration (one parameter buffer raised to the largest parameter, four
+optimizer buffers, one tensor per sub-group, max_in_cpu 0: every parameter on NVMe).
+
+One JSON object per run in OUT/fit.jsonl: policy, settings, cap_bytes, model, parameters,
+seq, batch, fits, peak_rss_bytes (the trainer's VmHWM), cgroup_peak_bytes, oom_kills,
+command; then a table on stdout.
+
+  sudo /usr/bin/python3 bench/fit.py --train build/release/examples/offload_train/memascend-train
+  /usr/bin/python3 bench/fit.py --caps 1G --models llama-56m --seqs 256 --batches 1   # quick
+
+About an hour on 2 cores for the full ladders (the 1B runs dominate); needs root for the
+cgroup and disk for one volume of the 1B model (about 40 GiB).
+"""
+import argparse
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import random
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LADDER = [("llama-56m", "bench/configs/llama-dp-56m.json"),
+          ("llama-250m", "bench/configs/llama-250m.json"),
+          ("llama-1b", "bench/configs/llama-3.2-1b.json")]
+POLICIES = {
+    "memascend": None,  # --host-budget: a quarter of the cap (below)
+    "zero-default": ["--policy", "zero-infinity"],
+    "zero-smallest": ["--policy", "zero-infinity", "--zero-param-buffers", "1",
+                      "--zero-param-buffer-size", "1", "--zero-optimizer-buffers", "4",
+                      "--zero-sub-group-size", "1", "--zero-max-in-cpu", "0"],
+}
+
+
+def parse_bytes(s):
+    m = re.fullmatch(r"(\d+)([KMG]?)", s)
+    if not m:
+        raise SystemExit(f"fit: '{s}' is not a size")
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--train", default=os.path.join(ROOT, "build/release/examples/offload_train/memascend-train"))
+    ap.add_argument("--work", default="/tmp/memascend-fit")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks-data"))
+    ap.add_argument("--caps", default="2G,4G,8G")
+    ap.add_argument("--models", default=",".join(n for n, _ in LADDER))
+    ap.add_argument("--seqs", default="256,512,1024,2048,4096,8192")
+    ap.add_argument("--batches", default="1,2,4,8,16,32")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=3600)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+    tokens = os.path.join(a.work, "train.u32")
+    if not os.path.exists(tokens):
+        r = random.Random(1)
+        with open(tokens, "wb") as f:
+            f.write(struct.pack("<400000I", *(r.randrange(32000) for _ in range(400000))))
+    out = open(os.path.join(a.out, "fit.jsonl"), "w")
+    models = [m for m in LADDER if m[0] in a.models.split(",")]
+    table = {}
+
+    def run(policy, cap, model, seq, batch, checkpoint):
+        name, cfg = model
+        vol = os.path.join(a.work, "run.vol")
+        for p in (vol,):
+            if os.path.exists(p):
+                os.remove(p)
+        subprocess.run(["rm", "-rf", vol + ".zero"], check=False)
+        cmd = [a.train, "--config", os.path.join(ROOT, cfg), "--tokens", tokens, "--seq", str(seq),
+               "--batch", str(batch), "--steps", str(a.steps), "--dtype", "bf16", "--json", "--quiet",
+               "--sample", "0", "--force", "--volume", vol, "--matmul", "blas"]
+        if checkpoint:
+            cmd.append("--checkpoint-activations")
+        if policy == "memascend":
+            # A quarter of the cap, at most 40% of the state (applied by the trainer's
+            # cap of a budget above the state it can ever hold).
+            cmd += ["--host-budget", str(cap // 4 // 4096 * 4096)]
+        else:
+            cmd += POLICIES[policy]
+        p = subprocess.run([os.path.join(ROOT, "bench/memcap.sh"), str(cap), *cmd],
+                           capture_output=True, text=True, timeout=a.timeout)
+        m = re.search(r"memcap: limit_bytes=(\d+) peak_bytes=(\d+) oom_kills=(\d+)", p.stderr)
+        row = {"policy": policy, "settings": POLICIES[policy] or ["--host-budget", "cap/4"],
+               "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
+               "checkpoint_activations": checkpoint, "fits": p.returncode == 0,
+               "cgroup_peak_bytes": int(m.group(2)) if m else None,
+               "oom_kills": int(m.group(3)) if m else None, "command": cmd}
+        try:
+            s = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
+            row.update(parameters=s["params"], peak_rss_bytes=s["peak_rss_bytes"],
+                       step_seconds=s["step_seconds"])
+        except StopIteration:
+            row["error"] = (p.stderr.strip().splitlines() or [""])[-2:]
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        print(f"  {policy} cap {cap >> 20} MiB {name} seq {seq} batch {batch}: fits={row['fits']} "
+              f"oom_kills={row['oom_kills']} rss={row.get('peak_rss_bytes', 0) >> 20} MiB",
+              file=sys.stderr, flush=True)
+        return row
+
+    for cap_s in a.caps.split(","):
+        cap = parse_bytes(cap_s)
+        for policy in a.policies.split(","):
+            t = table.setdefault((cap, policy), {})
+            for model in models:  # the largest model that trains
+                if not run(policy, cap, model, 256, 1, False)["fits"]:
+                    break
+                t["model"] = model[0]
+            big = models[-1]
+            for seq in map(int, a.seqs.split(",")):  # the longest sequence, checkpointed
+                if not run(policy, cap, big, seq, 1, True)["fits"]:
+                    break
+                t["seq"] = seq
+            for batch in map(int, a.batches.split(",")):  # the largest batch, checkpointed
+                if not run(policy, cap, big, 256, batch, True)["fits"]:
+                    break
+                t["batch"] = batch
+    print(f"| cap | policy | largest model | longest seq ({models[-1][0]}) | largest batch ({models[-1][0]}, seq 256) |")
+    print("|---|---|---|---|---|")
+    for (cap, policy), t in table.items():
+        print(f"| {cap >> 30} GiB | {policy} | {t.get('model', 'none')} | {t.get('seq', 'none')} | "
+              f"{t.get('batch', 'none')} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""bench/frontier.py: the memory/speed frontier of memascend against ZeRO-Infinity's
+complete rules (issue 25; Note [zero rules] in examples/offload_train/zero_backend.h).
+
+Per model of a Llama-shaped ladder (bench/configs/), at --seq 256 (bf16, batch 1):
+
+1. the sweep: every ZeRO-Infinity configuration of a grid over parameter buffers (count,
+   size), sub_group_size, max_in_cpu, aio block size and queue depth, and memascend at
+   every budget of a list fixed here before any run (5, 10, 15, 25, 40, 60 and 100% of
+   the training state, the same for every model), each once, in a random order;
+2. from the sweep, "zero speed-tuned" (the fastest ZeRO configuration that ran) and
+   "zero memory-tuned" (the smallest peak RSS that ran), beside DeepSpeed's defaults;
+3. the repeats: those three and memascend's budgets, in a Williams design (each
+   configuration follows each other equally often), rows in a random order, at least
+   --repeats of them; medians with bootstrap 95% intervals.
+
+One JSON object per run goes to OUT/frontier.jsonl: policy, model, parameters, settings,
+peak_rss_bytes, step_seconds (the run's median, its first step left out), fits (it
+finished), command (the argv that reproduces it), phase (sweep or repeat), repeat. The
+summary (OUT/frontier-summary.json) holds each configuration's medians and intervals and
+the frontier's statements; OUT/../frontier.svg plots step time against peak RSS per model.
+
+  /usr/bin/python3 bench/frontier.py --train build/release/examples/offload_train/memascend-train
+  /usr/bin/python3 bench/frontier.py --reduced ...   # a few minutes: the smallest model,
+                                                     # a grid of 4, 3 budgets, 6 repeats
+
+The full run takes hours on 2 cores (the 1B model's steps take about half a minute
+each): run it outside CI. Needs disk for one volume of the largest model (2x its state).
+"""
+import argparse
+import itertools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LADDER = {  # name: config (Llama shapes; bench/configs/)
+    "llama-56m": "bench/configs/llama-dp-56m.json",
+    "llama-250m": "bench/configs/llama-250m.json",
+    "llama-1b": "bench/configs/llama-3.2-1b.json",
+}
+# Fixed before any run, the same for every model (percent of the training state).
+BUDGETS = [5, 10, 15, 25, 40, 60, 100]
+REDUCED_BUDGETS = [10, 25, 60]
+# DeepSpeed's defaults (offload_param, offload_optimizer, aio; ANCHORS.md).
+ZERO_DEFAULTS = {"param_buffers": 5, "param_buffer_size": 100_000_000,
+                 "optimizer_buffers": 4, "sub_group_size": 1_000_000_000,
+                 "max_in_cpu": 1_000_000_000, "aio_block": 1 << 20, "queue_depth": 8}
+ZERO_GRID = {
+    "param_buffers": [1, 5],
+    "param_buffer_size": [1, 100_000_000],  # 1: raised to the largest parameter by the rule
+    "sub_group_size": [1, 10_000_000, 1_000_000_000],
+    "max_in_cpu": [0, 1_000_000_000],
+    "aio": [(1 << 20, 8), (8 << 20, 32)],  # ds_nvme_tune's corners
+}
+REDUCED_ZERO_GRID = {
+    "param_buffers": [1, 5], "param_buffer_size": [100_000_000],
+    "sub_group_size": [1, 1_000_000_000], "max_in_cpu": [1_000_000_000],
+    "aio": [(1 << 20, 8)],
+}
+
+
+def zero_configs(grid):
+    keys = ["param_buffers", "param_buffer_size", "sub_group_size", "max_in_cpu", "aio"]
+    for values in itertools.product(*(grid[k] for k in keys)):
+        c = dict(ZERO_DEFAULTS)
+        c.update(zip(keys[:-1], values[:-1]))
+        c["aio_block"], c["queue_depth"] = values[-1]
+        yield c
+
+
+def zero_args(c):
+    return ["--policy", "zero-infinity", "--zero-param-buffers", str(c["param_buffers"]),
+            "--zero-param-buffer-size", str(c["param_buffer_size"]),
+            "--zero-optimizer-buffers", str(c["optimizer_buffers"]),
+            "--zero-sub-group-size", str(c["sub_group_size"]),
+            "--zero-max-in-cpu", str(c["max_in_cpu"]),
+            "--zero-block", str(c["aio_block"]), "--zero-queue-depth", str(c["queue_depth"])]
+
+
+def label(policy, settings):
+    if policy == "memascend":
+        return f"memascend {settings['budget_percent']}%"
+    return settings.get("name") or "zero " + ",".join(
+        f"{k}={v}" for k, v in settings.items() if k != "name")
+
+
+def williams(n, rng):
+    """Orders of n treatments in which each follows each other equally often: a Williams
+    design (n rows for n even, 2n for n odd), labels and rows shuffled."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rows += [list(reversed(r)) for r in rows]
+    names = list(range(n))
+    rng.shuffle(names)
+    rows = [[names[x] for x in r] for r in rows]
+    rng.shuffle(rows)
+    return rows
+
+
+def bootstrap(values, rng, reps=2000):
+    """The median and its bootstrap 95% interval."""
+    if not values:
+        return None
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
+    return {"median": statistics.median(values), "lo": meds[int(0.025 * reps)],
+            "hi": meds[int(0.975 * reps) - 1], "n": len(values)}
+
+
+class Runner:
+    def __init__(self, args):
+        self.a = args
+        self.out = open(os.path.join(args.out, "frontier.jsonl"), "a" if args.append else "w")
+        self.tokens = os.path.join(args.work, "train.u32")
+        if not os.path.exists(self.tokens):
+            r = random.Random(1)
+            import struct
+            with open(self.tokens, "wb") as f:
+                f.write(struct.pack("<200000I", *(r.randrange(32000) for _ in range(200000))))
+
+    def run(self, model, policy, settings, phase, repeat):
+        cfg = os.path.join(ROOT, LADDER[model])
+        vol = os.path.join(self.a.work, "run.vol")
+        cmd = [self.a.train, "--config", cfg, "--tokens", self.tokens, "--seq", str(self.a.seq),
+               "--batch", "1", "--steps", str(self.a.steps), "--dtype", "bf16", "--json",
+               "--quiet", "--sample", "0", "--force", "--volume", vol,
+               "--matmul", "blas"]
+        if policy == "memascend":
+            cmd += ["--policy", "memascend", "--host-budget", f"{settings['budget_percent']}%"]
+        else:
+            cmd += zero_args(settings)
+        for stale in (vol,):
+            if os.path.exists(stale):
+                os.remove(stale)
+        subprocess.run(["rm", "-rf", vol + ".zero"], check=False)
+        t0 = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.a.timeout)
+        row = {"policy": policy, "model": model, "settings": settings, "label": label(policy, settings),
+               "phase": phase, "repeat": repeat, "fits": p.returncode == 0, "command": cmd,
+               "wall_seconds": round(time.time() - t0, 1)}
+        try:
+            s = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
+            row.update(parameters=s["params"], peak_rss_bytes=s["peak_rss_bytes"],
+                       step_seconds=statistics.median(s["step_seconds"][1:] or s["step_seconds"]),
+                       losses=s["losses"], peak_pinned_bytes=s["peak_pinned_bytes"],
+                       io_bytes_per_step=statistics.mean(s["step_io_bytes"]),
+                       model_state_bytes=s["model_state_bytes"])
+        except StopIteration:
+            row["error"] = p.stderr.strip().splitlines()[-1:] if p.stderr else []
+        self.out.write(json.dumps(row) + "\n")
+        self.out.flush()
+        print(f"  {phase} {repeat} {model} {row['label']}: fits={row['fits']} "
+              f"rss={row.get('peak_rss_bytes', 0) / 2**20:.0f} MiB step={row.get('step_seconds', 0):.2f} s",
+              file=sys.stderr, flush=True)
+        return row
+
+
+def frontier_statements(zero_rows, ours):
+    """Per ZeRO configuration: memascend's best step time at or below its peak RSS, and
+    memascend's smallest peak RSS at or below its step time (ratios; None: no such)."""
+    out = []
+    for z in zero_rows:
+        under_rss = [m for m in ours if m["rss"] <= z["rss"]]
+        under_time = [m for m in ours if m["step"] <= z["step"]]
+        best_time = min((m["step"] for m in under_rss), default=None)
+        best_rss = min((m["rss"] for m in under_time), default=None)
+        out.append({"zero": z["label"], "zero_rss": z["rss"], "zero_step": z["step"],
+                    "time_ratio_at_rss": best_time / z["step"] if best_time else None,
+                    "rss_ratio_at_time": best_rss / z["rss"] if best_rss else None})
+    return out
+
+
+def plot(summary, path):
+    """step time against peak RSS, one panel per model (hand-written SVG)."""
+    models = list(summary)
+    w, h, pad = 420, 300, 50
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w * len(models)}" height="{h}" '
+             'font-family="sans-serif" font-size="10">']
+    for i, m in enumerate(models):
+        pts = summary[m]["points"]
+        if not pts:
+            continue
+        xs = [p["rss"] / 2**30 for p in pts]
+        ys = [p["step"] for p in pts]
+        x0, x1, y0, y1 = 0, max(xs) * 1.1, 0, max(ys) * 1.1
+        ox = i * w
+        sx = lambda x: ox + pad + (x - x0) / (x1 - x0) * (w - 2 * pad)
+        sy = lambda y: h - pad - (y - y0) / (y1 - y0) * (h - 2 * pad)
+        parts.append(f'<text x="{ox + w / 2}" y="15" text-anchor="middle">{m}</text>')
+        parts.append(f'<line x1="{sx(0)}" y1="{sy(0)}" x2="{sx(x1)}" y2="{sy(0)}" stroke="black"/>')
+        parts.append(f'<line x1="{sx(0)}" y1="{sy(0)}" x2="{sx(0)}" y2="{sy(y1)}" stroke="black"/>')
+        parts.append(f'<text x="{ox + w / 2}" y="{h - 12}" text-anchor="middle">peak RSS (GiB)</text>')
+        parts.append(f'<text x="{ox + 12}" y="{h / 2}" transform="rotate(-90 {ox + 12} {h / 2})" '
+                     'text-anchor="middle">step time (s)</text>')
+        for k in range(5):
+            xv, yv = x1 * k / 4, y1 * k / 4
+            parts.append(f'<text x="{sx(xv)}" y="{sy(0) + 12}" text-anchor="middle">{xv:.2f}</text>')
+            parts.append(f'<text x="{sx(0) - 4}" y="{sy(yv) + 3}" text-anchor="end">{yv:.1f}</text>')
+        ours = sorted((p for p in pts if p["policy"] == "memascend"), key=lambda p: p["rss"])
+        if len(ours) > 1:
+            d = " ".join(f'{sx(p["rss"] / 2**30)},{sy(p["step"])}' for p in ours)
+            parts.append(f'<polyline points="{d}" fill="none" stroke="#1f77b4"/>')
+        for p in pts:
+            x, y = sx(p["rss"] / 2**30), sy(p["step"])
+            if p["policy"] == "memascend":
+                parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="#1f77b4"><title>{p["label"]}</title></circle>')
+            else:
+                big = p.get("named")
+                parts.append(f'<rect x="{x - (4 if big else 2)}" y="{y - (4 if big else 2)}" '
+                             f'width="{8 if big else 4}" height="{8 if big else 4}" '
+                             f'fill="{"#d62728" if big else "#ff9896"}"><title>{p["label"]}</title></rect>')
+    parts.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(parts) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--train", default=os.path.join(ROOT, "build/release/examples/offload_train/memascend-train"))
+    ap.add_argument("--work", default="/tmp/memascend-frontier")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks-data"))
+    ap.add_argument("--models", default=",".join(LADDER))
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5, help="at least this many repeats")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--reduced", action="store_true")
+    ap.add_argument("--append", action="store_true")
+    a = ap.parse_args()
+    if a.reduced:
+        a.models = "llama-56m" if a.models == ",".join(LADDER) else a.models
+        a.steps = min(a.steps, 3)
+    os.makedirs(a.work, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+    rng = random.Random(a.seed)
+    runner = Runner(a)
+    budgets = REDUCED_BUDGETS if a.reduced else BUDGETS
+    grid = REDUCED_ZERO_GRID if a.reduced else ZERO_GRID
+    summary = {}
+    for model in a.models.split(","):
+        print(f"frontier: {model}", file=sys.stderr)
+        # 1. the sweep, in a random order
+        configs = [("zero-infinity", c) for c in zero_configs(grid)]
+        configs += [("memascend", {"budget_percent": b}) for b in budgets]
+        rng.shuffle(configs)
+        sweep = [runner.run(model, p, s, "sweep", 0) for p, s in configs]
+        zero_ran = [r for r in sweep if r["policy"] == "zero-infinity" and r["fits"]]
+        # 2. ZeRO's named rows
+        named = [("zero-default", dict(ZERO_DEFAULTS, name="zero-default"))]
+        if zero_ran:
+            fast = min(zero_ran, key=lambda r: r["step_seconds"])
+            small = min(zero_ran, key=lambda r: r["peak_rss_bytes"])
+            named.append(("zero-speed-tuned", dict(fast["settings"], name="zero-speed-tuned")))
+            named.append(("zero-memory-tuned", dict(small["settings"], name="zero-memory-tuned")))
+        # 3. the repeats, a Williams design
+        treatments = [("zero-infinity", s) for _, s in named]
+        treatments += [("memascend", {"budget_percent": b}) for b in budgets]
+        rows = []
+        while len(rows) < a.repeats:
+            rows += williams(len(treatments), rng)
+        results = {}
+        for rep, order in enumerate(rows, 1):
+            for t in order:
+                p, s = treatments[t]
+                r = runner.run(model, p, s, "repeat", rep)
+                results.setdefault(label(p, s), []).append(r)
+        # The summary: medians with intervals; the sweep's ZeRO points for the frontier.
+        points, ours = [], []
+        for lab, rs in results.items():
+            ok = [r for r in rs if r["fits"]]
+            st = bootstrap([r["step_seconds"] for r in ok], rng)
+            rss = bootstrap([r["peak_rss_bytes"] for r in ok], rng)
+            if st is None:
+                continue
+            pt = {"label": lab, "policy": rs[0]["policy"], "step": st["median"], "rss": rss["median"],
+                  "step_ci": st, "rss_ci": rss, "named": rs[0]["policy"] == "zero-infinity"}
+            points.append(pt)
+            if pt["policy"] == "memascend":
+                ours.append(pt)
+        for r in zero_ran:
+            points.append({"label": r["label"], "policy": "zero-infinity", "step": r["step_seconds"],
+                           "rss": r["peak_rss_bytes"], "named": False})
+        zero_points = [p for p in points if p["policy"] == "zero-infinity"]
+        losses = {}
+        for rs in results.values():
+            for r in rs:
+                if r["fits"]:
+                    losses.setdefault(tuple(r["losses"]), []).append(r["label"])
+        summary[model] = {"points": points, "statements": frontier_statements(zero_points, ours),
+                          "distinct_loss_sequences": len(losses)}
+    with open(os.path.join(a.out, "frontier-summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    plot(summary, os.path.join(os.path.dirname(a.out), "frontier.svg"))
+    for model, s in summary.items():
+        print(f"\n{model}: {s['distinct_loss_sequences']} distinct loss sequence(s) among the repeats")
+        print("| configuration | step s (95% CI) | peak RSS MiB (95% CI) |")
+        print("|---|---|---|")
+        for p in sorted(s["points"], key=lambda p: p["rss"]):
+            if "step_ci" not in p:
+                continue
+            c, r = p["step_ci"], p["rss_ci"]
+            print(f"| {p['label']} | {c['median']:.2f} ({c['lo']:.2f}-{c['hi']:.2f}) | "
+                  f"{r['median'] / 2**20:.0f} ({r['lo'] / 2**20:.0f}-{r['hi'] / 2**20:.0f}) |")
+        worst_t = max((x["time_ratio_at_rss"] for x in s["statements"] if x["time_ratio_at_rss"]), default=None)
+        worst_r = max((x["rss_ratio_at_time"] for x in s["statements"] if x["rss_ratio_at_time"]), default=None)
+        none_t = sum(1 for x in s["statements"] if x["time_ratio_at_rss"] is None)
+        none_r = sum(1 for x in s["statements"] if x["rss_ratio_at_time"] is None)
+        print(f"worst over ZeRO's {len(s['statements'])} configurations: memascend's best time at or "
+              f"below its RSS {worst_t and f'{worst_t:.2f}x'} ({none_t} with no memascend point at or below "
+              f"its RSS); memascend's smallest RSS at or below its time {worst_r and f'{worst_r:.2f}x'} "
+              f"({none_r} with none at or below its time)")
+
+
+if __name__ == "__main__":
+    main()
