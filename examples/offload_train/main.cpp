@@ -74,6 +74,8 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
                      pass (default 1)
   --io-threads N     the store's prefetch threads, reads in flight (default 8)
   --write-behind 0|1 write new versions back as soon as they are released (default 1)
+  --pool adaptive|pow2  the store's pinned pool: adaptive classes (default) or powers of
+                     two as PyTorch's caching host allocator (an ablation)
   --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
     --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)
     --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
@@ -298,6 +300,10 @@ int Main(int argc, char** argv) {
     else if (a == "--zero-min-swap") {
       ok = value(&v) && ParseBytes(v, &bytes);
       o.zero.min_swap_bytes = bytes;
+    } else if (a == "--pool") {
+      ok = value(&v) && (v == "adaptive" || v == "pow2");
+      why = "adaptive or pow2";
+      o.pow2_pool = v == "pow2";
     } else if (a == "--policy") {
       ok = value(&v) && (v == "memascend" || v == "zero-infinity");
       o.policy = v == "zero-infinity" ? offload_train::Policy::kZeroInfinity

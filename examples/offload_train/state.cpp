@@ -93,6 +93,7 @@ absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
   // Every new version is written back before the step commits anyway: write it at once,
   // overlapping the compute, so evictions find clean tensors.
   so.write_behind = o.write_behind;
+  if (o.pow2_pool) so.pool_policy = memascend::PoolPolicy::kPow2;
   // The read-ahead never waits on its tickets, and holds more than the room left while the
   // gradients are resident (OffloadedAdam Note [gradient room]): its reads wait for room.
   so.defer_prefetches = true;

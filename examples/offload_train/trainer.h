@@ -159,6 +159,9 @@ struct TrainOptions {
   // TensorStoreOptions::write_behind: new versions are written as soon as released, so
   // the writes overlap the compute (Note [optimizer overlap]).
   bool write_behind = true;
+  // The store's pinned pool in powers of two (PyTorch's caching host allocator's rule),
+  // not its adaptive classes: for ablations (bench/frontier.py).
+  bool pow2_pool = false;
   std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own

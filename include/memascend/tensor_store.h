@@ -69,6 +69,7 @@
 #include <memascend/host_arena.h>
 #include <memascend/kernels.h>
 #include <memascend/memory_ledger.h>
+#include <memascend/pinned_pool.h>
 #include <memascend/volume.h>
 
 namespace memascend {
@@ -98,6 +99,9 @@ struct TensorStoreOptions {
   // A prefetch that finds no room waits for some rather than being dropped (Note
   // [residency]): for a caller that prefetches a window ahead and never waits on tickets.
   bool defer_prefetches = false;
+  // How the pinned pool sizes its blocks: the workload-adaptive classes (the default),
+  // or powers of two as PyTorch's caching host allocator does (for ablations).
+  PoolPolicy pool_policy = PoolPolicy::kAdaptive;
   // How the host budget is page-locked. kAuto: registered with CUDA (true DMA to and from
   // the GPU) when the store has a GPU tier (gpu_budget_bytes > 0) and a device is present,
   // else mlock'ed: a CPU-only user gets no CUDA context (about 100 MiB of host memory on

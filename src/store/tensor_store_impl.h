@@ -125,6 +125,7 @@ struct TensorStore::Impl {
   absl::Status EnsurePool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (pool != nullptr) return absl::OkStatus();
     PinnedPoolOptions po;
+    po.policy = options.pool_policy;
     po.reuse_free_regions = true;  // a fixed budget, used for the whole run
     po.expected_sizes = options.expected_sizes;
     for (const auto& t : tensors) po.expected_sizes.push_back(t->spec.bytes);

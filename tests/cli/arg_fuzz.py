@@ -84,7 +84,7 @@ TRAIN_OPTS = ["--steps", "--layers", "--channels", "--heads", "--seq", "--batch"
               "--zero-sub-group-size", "--zero-min-swap", "--zero-max-in-cpu", "--zero-block",
               "--zero-pin-optimizer", "--zero-reduce-bucket", "--config", "--init-from", "--export",
               "--export-dtype", "--export-shard", "--export-overwrite", "--tokens", "--eval",
-              "--checkpoint-activations", "--matmul", "--bogus"]
+              "--checkpoint-activations", "--matmul", "--pool", "--bogus"]
 FLAGS = {"--force", "--resume", "--json", "--scratch", "--verify-data", "--quiet", "--repair",
          "--allow-data-loss", "--help", "--export-overwrite", "--checkpoint-activations"}
 

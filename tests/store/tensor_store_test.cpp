@@ -81,6 +81,42 @@ TEST(TensorStore, EvictsLeastRecentlyUsedAndWritesDirtyTensorsBack) {
             static_cast<std::int64_t>(o.host_budget_bytes));
 }
 
+// The pool's policy under one budget: the adaptive classes hold three tensors of 300 KiB
+// in 900 KiB; powers of two give each a 512 KiB block, so only one is resident at a time
+// and the same walk reads more.
+TEST(TensorStore, APowerOfTwoPoolHoldsFewerTensorsUnderTheSameBudget) {
+  std::uint64_t read[2] = {0, 0};
+  std::size_t most_resident[2] = {0, 0};
+  for (int pow2 = 0; pow2 < 2; ++pow2) {
+    ScratchPath path("store");
+    auto volume = MakeVolume(path.path());
+    TensorStoreOptions o;
+    o.host_budget_bytes = 3 * 300 * kKiB;
+    o.pool_policy = pow2 ? PoolPolicy::kPow2 : PoolPolicy::kAdaptive;
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+    std::vector<TensorId> ids;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("w" + std::to_string(i), 300 * kKiB)));
+      ids.push_back(id);
+    }
+    for (int round = 1; round <= 3; ++round) {
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(ids[static_cast<std::size_t>(i)]));
+        if (round > 1) {
+          ASSERT_TRUE(Holds(lease, "w" + std::to_string(i), round - 1u)) << i;
+        }
+        Fill(lease, "w" + std::to_string(i), static_cast<std::uint64_t>(round));
+      }
+      most_resident[pow2] = std::max<std::size_t>(most_resident[pow2], store->stats().resident);
+    }
+    read[pow2] = store->stats().bytes_read;
+  }
+  EXPECT_EQ(most_resident[0], 3u);
+  EXPECT_LT(most_resident[1], 3u);
+  EXPECT_EQ(read[0], 0u);
+  EXPECT_GT(read[1], 0u);
+}
+
 TEST(TensorStore, NeverWrittenTensorsReadAsZeros) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());
