@@ -236,7 +236,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=5, help="at least this many repeats")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=3600)
-    ap.add_argument("--reduced", action="store_true")
+    ap.add_argument("--reduced", action="store_true",
+                    help="the smallest model, a grid of 4, budgets 10/25/60%%, 3 steps")
+    ap.add_argument("--grid", choices=["full", "reduced"], help="override --reduced's grid")
+    ap.add_argument("--budgets", choices=["all", "reduced"], help="override --reduced's budgets")
     ap.add_argument("--append", action="store_true")
     a = ap.parse_args()
     if a.reduced:
@@ -246,8 +249,10 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
     runner = Runner(a)
-    budgets = REDUCED_BUDGETS if a.reduced else BUDGETS
-    grid = REDUCED_ZERO_GRID if a.reduced else ZERO_GRID
+    budgets = REDUCED_BUDGETS if (a.budgets or ("reduced" if a.reduced else "all")) == "reduced" \
+        else BUDGETS
+    grid = REDUCED_ZERO_GRID if (a.grid or ("reduced" if a.reduced else "full")) == "reduced" \
+        else ZERO_GRID
     summary = {}
     for model in a.models.split(","):
         print(f"frontier: {model}", file=sys.stderr)
