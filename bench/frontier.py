@@ -240,7 +240,8 @@ def main():
                     help="the smallest model, a grid of 4, budgets 10/25/60%%, 3 steps")
     ap.add_argument("--grid", choices=["full", "reduced"], help="override --reduced's grid")
     ap.add_argument("--budgets", choices=["all", "reduced"], help="override --reduced's budgets")
-    ap.add_argument("--append", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="add to frontier.jsonl and the summary (other models' results stay)")
     a = ap.parse_args()
     if a.reduced:
         a.models = "llama-56m" if a.models == ",".join(LADDER) else a.models
@@ -254,6 +255,10 @@ def main():
     grid = REDUCED_ZERO_GRID if (a.grid or ("reduced" if a.reduced else "full")) == "reduced" \
         else ZERO_GRID
     summary = {}
+    summary_path = os.path.join(a.out, "frontier-summary.json")
+    if a.append and os.path.exists(summary_path):  # the other models' results stay
+        with open(summary_path) as f:
+            summary = json.load(f)
     for model in a.models.split(","):
         print(f"frontier: {model}", file=sys.stderr)
         # 1. the sweep, in a random order
@@ -305,7 +310,7 @@ def main():
                     losses.setdefault(tuple(r["losses"]), []).append(r["label"])
         summary[model] = {"points": points, "statements": frontier_statements(zero_points, ours),
                           "distinct_loss_sequences": len(losses)}
-    with open(os.path.join(a.out, "frontier-summary.json"), "w") as f:
+    with open(summary_path, "w") as f:
         json.dump(summary, f, indent=1)
     plot(summary, os.path.join(os.path.dirname(a.out), "frontier.svg"))
     for model, s in summary.items():
