@@ -296,7 +296,7 @@ TEST(Train, ZeroInfinityPolicyTrainsIdenticallyUnderItsOwnRules) {
   ASSERT_EQ(zero.losses.size(), ours.losses.size());
   for (std::size_t i = 0; i < ours.losses.size(); ++i)
     EXPECT_EQ(zero.losses[i], ours.losses[i]) << "step " << i + 1;
-  EXPECT_EQ(zero.step_skipped, ours.step_skipped);  // its overflow check finds the same
+  EXPECT_EQ(zero.step_skipped, ours.step_skipped);        // its overflow check finds the same
   EXPECT_EQ(zero.peak_pinned_bytes, ZeroPinnedBytes(o));  // every buffer pinned up front
   EXPECT_GT(zero.io_read_bytes, 0u);
   EXPECT_FALSE(zero.store.has_value());  // its own buffers and files, no tensor store
