@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <fcntl.h>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -14,7 +15,9 @@
 
 namespace memascend::testing {
 
-// A path in the test temp dir, removed on destruction.
+// A path in the test temp dir, removed on destruction: a file, or a folder with what it
+// holds (tests that put a volume per rank in it), and the ZeRO baseline's swap folder
+// beside it (PATH.zero).
 class ScratchPath {
  public:
   explicit ScratchPath(const std::string& stem) {
@@ -23,7 +26,11 @@ class ScratchPath {
             std::to_string(counter++);
     ::unlink(path_.c_str());
   }
-  ~ScratchPath() { ::unlink(path_.c_str()); }
+  ~ScratchPath() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+    std::filesystem::remove_all(path_ + ".zero", ignored);
+  }
   const std::string& path() const { return path_; }
 
  private:
