@@ -76,6 +76,8 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --write-behind 0|1 write new versions back as soon as they are released (default 1)
   --pool adaptive|pow2  the store's pinned pool: adaptive classes (default) or powers of
                      two as PyTorch's caching host allocator (an ablation)
+  --overflow-check fused|temporaries  the gradients' inf/NaN check: one fused pass
+                     (default), or PyTorch's isinf/isnan temporaries (an ablation)
   --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
     --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)
     --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
@@ -304,6 +306,10 @@ int Main(int argc, char** argv) {
       ok = value(&v) && (v == "adaptive" || v == "pow2");
       why = "adaptive or pow2";
       o.pow2_pool = v == "pow2";
+    } else if (a == "--overflow-check") {
+      ok = value(&v) && (v == "fused" || v == "temporaries");
+      why = "fused or temporaries";
+      o.unfused_overflow_check = v == "temporaries";
     } else if (a == "--policy") {
       ok = value(&v) && (v == "memascend" || v == "zero-infinity");
       o.policy = v == "zero-infinity" ? offload_train::Policy::kZeroInfinity

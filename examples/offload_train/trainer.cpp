@@ -949,6 +949,8 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   ao.read_ahead_bytes = o.read_ahead_bytes;
   ao.keep_bytes = o.keep_bytes;
   ao.gradient_room = o.overlap_optimizer && MemAscendOffload(o);
+  if (o.unfused_overflow_check)
+    ao.overflow_check = memascend::OffloadedAdamOptions::OverflowCheck::kTemporaries;
   if (comm != nullptr) {
     // A rank's shard belongs to its rank of a run of this many ranks.
     ao.fingerprint = (ao.fingerprint ^ (static_cast<std::uint64_t>(world) << 32 |

@@ -162,6 +162,9 @@ struct TrainOptions {
   // The store's pinned pool in powers of two (PyTorch's caching host allocator's rule),
   // not its adaptive classes: for ablations (bench/frontier.py).
   bool pow2_pool = false;
+  // Each gradient part checked for inf/NaN with byte-per-element temporaries, PyTorch's
+  // way, not the fused kernel (OffloadedAdamOptions::overflow_check): for ablations.
+  bool unfused_overflow_check = false;
   std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own

@@ -91,6 +91,14 @@ struct KernelOptions {
 // largest finite values are not overflows. Allocates nothing.
 bool HasOverflow(std::span<const TensorView> tensors, const KernelOptions& options = {});
 
+// The same answer the way PyTorch's loss scalers compute it, for comparison (the
+// benchmarks' ablation, bench/ablation.py): per tensor, isinf(t).any() then
+// isnan(t).any(), each pass writing a one-byte-per-element temporary that is then reduced
+// (ATen's kernels, on the options' threads). So it reads each tensor four times, allocates
+// as many bytes as the largest tensor has elements and does not stop at the first overflow.
+bool HasOverflowWithTemporaries(std::span<const TensorView> tensors,
+                                const KernelOptions& options = {});
+
 struct AdamConfig {
   float lr = 1e-3f;
   float beta1 = 0.9f;

@@ -109,6 +109,12 @@ struct OffloadedAdamOptions {
   std::size_t read_ahead_bytes = 0;
   std::size_t keep_bytes = 0;  // Note [kept state]
   bool gradient_room = false;  // Note [gradient room]
+  // How each gradient part is checked for inf/NaN: the fused one-pass kernel
+  // (HasOverflow), or PyTorch's way with a byte-per-element temporary per pass
+  // (HasOverflowWithTemporaries), kept to measure what fusing saves (the ablation).
+  // The same answer either way.
+  enum class OverflowCheck { kFused, kTemporaries };
+  OverflowCheck overflow_check = OverflowCheck::kFused;
   // Note [global gradient check]; empty: this optimizer holds every gradient.
   std::function<absl::StatusOr<GradientCheck>(const GradientCheck&)> reduce_gradient_check;
 };

@@ -190,6 +190,41 @@ bool HasOverflow(std::span<const TensorView> tensors, const KernelOptions& optio
   return found.load();
 }
 
+bool HasOverflowWithTemporaries(std::span<const TensorView> tensors, const KernelOptions& options) {
+  for (const TensorView& t : tensors) {
+    if (t.data == nullptr || t.elements == 0) continue;
+    const TensorView one[] = {t};
+    for (const bool inf_pass : {true, false}) {
+      std::vector<std::uint8_t> flags(t.elements);  // isinf(t) or isnan(t): a bool tensor
+      ChunkedList(options.threads, one,
+                  [&](const TensorView& v, std::size_t begin, std::size_t end) {
+                    for (std::size_t i = begin; i < end; ++i) {
+                      bool special, quiet;  // all-ones exponent; and a non-zero mantissa (NaN)
+                      if (v.dtype == DType::kF32) {
+                        const std::uint32_t b = static_cast<const std::uint32_t*>(v.data)[i];
+                        special = (b & 0x7f800000u) == 0x7f800000u;
+                        quiet = (b & 0x007fffffu) != 0;
+                      } else {
+                        const std::uint16_t b = static_cast<const std::uint16_t*>(v.data)[i];
+                        const std::uint16_t exp = v.dtype == DType::kF16 ? 0x7c00 : 0x7f80;
+                        special = (b & exp) == exp;
+                        quiet = (b & static_cast<std::uint16_t>(~exp & 0x7fff)) != 0;
+                      }
+                      flags[i] = special && (inf_pass ? !quiet : quiet);
+                    }
+                  });
+      std::atomic<bool> any{false};  // .any(): a reduction over the temporary, chunk by chunk
+      ChunkedList(options.threads, one, [&](const TensorView&, std::size_t begin, std::size_t end) {
+        bool mine = false;
+        for (std::size_t i = begin; i < end; ++i) mine |= flags[i] != 0;
+        if (mine) any.store(true, std::memory_order_relaxed);
+      });
+      if (any.load()) return true;
+    }
+  }
+  return false;
+}
+
 // Deterministic: chunk partials are added in chunk order (a run-to-run identical norm,
 // so offloaded and in-memory runs clip identically), in waves of a fixed stack buffer.
 double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options,

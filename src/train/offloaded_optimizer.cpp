@@ -284,7 +284,12 @@ absl::Status OffloadedAdam::FinishGradient(std::size_t g, std::size_t part,
   const StateLayout& l = layout();
   const auto [begin, end] = l.PartRange(g, part);
   const TensorView view[] = {{grad.data, end - begin, l.grad_dtype}};
-  if (!storage_->ChecksOverflowAfterBackward() && HasOverflow(view, K())) overflow_ = true;
+  if (!storage_->ChecksOverflowAfterBackward() &&
+      (o_.overflow_check == OffloadedAdamOptions::OverflowCheck::kTemporaries
+           ? HasOverflowWithTemporaries(view, K())
+           : HasOverflow(view, K()))) {
+    overflow_ = true;
+  }
   if (!overflow_) sum_squares_ = SumOfSquares(view, K(), sum_squares_);
   return absl::OkStatus();
 }

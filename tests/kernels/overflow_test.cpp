@@ -48,7 +48,16 @@ struct Buffer {
   }
 };
 
-class Overflow : public KernelTest {};
+class Overflow : public KernelTest {
+ protected:
+  // The fused check's answer, after checking that PyTorch's way (a temporary per pass)
+  // gives the same one.
+  bool Check(std::span<const TensorView> tensors) {
+    const bool fused = HasOverflow(tensors, options_);
+    EXPECT_EQ(HasOverflowWithTemporaries(tensors, options_), fused);
+    return fused;
+  }
+};
 
 TEST_P(Overflow, FindsInfAndNanAtEveryPosition) {
   const float bad[] = {std::numeric_limits<float>::infinity(),
@@ -59,7 +68,7 @@ TEST_P(Overflow, FindsInfAndNanAtEveryPosition) {
                           4097u, 8193u, 70001u, 300001u}) {
       Buffer b(t, n);
       const TensorView one[] = {b.view()};
-      ASSERT_FALSE(HasOverflow(one, options_)) << ToString(t) << " n=" << n;
+      ASSERT_FALSE(Check(one)) << ToString(t) << " n=" << n;
       std::vector<std::size_t> positions = {0, n - 1, n / 2};
       if (n <= 300) {
         for (std::size_t i = 0; i < n; ++i) positions.push_back(i);
@@ -69,8 +78,7 @@ TEST_P(Overflow, FindsInfAndNanAtEveryPosition) {
           Buffer c = b;
           c.Set(pos, f);
           const TensorView v[] = {c.view()};
-          ASSERT_TRUE(HasOverflow(v, options_))
-              << ToString(t) << " n=" << n << " at " << pos << " value " << f;
+          ASSERT_TRUE(Check(v)) << ToString(t) << " n=" << n << " at " << pos << " value " << f;
         }
       }
     }
@@ -81,16 +89,16 @@ TEST_P(Overflow, LooksAcrossManyTensorsOfMixedTypes) {
   Buffer a(DType::kF32, 1001), b(DType::kBF16, 77777), c(DType::kF16, 3), d(DType::kF32, 262145),
       e(DType::kBF16, 5);
   std::vector<TensorView> list = {a.view(), b.view(), c.view(), d.view(), e.view()};
-  EXPECT_FALSE(HasOverflow(list, options_));
+  EXPECT_FALSE(Check(list));
   d.Set(262144, std::numeric_limits<float>::quiet_NaN());  // the very last element of a big one
   list[3] = d.view();
-  EXPECT_TRUE(HasOverflow(list, options_));
+  EXPECT_TRUE(Check(list));
   d.Set(262144, 1.0f);
   e.Set(4, std::numeric_limits<float>::infinity());
   list[3] = d.view();
   list[4] = e.view();
-  EXPECT_TRUE(HasOverflow(list, options_));
-  EXPECT_FALSE(HasOverflow(std::span<const TensorView>(), options_));
+  EXPECT_TRUE(Check(list));
+  EXPECT_FALSE(Check(std::span<const TensorView>()));
 }
 
 TEST_P(Overflow, SpecialFiniteValuesAreNotOverflows) {
@@ -107,10 +115,10 @@ TEST_P(Overflow, SpecialFiniteValuesAreNotOverflows) {
   const TensorView list[] = {{f32.data(), f32.size(), DType::kF32},
                              {f16.data(), f16.size(), DType::kF16},
                              {bf16.data(), bf16.size(), DType::kBF16}};
-  EXPECT_FALSE(HasOverflow(list, options_));
+  EXPECT_FALSE(Check(list));
   f16.push_back(0x7c00);  // +inf in fp16 is the next value after the largest
   const TensorView with_inf[] = {{f16.data(), f16.size(), DType::kF16}};
-  EXPECT_TRUE(HasOverflow(with_inf, options_));
+  EXPECT_TRUE(Check(with_inf));
 }
 
 MEMASCEND_INSTANTIATE_KERNEL_TEST(Overflow);
