@@ -9,8 +9,16 @@ Per cap and policy:
   - the longest sequence of the 1B model that trains 3 steps, activations checkpointed
     (memascend through its store, ZeRO in host memory: cpu_checkpointing);
   - the largest batch of the 1B model at --seq 256, checkpointed likewise.
-A run the kernel kills (or that fails) counts as "does not fit". The ladders are walked
-upwards and stop at the first that does not fit.
+A run the kernel kills counts as "does not fit"; one past --timeout or that fails with an
+error of its own is "not measured" (it neither fits nor fails), and the table says so. The ladders are walked upwards and stop at the
+first rung that does not fit. Caps are taken smallest first: a rung that fitted under a
+smaller cap fits under a larger one (the same run, less constrained) and is recorded as
+implied, not run again.
+
+The sequence and batch ladders stop at 2048 tokens a step (--seqs, --batches), fixed
+before any run: on 2 cores a 1B step of 4096 tokens takes over five minutes. Their runs
+train 2 steps (--ladder-steps): the second step's forward pass overlaps the first's
+update, the steady state's peak.
 
 Operating points, fixed here before any run: memascend's pinned budget is a quarter of
 the cap (at most 40% of the model's training state); ZeRO runs DeepSpeed's defaults and
@@ -63,11 +71,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks-data"))
     ap.add_argument("--caps", default="2G,4G,8G")
     ap.add_argument("--models", default=",".join(n for n, _ in LADDER))
-    ap.add_argument("--seqs", default="256,512,1024,2048,4096,8192")
-    ap.add_argument("--batches", default="1,2,4,8,16,32")
+    ap.add_argument("--seqs", default="256,512,1024,2048")
+    ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--steps", type=int, default=3, help="steps of the model ladder's runs")
+    ap.add_argument("--ladder-steps", type=int, default=2,
+                    help="steps of the sequence and batch ladders' runs")
+    ap.add_argument("--timeout", type=int, default=1500)
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
@@ -80,26 +90,58 @@ def main():
     models = [m for m in LADDER if m[0] in a.models.split(",")]
     table = {}
 
-    def run(policy, cap, model, seq, batch, checkpoint):
+    fitted = {}  # (policy, ladder, rung) -> the smallest cap it fitted under
+    failed = {}  # (policy, ladder, rung) -> the largest cap it did not fit under
+
+    def run(policy, cap, model, seq, batch, checkpoint, rung):
         name, cfg = model
+        if rung in failed and failed[rung] >= cap:  # did not fit under as much or more
+            row = {"policy": policy, "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
+                   "checkpoint_activations": checkpoint, "fits": False,
+                   "implied_by_cap_bytes": failed[rung]}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            return row
+        if rung in fitted and fitted[rung] <= cap:
+            row = {"policy": policy, "settings": POLICIES[policy] or ["--host-budget", "cap/4"],
+                   "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
+                   "checkpoint_activations": checkpoint, "fits": True,
+                   "implied_by_cap_bytes": fitted[rung]}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            return row
+        steps = a.steps if rung[1] == "model" else a.ladder_steps
         vol = os.path.join(a.work, "run.vol")
         for p in (vol,):
             if os.path.exists(p):
                 os.remove(p)
         subprocess.run(["rm", "-rf", vol + ".zero"], check=False)
         cmd = [a.train, "--config", os.path.join(ROOT, cfg), "--tokens", tokens, "--seq", str(seq),
-               "--batch", str(batch), "--steps", str(a.steps), "--dtype", "bf16", "--json", "--quiet",
+               "--batch", str(batch), "--steps", str(steps), "--dtype", "bf16", "--json", "--quiet",
                "--sample", "0", "--force", "--volume", vol, "--matmul", "blas"]
         if checkpoint:
             cmd.append("--checkpoint-activations")
+        if name == "llama-1b":  # the default (twice what the run needs) is more than the disk
+            cmd += ["--volume-size", "40G"]
         if policy == "memascend":
             # A quarter of the cap, at most 40% of the state (applied by the trainer's
             # cap of a budget above the state it can ever hold).
             cmd += ["--host-budget", str(cap // 4 // 4096 * 4096)]
         else:
             cmd += POLICIES[policy]
-        p = subprocess.run([os.path.join(ROOT, "bench/memcap.sh"), str(cap), *cmd],
-                           capture_output=True, text=True, timeout=a.timeout)
+        try:
+            p = subprocess.run([os.path.join(ROOT, "bench/memcap.sh"), str(cap), *cmd],
+                               capture_output=True, text=True, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["pkill", "-f", vol], check=False)
+            row = {"policy": policy, "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
+                   "checkpoint_activations": checkpoint, "fits": None, "not_measured":
+                   f"past the {a.timeout} s timeout", "command": cmd}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(f"  {policy} cap {cap >> 20} MiB {name} seq {seq} batch {batch}: timed out",
+                  file=sys.stderr, flush=True)
+            return row
         m = re.search(r"memcap: limit_bytes=(\d+) peak_bytes=(\d+) oom_kills=(\d+)", p.stderr)
         row = {"policy": policy, "settings": POLICIES[policy] or ["--host-budget", "cap/4"],
                "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
@@ -112,6 +154,14 @@ def main():
                        step_seconds=s["step_seconds"])
         except StopIteration:
             row["error"] = (p.stderr.strip().splitlines() or [""])[-2:]
+        if p.returncode != 0 and not row["oom_kills"] and p.returncode != 137:
+            # Not the kernel's cap: a setup or training error, which says nothing of the fit.
+            row["fits"] = None
+            row["not_measured"] = "failed: " + " ".join(row["error"])
+        if row["fits"]:
+            fitted[rung] = min(cap, fitted.get(rung, cap))
+        elif row["fits"] is False:
+            failed[rung] = max(cap, failed.get(rung, cap))
         out.write(json.dumps(row) + "\n")
         out.flush()
         print(f"  {policy} cap {cap >> 20} MiB {name} seq {seq} batch {batch}: fits={row['fits']} "
@@ -119,28 +169,43 @@ def main():
               file=sys.stderr, flush=True)
         return row
 
-    for cap_s in a.caps.split(","):
-        cap = parse_bytes(cap_s)
+    for cap in sorted(map(parse_bytes, a.caps.split(","))):
         for policy in a.policies.split(","):
             t = table.setdefault((cap, policy), {})
             for model in models:  # the largest model that trains
-                if not run(policy, cap, model, 256, 1, False)["fits"]:
+                r = run(policy, cap, model, 256, 1, False, (policy, "model", model[0]))
+                if not r["fits"]:
+                    t["model_stop"] = "error" if r["fits"] is None else "no"
                     break
                 t["model"] = model[0]
             big = models[-1]
             for seq in map(int, a.seqs.split(",")):  # the longest sequence, checkpointed
-                if not run(policy, cap, big, seq, 1, True)["fits"]:
+                r = run(policy, cap, big, seq, 1, True, (policy, "seq", seq))
+                if not r["fits"]:
+                    t["seq_stop"] = "error" if r["fits"] is None else "no"
                     break
                 t["seq"] = seq
             for batch in map(int, a.batches.split(",")):  # the largest batch, checkpointed
-                if not run(policy, cap, big, 256, batch, True)["fits"]:
+                # batch 1 is the sequence ladder's first rung: the same run
+                rung = (policy, "seq", 256) if batch == 1 else (policy, "batch", batch)
+                r = run(policy, cap, big, 256, batch, True, rung)
+                if not r["fits"]:
+                    t["batch_stop"] = "error" if r["fits"] is None else "no"
                     break
                 t["batch"] = batch
     print(f"| cap | policy | largest model | longest seq ({models[-1][0]}) | largest batch ({models[-1][0]}, seq 256) |")
     print("|---|---|---|---|---|")
+    tops = {"seq": a.seqs.split(",")[-1], "batch": a.batches.split(",")[-1],
+            "model": models[-1][0]}
+
+    def cell(t, k):  # "the top rung" when the ladder ran out before the memory did
+        v = t.get(k, "none")
+        if str(v) == tops[k] and f"{k}_stop" not in t:
+            return f"{v} (the ladder's top)"
+        return f"{v} (next rung not measured)" if t.get(f"{k}_stop") == "error" else str(v)
     for (cap, policy), t in table.items():
-        print(f"| {cap >> 30} GiB | {policy} | {t.get('model', 'none')} | {t.get('seq', 'none')} | "
-              f"{t.get('batch', 'none')} |")
+        print(f"| {cap >> 30} GiB | {policy} | {cell(t, 'model')} | {cell(t, 'seq')} | "
+              f"{cell(t, 'batch')} |")
 
 
 if __name__ == "__main__":
