@@ -15,7 +15,8 @@ Per model of a Llama-shaped ladder (bench/configs/), at --seq 256 (bf16, batch 1
    --repeats of them; medians with bootstrap 95% intervals.
 
 One JSON object per run goes to OUT/frontier.jsonl: policy, model, parameters, settings,
-peak_rss_bytes, step_seconds (the run's median, its first step left out), fits (it
+peak_rss_bytes, step_seconds (the median of the run's steps but the first and the last,
+steady_step below), steps_seconds (every step), fits (it
 finished), command (the argv that reproduces it), phase (sweep or repeat), repeat. The
 summary (OUT/frontier-summary.json) holds each configuration's medians and intervals and
 the frontier's statements; OUT/../frontier.svg plots step time against peak RSS per model.
@@ -109,6 +110,17 @@ def williams(n, rng):
     return rows
 
 
+def steady_step(steps):
+    """A run's step time: the median of its steps but the first and the last, whatever the
+    policy. The first warms the caches; the last is short under memascend's overlapped
+    update, which reports a step when the next one's update starts (Note [background
+    commit]): its step 1 holds two forward and backward passes and its last step none, so
+    the last would flatter memascend. Needs 3 steps or more."""
+    if len(steps) < 3:
+        raise SystemExit("frontier: a run needs 3 steps or more (the first and last are left out)")
+    return statistics.median(steps[1:-1])
+
+
 def bootstrap(values, rng, reps=2000):
     """The median and its bootstrap 95% interval."""
     if not values:
@@ -144,15 +156,18 @@ class Runner:
             if os.path.exists(stale):
                 os.remove(stale)
         subprocess.run(["rm", "-rf", vol + ".zero"], check=False)
+        if self.a.volume_size:
+            cmd += ["--volume-size", self.a.volume_size]
         t0 = time.time()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.a.timeout)
+        run = cmd if not self.a.cap else [os.path.join(ROOT, "bench/memcap.sh"), self.a.cap, *cmd]
+        p = subprocess.run(run, capture_output=True, text=True, timeout=self.a.timeout)
         row = {"policy": policy, "model": model, "settings": settings, "label": label(policy, settings),
                "phase": phase, "repeat": repeat, "fits": p.returncode == 0, "command": cmd,
                "wall_seconds": round(time.time() - t0, 1)}
         try:
             s = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
             row.update(parameters=s["params"], peak_rss_bytes=s["peak_rss_bytes"],
-                       step_seconds=statistics.median(s["step_seconds"][1:] or s["step_seconds"]),
+                       step_seconds=steady_step(s["step_seconds"]), steps_seconds=s["step_seconds"],
                        losses=s["losses"], peak_pinned_bytes=s["peak_pinned_bytes"],
                        io_bytes_per_step=statistics.mean(s["step_io_bytes"]),
                        model_state_bytes=s["model_state_bytes"])
@@ -240,6 +255,14 @@ def main():
                     help="the smallest model, a grid of 4, budgets 10/25/60%%, 3 steps")
     ap.add_argument("--grid", choices=["full", "reduced"], help="override --reduced's grid")
     ap.add_argument("--budgets", choices=["all", "reduced"], help="override --reduced's budgets")
+    ap.add_argument("--cap", help="run each command under bench/memcap.sh at this limit "
+                    "(a run the kernel kills does not fit): keeps the machine alive")
+    ap.add_argument("--volume-size", help="--volume-size for every run (the 1B model's "
+                    "default, twice its state, is more than a 64 GiB disk)")
+    ap.add_argument("--tuned-from", help="no sweep: ZeRO's speed- and memory-tuned rows are "
+                    "the fastest and the smallest of this model's sweep in frontier.jsonl")
+    ap.add_argument("--max-rows", type=int, help="at most this many rows of the design "
+                    "(unbalanced; for models whose runs take minutes)")
     ap.add_argument("--append", action="store_true",
                     help="add to frontier.jsonl and the summary (other models' results stay)")
     a = ap.parse_args()
@@ -249,6 +272,13 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
+    earlier = []
+    if a.tuned_from:  # read before the runner (re)opens the file
+        with open(os.path.join(a.out, "frontier.jsonl")) as f:
+            earlier = [r for r in map(json.loads, f) if r["model"] == a.tuned_from
+                       and r["phase"] == "sweep" and r["policy"] == "zero-infinity" and r["fits"]]
+        if not earlier:
+            raise SystemExit(f"frontier: no ZeRO sweep of {a.tuned_from} in frontier.jsonl")
     runner = Runner(a)
     budgets = REDUCED_BUDGETS if (a.budgets or ("reduced" if a.reduced else "all")) == "reduced" \
         else BUDGETS
@@ -265,21 +295,33 @@ def main():
         configs = [("zero-infinity", c) for c in zero_configs(grid)]
         configs += [("memascend", {"budget_percent": b}) for b in budgets]
         rng.shuffle(configs)
-        sweep = [runner.run(model, p, s, "sweep", 0) for p, s in configs]
-        zero_ran = [r for r in sweep if r["policy"] == "zero-infinity" and r["fits"]]
+        if a.tuned_from:
+            sweep, zero_ran = [], earlier
+        else:
+            sweep = [runner.run(model, p, s, "sweep", 0) for p, s in configs]
+            zero_ran = [r for r in sweep if r["policy"] == "zero-infinity" and r["fits"]]
         # 2. ZeRO's named rows
         named = [("zero-default", dict(ZERO_DEFAULTS, name="zero-default"))]
         if zero_ran:
             fast = min(zero_ran, key=lambda r: r["step_seconds"])
             small = min(zero_ran, key=lambda r: r["peak_rss_bytes"])
-            named.append(("zero-speed-tuned", dict(fast["settings"], name="zero-speed-tuned")))
-            named.append(("zero-memory-tuned", dict(small["settings"], name="zero-memory-tuned")))
+            for name, r in (("zero-speed-tuned", fast), ("zero-memory-tuned", small)):
+                plain = {k: v for k, v in r["settings"].items() if k != "name"}
+                same = [n for n, s in named if {k: v for k, v in s.items() if k != "name"} == plain]
+                if same:  # run once: the same configuration under two names
+                    print(f"frontier: {name} is {same[0]}'s configuration", file=sys.stderr)
+                    named = [(n, dict(s, name=f"{s['name']} = {name}") if n == same[0] else s)
+                             for n, s in named]
+                else:
+                    named.append((name, dict(plain, name=name)))
         # 3. the repeats, a Williams design
         treatments = [("zero-infinity", s) for _, s in named]
         treatments += [("memascend", {"budget_percent": b}) for b in budgets]
         rows = []
         while len(rows) < a.repeats:
             rows += williams(len(treatments), rng)
+        if a.max_rows:  # fewer rows than a whole design: no longer balanced (the 1B model)
+            rows = rows[:a.max_rows]
         results = {}
         for rep, order in enumerate(rows, 1):
             for t in order:
@@ -299,7 +341,7 @@ def main():
             points.append(pt)
             if pt["policy"] == "memascend":
                 ours.append(pt)
-        for r in zero_ran:
+        for r in ([] if a.tuned_from else zero_ran):
             points.append({"label": r["label"], "policy": "zero-infinity", "step": r["step_seconds"],
                            "rss": r["peak_rss_bytes"], "named": False})
         zero_points = [p for p in points if p["policy"] == "zero-infinity"]

@@ -1,0 +1,84 @@
+"""The benchmarks' method (bench/frontier.py, bench/fit.py, bench/memcap.sh): the
+Williams design's balance, the step-time rule, the bootstrap interval, the frontier's
+statements, and the memory cap the kernel enforces."""
+import collections
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
+sys.path.insert(0, BENCH)
+import fit  # noqa: E402
+import frontier  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 10])
+def test_williams_rows_are_orders_in_which_each_follows_each_other_equally_often(n):
+    rows = frontier.williams(n, random.Random(n))
+    assert len(rows) == (n if n % 2 == 0 else 2 * n)
+    follows = collections.Counter()
+    for r in rows:
+        assert sorted(r) == list(range(n))
+        follows.update(zip(r, r[1:]))
+    assert len(follows) == n * (n - 1)
+    assert len(set(follows.values())) == 1
+
+
+def test_steady_step_leaves_out_the_first_and_the_last_step():
+    # memascend's overlapped update: the first step holds two passes, the last none.
+    assert frontier.steady_step([2.43, 1.19, 1.23, 1.19, 0.56]) == 1.19
+    assert frontier.steady_step([5.0, 2.0, 0.1]) == 2.0
+    with pytest.raises(SystemExit, match="3 steps or more"):
+        frontier.steady_step([1.0, 0.5])
+
+
+def test_bootstrap_interval_holds_the_median():
+    rng = random.Random(1)
+    values = [1.0, 1.1, 0.9, 1.05, 3.0, 0.95]
+    b = frontier.bootstrap(values, rng)
+    assert b["n"] == 6 and b["lo"] <= b["median"] <= b["hi"]
+    assert frontier.bootstrap([], rng) is None
+
+
+def test_frontier_statements_compare_at_or_below_each_zero_point():
+    zero = [{"label": "z", "rss": 1000, "step": 10.0}]
+    ours = [{"rss": 400, "step": 4.0}, {"rss": 900, "step": 3.0}, {"rss": 1200, "step": 1.0}]
+    [s] = frontier.frontier_statements(zero, ours)
+    assert s["time_ratio_at_rss"] == pytest.approx(0.3)  # the 1200 point is above its RSS
+    assert s["rss_ratio_at_time"] == pytest.approx(0.4)
+    [none] = frontier.frontier_statements(zero, [{"rss": 2000, "step": 20.0}])
+    assert none["time_ratio_at_rss"] is None and none["rss_ratio_at_time"] is None
+
+
+def test_fit_reads_sizes_and_refuses_what_is_not_one():
+    assert fit.parse_bytes("2G") == 2 << 30 and fit.parse_bytes("512M") == 512 << 20
+    assert fit.parse_bytes("4096") == 4096
+    with pytest.raises(SystemExit, match="not a size"):
+        fit.parse_bytes("2GB")
+
+
+def can_make_a_cgroup():
+    if os.geteuid() != 0:
+        return "needs root to make a memory cgroup"
+    if not (os.path.exists("/sys/fs/cgroup/cgroup.controllers") or os.path.isdir("/sys/fs/cgroup/memory")):
+        return "no memory cgroup controller mounted"
+    return None
+
+
+@pytest.mark.skipif(can_make_a_cgroup() is not None, reason=str(can_make_a_cgroup()))
+def test_memcap_lets_what_fits_run_and_the_kernel_kills_what_does_not():
+    cap = os.path.join(BENCH, "memcap.sh")
+    small = subprocess.run([cap, "256M", sys.executable, "-c", "b = bytearray(32 << 20)"],
+                           capture_output=True, text=True)
+    assert small.returncode == 0, small.stderr
+    assert "oom_kills=0" in small.stderr and "limit_bytes=268435456" in small.stderr
+    big = subprocess.run([cap, "64M", sys.executable, "-c",
+                          "b = bytearray(512 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1"],
+                         capture_output=True, text=True)
+    assert big.returncode == 137, big.stderr
+    assert "oom_kills=1" in big.stderr
+    bad = subprocess.run([cap, "lots", "true"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "is not a number" in bad.stderr
