@@ -182,6 +182,30 @@ TEST(Train, TheOverlappedUpdateTrainsAsTheSequentialOne) {
   EXPECT_EQ(runs[0].step_skipped, runs[1].step_skipped);
 }
 
+// The ablation's replacements (bench/ablation.py) change memory and time, never the
+// training: the pool in powers of two, and the overflow check with PyTorch's temporaries
+// (which must skip the same overflowing steps as the fused kernel).
+TEST(Train, TheAblationsReplacementsTrainTheSame) {
+  const Data d = MakeData(256);
+  const auto run = [&](const std::function<void(TrainOptions*)>& change) {
+    ScratchPath path("train");
+    TrainOptions o = Tiny(path.path());
+    o.initial_loss_scale = 1u << 22;  // the first steps overflow: skipped steps too
+    o.host_budget *= 2;  // room for the pow2 pool's rounding (its blocks fragment the arena)
+    change(&o);
+    return Train(o, d.tokens, d.tok);
+  };
+  ASSERT_OK_AND_ASSIGN(TrainSummary base, run([](TrainOptions*) {}));
+  ASSERT_GT(base.skipped_steps, 0);
+  ASSERT_OK_AND_ASSIGN(TrainSummary pow2, run([](TrainOptions* o) { o->pow2_pool = true; }));
+  ASSERT_OK_AND_ASSIGN(TrainSummary unfused,
+                       run([](TrainOptions* o) { o->unfused_overflow_check = true; }));
+  for (const TrainSummary* s : {&pow2, &unfused}) {
+    EXPECT_EQ(s->losses, base.losses);
+    EXPECT_EQ(s->step_skipped, base.step_skipped);
+  }
+}
+
 // Note [derived parameters]: the embedding's and the head's 16-bit parameters are never
 // stored on a MemAscend volume; the steps after skipped ones and sampling make them from
 // the master weights, to the same bits as the reference's stored ones.
