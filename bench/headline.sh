@@ -39,7 +39,7 @@ model() {  # vocab channels layers heads: the embedding and head are the largest
 }
 budget() {  # memascend's host budget on a size
   # The largest multiple of 5% of the training state whose peak RSS stays under 0.57x the
-  # tuned row's (the target is 0.60x): 0.55, 0.56 and 0.53 (docs/benchmarks.md).
+  # tuned row's (the target is 0.60x): 0.55, 0.56 and 0.53 (docs/benchmarks-archive.md).
   case "$1" in
     small) echo "35%" ;;
     medium) echo "40%" ;;
