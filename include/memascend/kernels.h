@@ -94,8 +94,9 @@ bool HasOverflow(std::span<const TensorView> tensors, const KernelOptions& optio
 // The same answer the way PyTorch's loss scalers compute it, for comparison (the
 // benchmarks' ablation, bench/ablation.py): per tensor, isinf(t).any() then
 // isnan(t).any(), each pass writing a one-byte-per-element temporary that is then reduced
-// (ATen's kernels, on the options' threads). So it reads each tensor four times, allocates
-// as many bytes as the largest tensor has elements and does not stop at the first overflow.
+// (ATen's kernels, on the options' threads). So it reads a finite tensor four times,
+// allocates as many bytes as the largest tensor has elements, and stops only after a
+// whole pass that found an overflow, not at the first one.
 bool HasOverflowWithTemporaries(std::span<const TensorView> tensors,
                                 const KernelOptions& options = {});
 
