@@ -33,7 +33,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from frontier import ROOT, LADDER, bootstrap, steady_step, williams  # noqa: E402
+from frontier import ROOT, LADDER, bootstrap, steady_step, tokens_file, williams  # noqa: E402
 
 VARIANTS = {
     "memascend (unchanged)": [],
@@ -57,12 +57,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
-    tokens = os.path.join(a.work, "train.u32")
-    if not os.path.exists(tokens):
-        import struct
-        r = random.Random(1)
-        with open(tokens, "wb") as f:
-            f.write(struct.pack("<200000I", *(r.randrange(32000) for _ in range(200000))))
+    tokens = tokens_file(a.work)
     vol = os.path.join(a.work, "run.vol")
     names = list(VARIANTS)
     rows = []

@@ -6,12 +6,12 @@ at 2, 4 and 8 GiB, for memascend and ZeRO-Infinity (its complete rules, Note [ze
 Per cap and policy:
   - the largest model of the ladder (bench/configs/: 56 M, 250 M, 1.2 B parameters) that
     trains 3 steps at --seq 256;
-  - the longest sequence of the 1B model that trains 3 steps, activations checkpointed
+  - the longest sequence of the 1B model that trains, activations checkpointed
     (memascend through its store, ZeRO in host memory: cpu_checkpointing);
   - the largest batch of the 1B model at --seq 256, checkpointed likewise.
 A run the kernel kills counts as "does not fit"; one past --timeout or that fails with an
-error of its own is "not measured" (it neither fits nor fails), and the table says so. The ladders are walked upwards and stop at the
-first rung that does not fit. Caps are taken smallest first: a rung that fitted under a
+error of its own is "not measured" (it neither fits nor fails), and the table says so.
+The ladders are walked upwards and stop at the first rung that does not fit. Caps are taken smallest first: a rung that fitted under a
 smaller cap fits under a larger one (the same run, less constrained) and is recorded as
 implied, not run again.
 
@@ -93,28 +93,24 @@ def main():
     fitted = {}  # (policy, ladder, rung) -> the smallest cap it fitted under
     failed = {}  # (policy, ladder, rung) -> the largest cap it did not fit under
 
+    def record(row):
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        return row
+
     def run(policy, cap, model, seq, batch, checkpoint, rung):
         name, cfg = model
+        row = {"policy": policy, "settings": POLICIES[policy] or ["--host-budget", "cap/4"],
+               "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
+               "checkpoint_activations": checkpoint}
         if rung in failed and failed[rung] >= cap:  # did not fit under as much or more
-            row = {"policy": policy, "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
-                   "checkpoint_activations": checkpoint, "fits": False,
-                   "implied_by_cap_bytes": failed[rung]}
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            return row
-        if rung in fitted and fitted[rung] <= cap:
-            row = {"policy": policy, "settings": POLICIES[policy] or ["--host-budget", "cap/4"],
-                   "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
-                   "checkpoint_activations": checkpoint, "fits": True,
-                   "implied_by_cap_bytes": fitted[rung]}
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            return row
+            return record(dict(row, fits=False, implied_by_cap_bytes=failed[rung]))
+        if rung in fitted and fitted[rung] <= cap:  # fitted under as much or less
+            return record(dict(row, fits=True, implied_by_cap_bytes=fitted[rung]))
         steps = a.steps if rung[1] == "model" else a.ladder_steps
         vol = os.path.join(a.work, "run.vol")
-        for p in (vol,):
-            if os.path.exists(p):
-                os.remove(p)
+        if os.path.exists(vol):
+            os.remove(vol)
         subprocess.run(["rm", "-rf", vol + ".zero"], check=False)
         cmd = [a.train, "--config", os.path.join(ROOT, cfg), "--tokens", tokens, "--seq", str(seq),
                "--batch", str(batch), "--steps", str(steps), "--dtype", "bf16", "--json", "--quiet",
@@ -134,20 +130,13 @@ def main():
                                capture_output=True, text=True, timeout=a.timeout)
         except subprocess.TimeoutExpired:
             subprocess.run(["pkill", "-f", vol], check=False)
-            row = {"policy": policy, "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
-                   "checkpoint_activations": checkpoint, "fits": None, "not_measured":
-                   f"past the {a.timeout} s timeout", "command": cmd}
-            out.write(json.dumps(row) + "\n")
-            out.flush()
             print(f"  {policy} cap {cap >> 20} MiB {name} seq {seq} batch {batch}: timed out",
                   file=sys.stderr, flush=True)
-            return row
+            return record(dict(row, fits=None, not_measured=f"past the {a.timeout} s timeout",
+                               command=cmd))
         m = re.search(r"memcap: limit_bytes=(\d+) peak_bytes=(\d+) oom_kills=(\d+)", p.stderr)
-        row = {"policy": policy, "settings": POLICIES[policy] or ["--host-budget", "cap/4"],
-               "cap_bytes": cap, "model": name, "seq": seq, "batch": batch,
-               "checkpoint_activations": checkpoint, "fits": p.returncode == 0,
-               "cgroup_peak_bytes": int(m.group(2)) if m else None,
-               "oom_kills": int(m.group(3)) if m else None, "command": cmd}
+        row.update(fits=p.returncode == 0, cgroup_peak_bytes=int(m.group(2)) if m else None,
+                   oom_kills=int(m.group(3)) if m else None, command=cmd)
         try:
             s = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
             row.update(parameters=s["params"], peak_rss_bytes=s["peak_rss_bytes"],
@@ -162,8 +151,7 @@ def main():
             fitted[rung] = min(cap, fitted.get(rung, cap))
         elif row["fits"] is False:
             failed[rung] = max(cap, failed.get(rung, cap))
-        out.write(json.dumps(row) + "\n")
-        out.flush()
+        record(row)
         print(f"  {policy} cap {cap >> 20} MiB {name} seq {seq} batch {batch}: fits={row['fits']} "
               f"oom_kills={row['oom_kills']} rss={row.get('peak_rss_bytes', 0) >> 20} MiB",
               file=sys.stderr, flush=True)

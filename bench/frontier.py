@@ -34,6 +34,7 @@ import json
 import os
 import random
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -130,16 +131,21 @@ def bootstrap(values, rng, reps=2000):
             "hi": meds[int(0.975 * reps) - 1], "n": len(values)}
 
 
+def tokens_file(work):
+    """WORK/train.u32: 200,000 random token ids below 32000 (seed 1), made once."""
+    path = os.path.join(work, "train.u32")
+    if not os.path.exists(path):
+        r = random.Random(1)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<200000I", *(r.randrange(32000) for _ in range(200000))))
+    return path
+
+
 class Runner:
     def __init__(self, args):
         self.a = args
         self.out = open(os.path.join(args.out, "frontier.jsonl"), "a" if args.append else "w")
-        self.tokens = os.path.join(args.work, "train.u32")
-        if not os.path.exists(self.tokens):
-            r = random.Random(1)
-            import struct
-            with open(self.tokens, "wb") as f:
-                f.write(struct.pack("<200000I", *(r.randrange(32000) for _ in range(200000))))
+        self.tokens = tokens_file(args.work)
 
     def run(self, model, policy, settings, phase, repeat):
         cfg = os.path.join(ROOT, LADDER[model])
