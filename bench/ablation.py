@@ -8,10 +8,13 @@ Variants, each against the unchanged SDK at the same budget:
   - check unfused:   each gradient part checked for inf/NaN PyTorch's way, a
                      byte-per-element temporary per pass (--overflow-check temporaries);
   - overlap off:     the optimizer's update runs after the backward pass, not under the
-                     next forward pass (--overlap-optimizer 0).
-Not measured here: the extent volume replaced by a file per tensor (the store is built on
-the volume's extents and journal; a file backend for it does not exist). The ZeRO
-baseline's own file-per-tensor swapping is measured whole in bench/frontier.py.
+                     next forward pass (--overlap-optimizer 0);
+  - files:           the extent volume replaced by a directory with a file per tensor,
+                     ZeRO-Infinity's layout: each transfer opens its file with O_DIRECT,
+                     scratch tensors written in place, durable ones through a renamed file
+                     (--storage files; FileObjectStore in memascend/object_store.h). Both
+                     checksum the data, so the layout is all that differs.
+The volume file and the directory are on the same file system (--work).
 
 Operating point, fixed before any run: the 56 M Llama shape at --seq 256, batch 1, bf16,
 5 steps (the step time: the median of steps 2 to 4, frontier.steady_step), memascend's budget 25% of the training
@@ -22,12 +25,13 @@ One JSON object per run in OUT/ablation.jsonl; the table on stdout.
 
   /usr/bin/python3 bench/ablation.py --train build/release/examples/offload_train/memascend-train
 
-About 6 minutes on 2 cores.
+About 10 minutes on 2 cores.
 """
 import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,7 @@ VARIANTS = {
     "pool pow2": ["--pool", "pow2"],
     "check unfused": ["--overflow-check", "temporaries"],
     "overlap off": ["--overlap-optimizer", "0"],
+    "files": ["--storage", "files"],
 }
 
 
@@ -59,6 +64,7 @@ def main():
     rng = random.Random(a.seed)
     tokens = tokens_file(a.work)
     vol = os.path.join(a.work, "run.vol")
+    files = os.path.join(a.work, "run.files")  # --storage files: a directory
     names = list(VARIANTS)
     rows = []
     while len(rows) < a.repeats:
@@ -70,11 +76,13 @@ def main():
             name = names[i]
             cmd = [a.train, "--config", os.path.join(ROOT, LADDER[a.model]), "--tokens", tokens,
                    "--seq", "256", "--batch", "1", "--steps", str(a.steps), "--dtype", "bf16",
-                   "--json", "--quiet", "--sample", "0", "--force", "--volume", vol,
+                   "--json", "--quiet", "--sample", "0", "--force",
+                   "--volume", files if "--storage" in VARIANTS[name] else vol,
                    "--matmul", "blas", "--policy", "memascend", "--host-budget", a.budget,
                    *VARIANTS[name]]
             if os.path.exists(vol):
                 os.remove(vol)
+            shutil.rmtree(files, ignore_errors=True)
             p = subprocess.run(cmd, capture_output=True, text=True)
             row = {"variant": name, "model": a.model, "repeat": rep, "fits": p.returncode == 0,
                    "command": cmd}

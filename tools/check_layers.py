@@ -22,7 +22,7 @@ PUBLIC = {
     "kernels.h": "kernels", "cuda_kernels.h": "kernels",
     "memory_ledger.h": "memory", "host_arena.h": "memory", "pinned_pool.h": "memory",
     "io_engine.h": "io", "io_scheduler.h": "io",
-    "block_target.h": "storage", "volume.h": "storage",
+    "block_target.h": "storage", "volume.h": "storage", "object_store.h": "storage",
     "tensor_store.h": "store",
     "training_state.h": "train", "offloaded_optimizer.h": "train", "safetensors.h": "train",
 }

@@ -78,6 +78,8 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
                      two as PyTorch's caching host allocator (an ablation)
   --overflow-check fused|temporaries  the gradients' inf/NaN check: one fused pass
                      (default), or PyTorch's isinf/isnan temporaries (an ablation)
+  --storage volume|files  the state on a volume (default), or in a directory (--volume
+                     names it) with a file per tensor as ZeRO-Infinity's (an ablation)
   --policy memascend|zero-infinity   the SDK (default), or ZeRO-Infinity's rules:
     --nvme-path DIR  swap directory, one file per tensor (default: <volume>.zero)
     --zero-param-buffers N (5) --zero-param-buffer-size ELEMS (1e8)
@@ -306,6 +308,10 @@ int Main(int argc, char** argv) {
       ok = value(&v) && (v == "adaptive" || v == "pow2");
       why = "adaptive or pow2";
       o.pow2_pool = v == "pow2";
+    } else if (a == "--storage") {
+      ok = value(&v) && (v == "volume" || v == "files");
+      why = "volume or files";
+      o.file_per_tensor = v == "files";
     } else if (a == "--overflow-check") {
       ok = value(&v) && (v == "fused" || v == "temporaries");
       why = "fused or temporaries";

@@ -37,6 +37,28 @@ OffloadState::~OffloadState() {
 
 namespace {
 
+// --storage files: the directory's store, refusing an earlier run's objects without
+// --resume or --force (which deletes those objects, and only those).
+absl::Status OpenFiles(const TrainOptions& o, OffloadState* s) {
+  memascend::FileObjectStoreOptions fo;
+  fo.engine = s->engine.get();
+  fo.create = !o.resume;
+  MEMASCEND_ASSIGN_OR_RETURN(s->files, memascend::FileObjectStore::Open(o.volume_path, fo));
+  if (o.resume) return absl::OkStatus();
+  const std::vector<memascend::ObjectInfo> earlier = s->files->List();
+  if (!earlier.empty() && !o.force) {
+    const bool checkpoint = s->files->Stat("train.checkpoint").ok();
+    s->files.reset();
+    return absl::FailedPreconditionError(fmt::format(
+        "'{}' already holds a file object store ({} objects{}): continue its run with --resume, "
+        "or start over with --force (which deletes them)",
+        o.volume_path, earlier.size(), checkpoint ? ", a training checkpoint among them" : ""));
+  }
+  for (const memascend::ObjectInfo& e : earlier)
+    MEMASCEND_RETURN_IF_ERROR(s->files->Delete(e.name));
+  return absl::OkStatus();
+}
+
 absl::Status OpenVolume(const TrainOptions& o, const StateLayout& layout, OffloadState* s) {
   if (o.fault_injector != nullptr && s->engine == nullptr) {
     memascend::IoEngineOptions eo;
@@ -45,6 +67,7 @@ absl::Status OpenVolume(const TrainOptions& o, const StateLayout& layout, Offloa
     MEMASCEND_ASSIGN_OR_RETURN(s->engine, memascend::IoEngine::Create(eo));
   }
   if (o.volume_path.empty()) return absl::InvalidArgumentError("no volume path");
+  if (o.file_per_tensor) return OpenFiles(o, s);
   memascend::VolumeOpenOptions open;
   open.engine = s->engine.get();
   if (o.resume) {
@@ -99,13 +122,13 @@ absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
   so.defer_prefetches = true;
   so.ledger = ledger;
   // No GPU tier: the budget is mlock'ed, not registered with CUDA (host_backing kAuto).
-  MEMASCEND_ASSIGN_OR_RETURN(s->store, memascend::TensorStore::Open(s->volume.get(), so));
-  MEMASCEND_ASSIGN_OR_RETURN(s->state, memascend::VersionedTrainingState::Open(
-                                           s->store.get(), s->volume.get(), layout, [] {
-                                             memascend::VersionedTrainingStateOptions v;
-                                             v.record_name = "train.checkpoint";
-                                             return v;
-                                           }()));
+  MEMASCEND_ASSIGN_OR_RETURN(s->store, memascend::TensorStore::Open(s->objects(), so));
+  MEMASCEND_ASSIGN_OR_RETURN(
+      s->state, memascend::VersionedTrainingState::Open(s->store.get(), s->objects(), layout, [] {
+        memascend::VersionedTrainingStateOptions v;
+        v.record_name = "train.checkpoint";
+        return v;
+      }()));
   return absl::OkStatus();
 }
 

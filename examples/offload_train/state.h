@@ -13,6 +13,7 @@
 #include <absl/status/status.h>
 
 #include <memascend/memory_ledger.h>
+#include <memascend/object_store.h>
 #include <memascend/tensor_store.h>
 #include <memascend/training_state.h>
 #include <memascend/volume.h>
@@ -31,10 +32,15 @@ memascend::StateLayout MakeStateLayout(const ModelConfig& c, memascend::DType dt
                                        std::size_t chunk, bool derive);
 memascend::StateLayout MakeStateLayout(const TrainOptions& o);
 
-// MemAscend's policy: the volume, its tensor store and the versioned state on them.
+// MemAscend's policy: the volume (or, for ablations, a directory with a file per tensor),
+// its tensor store and the versioned state on them.
 struct OffloadState {
   std::unique_ptr<memascend::IoEngine> engine;  // with TrainOptions::fault_injector only
   std::unique_ptr<memascend::Volume> volume;
+  std::unique_ptr<memascend::FileObjectStore> files;  // TrainOptions::file_per_tensor
+  memascend::ObjectStore* objects() const {
+    return volume ? static_cast<memascend::ObjectStore*>(volume.get()) : files.get();
+  }
   std::unique_ptr<memascend::TensorStore> store;
   std::unique_ptr<memascend::VersionedTrainingState> state;
   ~OffloadState();

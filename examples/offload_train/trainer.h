@@ -165,6 +165,9 @@ struct TrainOptions {
   // Each gradient part checked for inf/NaN with byte-per-element temporaries, PyTorch's
   // way, not the fused kernel (OffloadedAdamOptions::overflow_check): for ablations.
   bool unfused_overflow_check = false;
+  // The state in a directory with a file per tensor (FileObjectStore, ZeRO-Infinity's
+  // layout: volume_path names the directory), not a volume: for ablations.
+  bool file_per_tensor = false;
   std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own

@@ -14,6 +14,7 @@
 #include <memascend/io_scheduler.h>
 #include <memascend/kernels.h>
 #include <memascend/memory_ledger.h>
+#include <memascend/object_store.h>
 #include <memascend/offloaded_optimizer.h>
 #include <memascend/pinned_pool.h>
 #include <memascend/safetensors.h>

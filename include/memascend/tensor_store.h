@@ -209,8 +209,10 @@ class PrefetchTicket {
 
 class TensorStore {
  public:
-  // kInvalidArgument for a zero budget.
-  static absl::StatusOr<std::unique_ptr<TensorStore>> Open(Volume* volume,
+  // `volume`: where tensors live, a Volume or any ObjectStore (a FileObjectStore:
+  // memascend/object_store.h); it must outlive the store. kInvalidArgument for a zero
+  // budget.
+  static absl::StatusOr<std::unique_ptr<TensorStore>> Open(ObjectStore* volume,
                                                            const TensorStoreOptions& options);
   // Closes the store if Close() was not called. Dirty durable tensors are never dropped
   // silently: they are written back and committed as by Close(), and if that fails the

@@ -237,7 +237,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   // Registers every part's tensors (of a volume that holds them, their stored bytes).
   // kAlreadyExists when the store already has tensors of these names.
   static absl::StatusOr<std::unique_ptr<VersionedTrainingState>> Open(
-      TensorStore* store, Volume* volume, const StateLayout& layout,
+      TensorStore* store, ObjectStore* volume, const StateLayout& layout,
       const VersionedTrainingStateOptions& options = {});
   ~VersionedTrainingState() override;  // settles a commit in progress
 

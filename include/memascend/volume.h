@@ -48,6 +48,7 @@
 #include <absl/status/statusor.h>
 
 #include <memascend/io_engine.h>
+#include <memascend/object_store.h>
 #include <memascend/types.h>
 
 namespace memascend {
@@ -68,20 +69,6 @@ struct VolumeOpenOptions {
   // How long to wait for the lock of another holder. A process that just died may hold
   // it for a moment: the kernel releases an io_uring's registered files asynchronously.
   std::chrono::milliseconds lock_wait{2000};
-};
-
-struct VolumeExtent {
-  std::uint64_t offset = 0;  // bytes into the target
-  std::uint64_t bytes = 0;
-};
-
-struct ObjectInfo {
-  std::string name;
-  std::uint64_t size = 0;
-  std::string metadata;
-  Durability durability = Durability::kDurable;
-  std::uint32_t checksum = 0;  // CRC-32C of the data
-  std::vector<VolumeExtent> extents;
 };
 
 struct VolumeStats {
@@ -112,7 +99,7 @@ struct FsckReport {
   std::vector<std::string> warnings;  // repaired or expected (a torn last commit)
 };
 
-class Volume {
+class Volume final : public ObjectStore {
  public:
   // Writes an empty volume. Refuses foreign data unless forced; kInvalidArgument for
   // a bad unit or journal size or a target too small to hold anything.
@@ -130,7 +117,7 @@ class Volume {
   static absl::StatusOr<std::unique_ptr<Volume>> OpenOrCreate(const std::string& path,
                                                               const VolumeFormatOptions& format,
                                                               const VolumeOpenOptions& open = {});
-  ~Volume();
+  ~Volume() override;
   Volume(const Volume&) = delete;
   Volume& operator=(const Volume&) = delete;
 
@@ -139,19 +126,19 @@ class Volume {
   // object, if any, stays); kInvalidArgument for a bad name or metadata over 16 KiB;
   // I/O errors as the engine reports them.
   absl::Status Put(std::string_view name, std::span<const std::byte> data, Durability durability,
-                   std::string_view metadata = {});
+                   std::string_view metadata = {}) override;
   // Note [staged puts]: a durable object committed by the next Sync(). Errors as Put().
   absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
-                         std::string_view metadata = {});
+                         std::string_view metadata = {}) override;
   // Commits every staged object. After a failure they stay staged.
-  absl::Status Sync();
+  absl::Status Sync() override;
   // Reads the whole object into `out` (at least its size). kNotFound; kInvalidArgument
   // if `out` is too small; kDataLoss naming the object on a checksum mismatch.
-  absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out);
-  absl::StatusOr<ObjectInfo> Stat(std::string_view name) const;
-  std::vector<ObjectInfo> List() const;
+  absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override;
+  absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override;
+  std::vector<ObjectInfo> List() const override;
   // Removes an object (durably, for a durable one). kNotFound.
-  absl::Status Delete(std::string_view name);
+  absl::Status Delete(std::string_view name) override;
 
   // Checks the volume's structures (and, with verify_data, every object's checksum).
   absl::StatusOr<FsckReport> Fsck(bool verify_data);

@@ -75,7 +75,7 @@ absl::Status TensorStore::Close() {
   return impl_->close_status;
 }
 
-absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(Volume* volume,
+absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(ObjectStore* volume,
                                                                const TensorStoreOptions& options) {
   if (volume == nullptr) return absl::InvalidArgumentError("tensor store: volume is null");
   if (options.host_budget_bytes == 0)

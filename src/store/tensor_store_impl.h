@@ -90,7 +90,7 @@ struct TensorStore::Impl {
     std::shared_ptr<PrefetchTicket::State> ticket;  // null for a write-behind
   };
 
-  Volume* volume = nullptr;
+  ObjectStore* volume = nullptr;
   TensorStoreOptions options;
   std::unique_ptr<MemoryLedger> own_ledger;
   MemoryLedger* ledger = nullptr;

@@ -323,7 +323,7 @@ absl::StatusOr<std::optional<CommitRecord>> InMemoryTrainingState::Resume(
 
 struct VersionedTrainingState::Impl {
   TensorStore* store = nullptr;
-  Volume* volume = nullptr;
+  ObjectStore* volume = nullptr;
   VersionedTrainingStateOptions options;
   // [kind][group][part * versions + version]
   std::array<std::vector<std::vector<TensorId>>, kKinds.size()> ids;
@@ -354,7 +354,7 @@ std::uint64_t VersionedTrainingState::StoredBytes(const StateLayout& layout) {
 }
 
 absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::Open(
-    TensorStore* store, Volume* volume, const StateLayout& layout,
+    TensorStore* store, ObjectStore* volume, const StateLayout& layout,
     const VersionedTrainingStateOptions& options) {
   if (store == nullptr || volume == nullptr)
     return absl::InvalidArgumentError("versioned training state: null store or volume");

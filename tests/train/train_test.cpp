@@ -200,7 +200,8 @@ TEST(Train, TheAblationsReplacementsTrainTheSame) {
   ASSERT_OK_AND_ASSIGN(TrainSummary pow2, run([](TrainOptions* o) { o->pow2_pool = true; }));
   ASSERT_OK_AND_ASSIGN(TrainSummary unfused,
                        run([](TrainOptions* o) { o->unfused_overflow_check = true; }));
-  for (const TrainSummary* s : {&pow2, &unfused}) {
+  ASSERT_OK_AND_ASSIGN(TrainSummary files, run([](TrainOptions* o) { o->file_per_tensor = true; }));
+  for (const TrainSummary* s : {&pow2, &unfused, &files}) {
     EXPECT_EQ(s->losses, base.losses);
     EXPECT_EQ(s->step_skipped, base.step_skipped);
   }
@@ -473,6 +474,42 @@ TEST(Train, AnExistingVolumeIsNeverReformattedWithoutForce) {
   o.force = true;
   ASSERT_OK_AND_ASSIGN(TrainSummary fresh, Train(o, d.tokens, d.tok));
   EXPECT_EQ(fresh.first_step, 1u);
+}
+
+// The state in a file per tensor (--storage files) keeps the volume's promises: an earlier
+// run's objects are refused without --resume or --force, a resumed run continues at the
+// reference's losses, and a volume file is not taken for a store directory.
+TEST(Train, AFilePerTensorStateResumesAndIsNeverOverwrittenWithoutForce) {
+  ScratchPath path("train");
+  TrainOptions o = Tiny(path.path());
+  o.file_per_tensor = true;
+  o.steps = 3;
+  const Data d = MakeData(256);
+  ASSERT_OK(Train(o, d.tokens, d.tok).status());
+  EXPECT_THAT(Train(o, d.tokens, d.tok), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                  AllOf(HasSubstr("--resume"), HasSubstr("--force"),
+                                                        HasSubstr("training checkpoint"))));
+  o.resume = true;
+  o.steps = 6;
+  ASSERT_OK_AND_ASSIGN(TrainSummary resumed, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(resumed.first_step, 4u);
+  o.resume = false;
+  o.mode = Mode::kReference;
+  ASSERT_OK_AND_ASSIGN(TrainSummary whole, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 3, whole.losses.end()));
+  o.mode = Mode::kOffload;
+  o.force = true;
+  ASSERT_OK_AND_ASSIGN(TrainSummary fresh, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(fresh.first_step, 1u);
+
+  ScratchPath volume("train");
+  TrainOptions v = Tiny(volume.path());
+  v.steps = 1;
+  ASSERT_OK(Train(v, d.tokens, d.tok).status());
+  v.file_per_tensor = true;
+  v.force = true;  // not even --force makes a volume file a store directory
+  EXPECT_THAT(Train(v, d.tokens, d.tok),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a directory")));
 }
 
 // A loss that is not finite, with no loss scaler to skip the step (bf16 at scale 1),
