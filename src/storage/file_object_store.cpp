@@ -141,6 +141,7 @@ struct FileObjectStore::Impl {
     bool staged = false;  // the bytes are in NAME.new until Sync()
     std::string lost;     // why the object's bytes are gone (a failed in-place write)
   };
+  absl::Mutex sync_mu;  // one Sync() at a time
   mutable absl::Mutex mu;
   std::map<std::string, Entry, std::less<>> objects ABSL_GUARDED_BY(mu);
 
@@ -405,6 +406,7 @@ absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const s
 
 absl::Status FileObjectStore::Sync() {
   Impl& m = *impl_;
+  absl::MutexLock one_at_a_time(&m.sync_mu);
   std::vector<std::string> staged;
   {
     absl::MutexLock lock(&m.mu);
@@ -412,16 +414,28 @@ absl::Status FileObjectStore::Sync() {
       if (e.staged) staged.push_back(name);
   }
   if (staged.empty()) return absl::OkStatus();
+  auto still_staged = [&](const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m.mu) {
+    auto it = m.objects.find(name);
+    return it != m.objects.end() && it->second.staged;
+  };
   for (const std::string& name : staged) {  // their bytes first, then the names
     const std::string fresh = m.Path(name, kNewSuffix);
     prim::UniqueFd fd(::open(fresh.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return absl::ErrnoToStatus(errno, fmt::format("open({})", fresh));
+    if (!fd) {
+      const int err = errno;
+      absl::MutexLock lock(&m.mu);
+      if (err == ENOENT && !still_staged(name)) continue;  // a Put or Delete since
+      return absl::ErrnoToStatus(err, fmt::format("open({})", fresh));
+    }
     MEMASCEND_RETURN_IF_ERROR(prim::Fsync(fd.get()));
   }
   for (const std::string& name : staged) {
-    MEMASCEND_RETURN_IF_ERROR(prim::Rename(m.Path(name, kNewSuffix), m.Path(name, kObjectSuffix)));
+    // Under the lock: a Get sees the staged file or the committed one, and looks again if
+    // the rename came between its lookup and its open.
     absl::MutexLock lock(&m.mu);
-    if (auto it = m.objects.find(name); it != m.objects.end()) it->second.staged = false;
+    if (!still_staged(name)) continue;
+    MEMASCEND_RETURN_IF_ERROR(prim::Rename(m.Path(name, kNewSuffix), m.Path(name, kObjectSuffix)));
+    m.objects.find(name)->second.staged = false;
   }
   return m.SyncDir();
 }
@@ -430,20 +444,26 @@ absl::StatusOr<std::size_t> FileObjectStore::Get(std::string_view name, std::spa
   Impl& m = *impl_;
   ObjectInfo info;
   std::string path;
-  {
-    absl::MutexLock lock(&m.mu);
-    auto it = m.objects.find(name);
-    if (it == m.objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
-    if (!it->second.lost.empty()) return absl::DataLossError(it->second.lost);
-    info = it->second.info;
-    path = m.Path(name, it->second.staged ? kNewSuffix : kObjectSuffix);
+  prim::UniqueFd fd;
+  // A staged object's file is renamed by a Sync() on another thread (the committer) between
+  // the lookup and the open: look again.
+  for (int attempt = 0; !fd; ++attempt) {
+    {
+      absl::MutexLock lock(&m.mu);
+      auto it = m.objects.find(name);
+      if (it == m.objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
+      if (!it->second.lost.empty()) return absl::DataLossError(it->second.lost);
+      info = it->second.info;
+      path = m.Path(name, it->second.staged ? kNewSuffix : kObjectSuffix);
+    }
+    if (out.size() < info.size) {
+      return absl::InvalidArgumentError(
+          fmt::format("object '{}' holds {} bytes, the buffer {}", name, info.size, out.size()));
+    }
+    fd = prim::UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+    if (!fd && (errno != ENOENT || attempt == 3))
+      return absl::ErrnoToStatus(errno, fmt::format("open({})", path));
   }
-  if (out.size() < info.size) {
-    return absl::InvalidArgumentError(
-        fmt::format("object '{}' holds {} bytes, the buffer {}", name, info.size, out.size()));
-  }
-  prim::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
-  if (!fd) return absl::ErrnoToStatus(errno, fmt::format("open({})", path));
   MEMASCEND_ASSIGN_OR_RETURN(FileId file, m.engine->RegisterFile(fd.get()));
   std::uint32_t crc = 0;
   absl::Status s = storage::Transfer(

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -189,6 +190,35 @@ TEST(FileObjectStore, CorruptionIsDataLossNamingWhat) {
   EXPECT_THAT(FileObjectStore::Open(p.path(), {}).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path_a)));
   EXPECT_TRUE(std::filesystem::exists(path_a));
+}
+
+// The committer syncs while the training loop reads: every read succeeds (a staged object
+// renamed between a Get's lookup and its open is looked up again; the window is narrow).
+TEST(FileObjectStore, ReadsDuringASyncFindEveryObject) {
+  ScratchPath p("fos");
+  auto s = OpenOk(p.path());
+  ASSERT_NE(s, nullptr);
+  for (int round = 0; round < 5; ++round) {
+    constexpr int kObjects = 60;
+    for (int i = 0; i < kObjects; ++i) {
+      const std::string n = "t" + std::to_string(i);
+      ASSERT_OK(s->PutStaged(n, Pattern(n, round, 4096 + 100)));
+    }
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+      std::vector<std::byte> out(4096 + 100);
+      while (!done.load()) {
+        for (int i = 0; i < kObjects; ++i) {
+          const std::string n = "t" + std::to_string(i);
+          ASSERT_OK(s->Get(n, out).status()) << n;
+          ASSERT_EQ(out, Pattern(n, round, out.size())) << n;
+        }
+      }
+    });
+    ASSERT_OK(s->Sync());
+    done = true;
+    reader.join();
+  }
 }
 
 // Fails the data writes (offset 0 of a file) while armed.
