@@ -32,6 +32,9 @@
 namespace memascend {
 namespace {
 
+using storage::GetLe;
+using storage::PutLe;
+
 constexpr std::size_t kBlock = 4096;
 constexpr std::uint64_t kMagic = 0x314A424F53464D41ull;     // "AMFSOBJ1"
 constexpr std::uint64_t kEndMagic = 0x444E454A424F4D41ull;  // "AMOBJEND"
@@ -40,25 +43,6 @@ constexpr const char* kMarker = ".memascend-objects";
 constexpr const char* kObjectSuffix = ".obj";
 constexpr const char* kNewSuffix = ".new";  // staged, committed by Sync()
 constexpr const char* kTmpSuffix = ".tmp";  // being written, renamed when whole
-
-template <typename T>
-void PutLe(std::byte* at, T v) {
-  std::memcpy(at, &v, sizeof v);  // little-endian hosts only (x86-64, aarch64)
-}
-template <typename T>
-T GetLe(const std::byte* at) {
-  T v;
-  std::memcpy(&v, at, sizeof v);
-  return v;
-}
-
-absl::Status CheckName(std::string_view name) {
-  if (name.empty() || name.size() > storage::kMaxNameBytes) {
-    return absl::InvalidArgumentError(fmt::format("object name must be 1..{} bytes, got {}",
-                                                  storage::kMaxNameBytes, name.size()));
-  }
-  return absl::OkStatus();
-}
 
 std::string Escape(std::string_view name) {
   std::string out;
@@ -151,11 +135,7 @@ struct FileObjectStore::Impl {
   absl::Status SyncDir() const { return prim::Fsync(dir_fd.get()); }
 
   static absl::Status CheckPut(std::string_view name, std::string_view metadata) {
-    MEMASCEND_RETURN_IF_ERROR(CheckName(name));
-    if (metadata.size() > storage::kMaxMetadataBytes) {
-      return absl::InvalidArgumentError(fmt::format("metadata of {} bytes exceeds {}",
-                                                    metadata.size(), storage::kMaxMetadataBytes));
-    }
+    MEMASCEND_RETURN_IF_ERROR(storage::CheckObject(name, metadata));
     if (Escape(name).size() + 4 > 255) {
       return absl::InvalidArgumentError(
           fmt::format("object name '{}' is too long for a file name once escaped", name));

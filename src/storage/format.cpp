@@ -11,18 +11,19 @@ namespace memascend::storage {
 
 static_assert(std::endian::native == std::endian::little, "the format is written little-endian");
 
-namespace {
+absl::Status CheckObject(std::string_view name, std::string_view metadata) {
+  if (name.empty() || name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        fmt::format("object name must be 1..{} bytes, got {}", kMaxNameBytes, name.size()));
+  }
+  if (metadata.size() > kMaxMetadataBytes) {
+    return absl::InvalidArgumentError(
+        fmt::format("metadata of {} bytes exceeds {}", metadata.size(), kMaxMetadataBytes));
+  }
+  return absl::OkStatus();
+}
 
-template <typename T>
-void Put(std::byte* at, T value) {
-  std::memcpy(at, &value, sizeof(T));
-}
-template <typename T>
-T Get(const std::byte* at) {
-  T value;
-  std::memcpy(&value, at, sizeof(T));
-  return value;
-}
+namespace {
 
 // Superblock field offsets.
 constexpr std::size_t kOffMagic = 0, kOffVersion = 8, kOffGeneration = 16, kOffUuid = 24,
@@ -43,48 +44,48 @@ constexpr std::size_t kRecordHeader = 24;
 std::array<std::byte, kMetaBlock> EncodeSuperblock(const Superblock& sb) {
   std::array<std::byte, kMetaBlock> b{};
   std::byte* p = b.data();
-  Put(p + kOffMagic, kSuperMagic);
-  Put(p + kOffVersion, kFormatVersion);
-  Put(p + kOffGeneration, sb.generation);
+  PutLe(p + kOffMagic, kSuperMagic);
+  PutLe(p + kOffVersion, kFormatVersion);
+  PutLe(p + kOffGeneration, sb.generation);
   std::memcpy(p + kOffUuid, sb.uuid.data(), 16);
-  Put(p + kOffBlock, sb.block_size);
-  Put(p + kOffUnit, sb.unit_bytes);
-  Put(p + kOffCapacity, sb.capacity);
-  Put(p + kOffJournal, sb.journal_offset);
-  Put(p + kOffJournalHalf, sb.journal_half_bytes);
-  Put(p + kOffData, sb.data_offset);
-  Put(p + kOffUnits, sb.data_units);
-  Put(p + kOffHalf, sb.active_half);
-  Put(p + kOffEpoch, sb.epoch);
-  Put(p + kOffCrc, util::Crc32c(p, kOffCrc));
+  PutLe(p + kOffBlock, sb.block_size);
+  PutLe(p + kOffUnit, sb.unit_bytes);
+  PutLe(p + kOffCapacity, sb.capacity);
+  PutLe(p + kOffJournal, sb.journal_offset);
+  PutLe(p + kOffJournalHalf, sb.journal_half_bytes);
+  PutLe(p + kOffData, sb.data_offset);
+  PutLe(p + kOffUnits, sb.data_units);
+  PutLe(p + kOffHalf, sb.active_half);
+  PutLe(p + kOffEpoch, sb.epoch);
+  PutLe(p + kOffCrc, util::Crc32c(p, kOffCrc));
   return b;
 }
 
 absl::StatusOr<Superblock> DecodeSuperblock(std::span<const std::byte> block) {
   if (block.size() < kMetaBlock) return absl::DataLossError("superblock: short block");
   const std::byte* p = block.data();
-  if (Get<std::uint64_t>(p + kOffMagic) != kSuperMagic) {
+  if (GetLe<std::uint64_t>(p + kOffMagic) != kSuperMagic) {
     return absl::DataLossError("superblock: not a MemAscend volume (bad magic)");
   }
-  if (Get<std::uint32_t>(p + kOffCrc) != util::Crc32c(p, kOffCrc)) {
+  if (GetLe<std::uint32_t>(p + kOffCrc) != util::Crc32c(p, kOffCrc)) {
     return absl::DataLossError("superblock: checksum mismatch");
   }
-  if (const auto v = Get<std::uint32_t>(p + kOffVersion); v != kFormatVersion) {
+  if (const auto v = GetLe<std::uint32_t>(p + kOffVersion); v != kFormatVersion) {
     return absl::DataLossError(
         fmt::format("superblock: format version {} (this build reads {})", v, kFormatVersion));
   }
   Superblock sb;
-  sb.generation = Get<std::uint64_t>(p + kOffGeneration);
+  sb.generation = GetLe<std::uint64_t>(p + kOffGeneration);
   std::memcpy(sb.uuid.data(), p + kOffUuid, 16);
-  sb.block_size = Get<std::uint32_t>(p + kOffBlock);
-  sb.unit_bytes = Get<std::uint32_t>(p + kOffUnit);
-  sb.capacity = Get<std::uint64_t>(p + kOffCapacity);
-  sb.journal_offset = Get<std::uint64_t>(p + kOffJournal);
-  sb.journal_half_bytes = Get<std::uint64_t>(p + kOffJournalHalf);
-  sb.data_offset = Get<std::uint64_t>(p + kOffData);
-  sb.data_units = Get<std::uint64_t>(p + kOffUnits);
-  sb.active_half = Get<std::uint32_t>(p + kOffHalf);
-  sb.epoch = Get<std::uint64_t>(p + kOffEpoch);
+  sb.block_size = GetLe<std::uint32_t>(p + kOffBlock);
+  sb.unit_bytes = GetLe<std::uint32_t>(p + kOffUnit);
+  sb.capacity = GetLe<std::uint64_t>(p + kOffCapacity);
+  sb.journal_offset = GetLe<std::uint64_t>(p + kOffJournal);
+  sb.journal_half_bytes = GetLe<std::uint64_t>(p + kOffJournalHalf);
+  sb.data_offset = GetLe<std::uint64_t>(p + kOffData);
+  sb.data_units = GetLe<std::uint64_t>(p + kOffUnits);
+  sb.active_half = GetLe<std::uint32_t>(p + kOffHalf);
+  sb.epoch = GetLe<std::uint64_t>(p + kOffEpoch);
   // Geometry a writer could have produced; anything else is damage.
   const bool sane =
       sb.block_size >= 512 && std::has_single_bit(sb.block_size) && sb.block_size <= kMetaBlock &&
@@ -104,21 +105,21 @@ std::vector<std::byte> EncodeRecords(std::span<const JournalRecord> records) {
     const std::size_t at = out.size();
     out.resize(at + kRecordHeader + r.name.size() + r.metadata.size() + r.extents.size() * 16);
     std::byte* p = out.data() + at;
-    Put(p, static_cast<std::uint8_t>(r.type));
-    Put(p + 1, std::uint8_t{0});
-    Put(p + 2, static_cast<std::uint16_t>(r.name.size()));
-    Put(p + 4, static_cast<std::uint32_t>(r.metadata.size()));
-    Put(p + 8, r.size);
-    Put(p + 16, r.checksum);
-    Put(p + 20, static_cast<std::uint32_t>(r.extents.size()));
+    PutLe(p, static_cast<std::uint8_t>(r.type));
+    PutLe(p + 1, std::uint8_t{0});
+    PutLe(p + 2, static_cast<std::uint16_t>(r.name.size()));
+    PutLe(p + 4, static_cast<std::uint32_t>(r.metadata.size()));
+    PutLe(p + 8, r.size);
+    PutLe(p + 16, r.checksum);
+    PutLe(p + 20, static_cast<std::uint32_t>(r.extents.size()));
     p += kRecordHeader;
     std::memcpy(p, r.name.data(), r.name.size());
     p += r.name.size();
     std::memcpy(p, r.metadata.data(), r.metadata.size());
     p += r.metadata.size();
     for (const Extent& e : r.extents) {
-      Put(p, e.start);
-      Put(p + 8, e.units);
+      PutLe(p, e.start);
+      PutLe(p + 8, e.units);
       p += 16;
     }
   }
@@ -132,17 +133,17 @@ absl::StatusOr<std::vector<JournalRecord>> DecodeRecords(std::span<const std::by
     if (stream.size() - at < kRecordHeader) return absl::DataLossError("journal: truncated record");
     const std::byte* p = stream.data() + at;
     JournalRecord r;
-    const auto type = Get<std::uint8_t>(p);
+    const auto type = GetLe<std::uint8_t>(p);
     if (type != 1 && type != 2)
       return absl::DataLossError(fmt::format("journal: record type {}", type));
-    if (Get<std::uint8_t>(p + 1) != 0)
+    if (GetLe<std::uint8_t>(p + 1) != 0)
       return absl::DataLossError("journal: reserved record byte is set");
     r.type = static_cast<RecordType>(type);
-    const auto name_len = Get<std::uint16_t>(p + 2);
-    const auto meta_len = Get<std::uint32_t>(p + 4);
-    r.size = Get<std::uint64_t>(p + 8);
-    r.checksum = Get<std::uint32_t>(p + 16);
-    const auto extents = Get<std::uint32_t>(p + 20);
+    const auto name_len = GetLe<std::uint16_t>(p + 2);
+    const auto meta_len = GetLe<std::uint32_t>(p + 4);
+    r.size = GetLe<std::uint64_t>(p + 8);
+    r.checksum = GetLe<std::uint32_t>(p + 16);
+    const auto extents = GetLe<std::uint32_t>(p + 20);
     if (name_len == 0 || name_len > kMaxNameBytes || meta_len > kMaxMetadataBytes ||
         extents > kMaxExtents) {
       return absl::DataLossError("journal: record field out of range");
@@ -156,7 +157,7 @@ absl::StatusOr<std::vector<JournalRecord>> DecodeRecords(std::span<const std::by
     r.metadata.assign(reinterpret_cast<const char*>(p), meta_len);
     p += meta_len;
     for (std::uint32_t i = 0; i < extents; ++i) {
-      r.extents.push_back({Get<std::uint64_t>(p), Get<std::uint64_t>(p + 8)});
+      r.extents.push_back({GetLe<std::uint64_t>(p), GetLe<std::uint64_t>(p + 8)});
       p += 16;
     }
     records.push_back(std::move(r));
@@ -183,14 +184,14 @@ std::vector<std::byte> EncodeCommit(std::span<const JournalRecord> records, std:
     const std::size_t from = i * kJournalPayload;
     const std::size_t len =
         std::min(kJournalPayload, stream.size() - std::min(stream.size(), from));
-    Put(b + kJOffMagic, kJournalMagic);
-    Put(b + kJOffSeq, first_seq + i);
-    Put(b + kJOffEpoch, epoch);
-    Put(b + kJOffLength, static_cast<std::uint32_t>(len));
-    Put(b + kJOffFlags, static_cast<std::uint32_t>((blocks << 16) | i));
+    PutLe(b + kJOffMagic, kJournalMagic);
+    PutLe(b + kJOffSeq, first_seq + i);
+    PutLe(b + kJOffEpoch, epoch);
+    PutLe(b + kJOffLength, static_cast<std::uint32_t>(len));
+    PutLe(b + kJOffFlags, static_cast<std::uint32_t>((blocks << 16) | i));
     if (len > 0) std::memcpy(b + kJournalHeader, stream.data() + from, len);
-    Put(b + kJOffCrc, std::uint32_t{0});
-    Put(b + kJOffCrc, util::Crc32c(b, kMetaBlock));
+    PutLe(b + kJOffCrc, std::uint32_t{0});
+    PutLe(b + kJOffCrc, util::Crc32c(b, kMetaBlock));
   }
   return out;
 }
@@ -208,16 +209,16 @@ struct BlockView {
 
 BlockView View(const std::byte* b, std::uint64_t epoch) {
   BlockView v;
-  if (Get<std::uint32_t>(b + kJOffMagic) != kJournalMagic) return v;
-  if (Get<std::uint64_t>(b + kJOffEpoch) != epoch) return v;
+  if (GetLe<std::uint32_t>(b + kJOffMagic) != kJournalMagic) return v;
+  if (GetLe<std::uint64_t>(b + kJOffEpoch) != epoch) return v;
   std::array<std::byte, kMetaBlock> copy;
   std::memcpy(copy.data(), b, kMetaBlock);
-  Put(copy.data() + kJOffCrc, std::uint32_t{0});
-  if (util::Crc32c(copy.data(), kMetaBlock) != Get<std::uint32_t>(b + kJOffCrc)) return v;
-  v.length = Get<std::uint32_t>(b + kJOffLength);
+  PutLe(copy.data() + kJOffCrc, std::uint32_t{0});
+  if (util::Crc32c(copy.data(), kMetaBlock) != GetLe<std::uint32_t>(b + kJOffCrc)) return v;
+  v.length = GetLe<std::uint32_t>(b + kJOffLength);
   if (v.length > kJournalPayload) return v;
-  v.seq = Get<std::uint64_t>(b + kJOffSeq);
-  const auto flags = Get<std::uint32_t>(b + kJOffFlags);
+  v.seq = GetLe<std::uint64_t>(b + kJOffSeq);
+  const auto flags = GetLe<std::uint32_t>(b + kJOffFlags);
   v.index = flags & 0xffffu;
   const std::uint32_t count = flags >> 16;
   if (v.index >= count || v.index > v.seq) return v;
@@ -231,13 +232,13 @@ BlockView View(const std::byte* b, std::uint64_t epoch) {
 
 std::array<std::byte, kMetaBlock> EncodeSeal(std::uint64_t seq, std::uint64_t epoch) {
   std::array<std::byte, kMetaBlock> b{};
-  Put(b.data() + kJOffMagic, kJournalMagic);
-  Put(b.data() + kJOffSeq, seq);
-  Put(b.data() + kJOffEpoch, epoch);
-  Put(b.data() + kJOffLength, std::uint32_t{0});
-  Put(b.data() + kJOffFlags, std::uint32_t{0});
-  Put(b.data() + kJOffCrc, std::uint32_t{0});
-  Put(b.data() + kJOffCrc, util::Crc32c(b.data(), kMetaBlock));
+  PutLe(b.data() + kJOffMagic, kJournalMagic);
+  PutLe(b.data() + kJOffSeq, seq);
+  PutLe(b.data() + kJOffEpoch, epoch);
+  PutLe(b.data() + kJOffLength, std::uint32_t{0});
+  PutLe(b.data() + kJOffFlags, std::uint32_t{0});
+  PutLe(b.data() + kJOffCrc, std::uint32_t{0});
+  PutLe(b.data() + kJOffCrc, util::Crc32c(b.data(), kMetaBlock));
   return b;
 }
 
@@ -245,14 +246,14 @@ namespace {
 
 // A seal of `epoch` for slot `slot` (EncodeSeal), checksum and all.
 bool IsSeal(const std::byte* b, std::uint64_t epoch, std::size_t slot) {
-  if (Get<std::uint32_t>(b + kJOffMagic) != kJournalMagic ||
-      Get<std::uint64_t>(b + kJOffEpoch) != epoch || Get<std::uint64_t>(b + kJOffSeq) != slot ||
-      Get<std::uint32_t>(b + kJOffLength) != 0 || Get<std::uint32_t>(b + kJOffFlags) != 0)
+  if (GetLe<std::uint32_t>(b + kJOffMagic) != kJournalMagic ||
+      GetLe<std::uint64_t>(b + kJOffEpoch) != epoch || GetLe<std::uint64_t>(b + kJOffSeq) != slot ||
+      GetLe<std::uint32_t>(b + kJOffLength) != 0 || GetLe<std::uint32_t>(b + kJOffFlags) != 0)
     return false;
   std::array<std::byte, kMetaBlock> copy;
   std::memcpy(copy.data(), b, kMetaBlock);
-  Put(copy.data() + kJOffCrc, std::uint32_t{0});
-  return util::Crc32c(copy.data(), kMetaBlock) == Get<std::uint32_t>(b + kJOffCrc);
+  PutLe(copy.data() + kJOffCrc, std::uint32_t{0});
+  return util::Crc32c(copy.data(), kMetaBlock) == GetLe<std::uint32_t>(b + kJOffCrc);
 }
 
 }  // namespace
@@ -306,8 +307,8 @@ Replay ReplayJournal(std::span<const std::byte> half, std::uint64_t epoch) {
   // A block that is neither zeros (never written since format), nor a journal block (of
   // this epoch: a torn write; of another: stale), nor a torn write whose first sector did
   // not land (a zero header), is damage: the journal was overwritten.
-  if (slot == commit_start && Get<std::uint32_t>(stop + kJOffMagic) != kJournalMagic &&
-      Get<std::uint64_t>(stop) != 0) {
+  if (slot == commit_start && GetLe<std::uint32_t>(stop + kJOffMagic) != kJournalMagic &&
+      GetLe<std::uint64_t>(stop) != 0) {
     r.corrupt = true;
     r.detail = fmt::format(
         "journal block {} holds neither a commit, a seal nor zeros: the journal was overwritten",
@@ -316,8 +317,8 @@ Replay ReplayJournal(std::span<const std::byte> half, std::uint64_t epoch) {
   }
   r.torn_tail =
       slot > commit_start ||
-      (slot < slots && Get<std::uint32_t>(half.data() + slot * kMetaBlock) == kJournalMagic &&
-       Get<std::uint64_t>(half.data() + slot * kMetaBlock + kJOffEpoch) == epoch);
+      (slot < slots && GetLe<std::uint32_t>(half.data() + slot * kMetaBlock) == kJournalMagic &&
+       GetLe<std::uint64_t>(half.data() + slot * kMetaBlock + kJOffEpoch) == epoch);
   if (r.torn_tail)
     r.detail = fmt::format("an incomplete commit at block {} was discarded", commit_start);
   return r;

@@ -8,8 +8,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <absl/status/statusor.h>
@@ -25,6 +27,22 @@ inline constexpr std::size_t kJournalPayload = kMetaBlock - kJournalHeader;
 inline constexpr std::size_t kMaxNameBytes = 255;
 inline constexpr std::size_t kMaxMetadataBytes = 16 * 1024;
 inline constexpr std::size_t kMaxExtents = 4096;
+
+// Little-endian integers in place (the format's, and the host's: format.cpp asserts it).
+template <typename T>
+void PutLe(std::byte* at, T value) {
+  std::memcpy(at, &value, sizeof(T));
+}
+template <typename T>
+T GetLe(const std::byte* at) {
+  T value;
+  std::memcpy(&value, at, sizeof(T));
+  return value;
+}
+
+// An object's name (1..kMaxNameBytes) and metadata (up to kMaxMetadataBytes), as every
+// object store takes them: kInvalidArgument otherwise.
+absl::Status CheckObject(std::string_view name, std::string_view metadata);
 
 struct Superblock {
   std::uint64_t generation = 0;

@@ -68,14 +68,6 @@ struct Object {
   Durability durability = Durability::kDurable;
 };
 
-absl::Status CheckName(std::string_view name) {
-  if (name.empty() || name.size() > storage::kMaxNameBytes) {
-    return absl::InvalidArgumentError(fmt::format("object name must be 1..{} bytes, got {}",
-                                                  storage::kMaxNameBytes, name.size()));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 struct Volume::Impl {
@@ -432,11 +424,7 @@ absl::StatusOr<std::vector<Extent>> Volume::Impl::WriteData(std::string_view nam
                                                             std::span<const std::byte> data,
                                                             std::string_view metadata) {
   Impl& m = *this;
-  MEMASCEND_RETURN_IF_ERROR(CheckName(name));
-  if (metadata.size() > storage::kMaxMetadataBytes) {
-    return absl::InvalidArgumentError(fmt::format("metadata of {} bytes exceeds {}",
-                                                  metadata.size(), storage::kMaxMetadataBytes));
-  }
+  MEMASCEND_RETURN_IF_ERROR(storage::CheckObject(name, metadata));
   std::vector<Extent> extents;
   std::uint64_t unit;
   {
