@@ -91,6 +91,41 @@ def label(policy, settings):
         f"{k}={v}" for k, v in settings.items() if k != "name")
 
 
+def settings_key(policy, settings):
+    """A configuration's identity: its policy and settings, whatever name it ran under."""
+    return policy, json.dumps({k: v for k, v in settings.items() if k != "name"}, sort_keys=True)
+
+
+def merge_earlier(results, treatments, earlier):
+    """This run's repeats (label: rows) with earlier repeats of the same model: a row of a
+    configuration this design holds joins that configuration, under this design's label;
+    a row of another configuration (a tuned row an earlier sweep found) stays a point of
+    its own, named by its settings."""
+    names = {settings_key(p, s): label(p, s) for p, s in treatments}
+    merged = {lab: list(rs) for lab, rs in results.items()}
+    for r in earlier:
+        k = settings_key(r["policy"], r["settings"])
+        lab = names.get(k) or label(r["policy"], {n: v for n, v in r["settings"].items()
+                                                  if n != "name"})
+        merged.setdefault(lab, []).append(r)
+    return merged
+
+
+def selected(treatments, only):
+    """The indices of the treatments named in ONLY (labels; a configuration run under two
+    names answers to either); every treatment without ONLY."""
+    if not only:
+        return list(range(len(treatments)))
+    keep = [i for i, (p, s) in enumerate(treatments)
+            if set(label(p, s).split(" = ")) & set(only)]
+    names = {n for p, s in treatments for n in label(p, s).split(" = ")}
+    unknown = sorted(set(only) - names)
+    if unknown:
+        raise SystemExit(f"frontier: --only names no configuration of the design: {unknown} "
+                         f"(the design's: {sorted(names)})")
+    return keep
+
+
 def williams(n, rng):
     """Orders of n treatments in which each follows each other equally often: a Williams
     design (n rows for n even, 2n for n odd), labels and rows shuffled."""
@@ -269,20 +304,31 @@ def main():
                     "the fastest and the smallest of this model's sweep in frontier.jsonl")
     ap.add_argument("--max-rows", type=int, help="at most this many rows of the design "
                     "(unbalanced; for models whose runs take minutes)")
+    ap.add_argument("--only", help="run only these configurations of the design (comma-"
+                    "separated labels: zero-default, zero-speed-tuned, zero-memory-tuned, "
+                    "'memascend 5%%', ...)")
+    ap.add_argument("--add-to-earlier", action="store_true",
+                    help="the summary also counts this model's earlier repeats in "
+                    "frontier.jsonl (a design's rows run over several sessions: the 1B model); "
+                    "implies --append")
     ap.add_argument("--append", action="store_true",
                     help="add to frontier.jsonl and the summary (other models' results stay)")
     a = ap.parse_args()
+    a.append = a.append or a.add_to_earlier
+    only = [x.strip() for x in a.only.split(",")] if a.only else None
     if a.reduced:
         a.models = "llama-56m" if a.models == ",".join(LADDER) else a.models
         a.steps = min(a.steps, 3)
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
-    earlier = []
-    if a.tuned_from:  # read before the runner (re)opens the file
+    earlier, before = [], []
+    if a.tuned_from or a.add_to_earlier:  # read before the runner (re)opens the file
         with open(os.path.join(a.out, "frontier.jsonl")) as f:
-            earlier = [r for r in map(json.loads, f) if r["model"] == a.tuned_from
-                       and r["phase"] == "sweep" and r["policy"] == "zero-infinity" and r["fits"]]
+            before = [json.loads(line) for line in f]
+    if a.tuned_from:
+        earlier = [r for r in before if r["model"] == a.tuned_from
+                   and r["phase"] == "sweep" and r["policy"] == "zero-infinity" and r["fits"]]
         if not earlier:
             raise SystemExit(f"frontier: no ZeRO sweep of {a.tuned_from} in frontier.jsonl")
     runner = Runner(a)
@@ -328,12 +374,18 @@ def main():
             rows += williams(len(treatments), rng)
         if a.max_rows:  # fewer rows than a whole design: no longer balanced (the 1B model)
             rows = rows[:a.max_rows]
+        keep = set(selected(treatments, only))
         results = {}
         for rep, order in enumerate(rows, 1):
             for t in order:
+                if t not in keep:
+                    continue
                 p, s = treatments[t]
                 r = runner.run(model, p, s, "repeat", rep)
                 results.setdefault(label(p, s), []).append(r)
+        if a.add_to_earlier:
+            results = merge_earlier(results, treatments, [
+                r for r in before if r["model"] == model and r["phase"] == "repeat"])
         # The summary: medians with intervals; the sweep's ZeRO points for the frontier.
         points, ours = [], []
         for lab, rs in results.items():

@@ -1,6 +1,7 @@
 """The benchmarks' method (bench/frontier.py, bench/fit.py, bench/memcap.sh): the
 Williams design's balance, the step-time rule, the bootstrap interval, the frontier's
-statements, and the memory cap the kernel enforces."""
+statements, the selection and merging of a design's rows over several sessions, and the
+memory cap the kernel enforces."""
 import collections
 import os
 import random
@@ -51,6 +52,39 @@ def test_frontier_statements_compare_at_or_below_each_zero_point():
     assert s["rss_ratio_at_time"] == pytest.approx(0.4)
     [none] = frontier.frontier_statements(zero, [{"rss": 2000, "step": 20.0}])
     assert none["time_ratio_at_rss"] is None and none["rss_ratio_at_time"] is None
+
+
+def _treatments():
+    default = dict(frontier.ZERO_DEFAULTS, name="zero-default = zero-speed-tuned")
+    small = dict(frontier.ZERO_DEFAULTS, sub_group_size=1, max_in_cpu=0, name="zero-memory-tuned")
+    return [("zero-infinity", default), ("zero-infinity", small),
+            ("memascend", {"budget_percent": 5}), ("memascend", {"budget_percent": 25})]
+
+
+def test_only_selects_configurations_by_either_of_their_names_and_refuses_others():
+    t = _treatments()
+    assert frontier.selected(t, None) == [0, 1, 2, 3]
+    assert frontier.selected(t, ["zero-speed-tuned"]) == [0]
+    assert frontier.selected(t, ["zero-memory-tuned", "memascend 25%"]) == [1, 3]
+    with pytest.raises(SystemExit, match="zero-fastest"):
+        frontier.selected(t, ["zero-fastest"])
+
+
+def test_earlier_repeats_join_their_configuration_whatever_it_was_named():
+    t = _treatments()
+    now = {"zero-memory-tuned": [{"policy": "zero-infinity", "settings": t[1][1], "id": "now"}]}
+    renamed = dict(t[1][1], name="an earlier sweep's smallest")
+    other = dict(frontier.ZERO_DEFAULTS, param_buffers=1, name="zero-memory-tuned")
+    earlier = [{"policy": "zero-infinity", "settings": renamed, "id": "same"},
+               {"policy": "zero-infinity", "settings": other, "id": "other"},
+               {"policy": "memascend", "settings": {"budget_percent": 5}, "id": "m5"}]
+    merged = frontier.merge_earlier(now, t, earlier)
+    assert [r["id"] for r in merged["zero-memory-tuned"]] == ["now", "same"]
+    assert [r["id"] for r in merged["memascend 5%"]] == ["m5"]
+    # Another configuration under a reused name is a point of its own, named by its settings.
+    [lab] = set(merged) - {"zero-memory-tuned", "memascend 5%"}
+    assert lab.startswith("zero param_buffers=1,") and merged[lab][0]["id"] == "other"
+    assert now["zero-memory-tuned"][0]["id"] == "now" and len(now["zero-memory-tuned"]) == 1
 
 
 def test_fit_reads_sizes_and_refuses_what_is_not_one():
