@@ -84,16 +84,20 @@ def zero_args(c):
             "--zero-block", str(c["aio_block"]), "--zero-queue-depth", str(c["queue_depth"])]
 
 
+def plain(settings):
+    """A configuration's settings without the name it ran under."""
+    return {k: v for k, v in settings.items() if k != "name"}
+
+
 def label(policy, settings):
     if policy == "memascend":
         return f"memascend {settings['budget_percent']}%"
-    return settings.get("name") or "zero " + ",".join(
-        f"{k}={v}" for k, v in settings.items() if k != "name")
+    return settings.get("name") or "zero " + ",".join(f"{k}={v}" for k, v in plain(settings).items())
 
 
 def settings_key(policy, settings):
     """A configuration's identity: its policy and settings, whatever name it ran under."""
-    return policy, json.dumps({k: v for k, v in settings.items() if k != "name"}, sort_keys=True)
+    return policy, json.dumps(plain(settings), sort_keys=True)
 
 
 def merge_earlier(results, treatments, earlier):
@@ -105,10 +109,42 @@ def merge_earlier(results, treatments, earlier):
     merged = {lab: list(rs) for lab, rs in results.items()}
     for r in earlier:
         k = settings_key(r["policy"], r["settings"])
-        lab = names.get(k) or label(r["policy"], {n: v for n, v in r["settings"].items()
-                                                  if n != "name"})
+        lab = names.get(k) or label(r["policy"], plain(r["settings"]))
         merged.setdefault(lab, []).append(r)
     return merged
+
+
+def named_zero_rows(zero_ran):
+    """ZeRO's named rows: DeepSpeed's defaults, and the fastest and the smallest of the
+    sweep's runs that finished (ZERO_RAN, in the sweep's order: a tie goes to the first).
+    A configuration found twice runs once, under both names ("zero-default =
+    zero-speed-tuned")."""
+    named = [("zero-default", dict(ZERO_DEFAULTS, name="zero-default"))]
+    if not zero_ran:
+        return named
+    fast = min(zero_ran, key=lambda r: r["step_seconds"])
+    small = min(zero_ran, key=lambda r: r["peak_rss_bytes"])
+    for name, r in (("zero-speed-tuned", fast), ("zero-memory-tuned", small)):
+        same = [n for n, s in named if plain(s) == plain(r["settings"])]
+        if same:
+            print(f"frontier: {name} is {same[0]}'s configuration", file=sys.stderr)
+            named = [(n, dict(s, name=f"{s['name']} = {name}") if n == same[0] else s)
+                     for n, s in named]
+        else:
+            named.append((name, dict(plain(r["settings"]), name=name)))
+    return named
+
+
+def rows_to_run(rows, max_rows, first_row):
+    """(repeat number, order) of the design's rows this run takes: the design cut at
+    MAX_ROWS rows (None: all; 0: none, the summary is rewritten from earlier runs), from
+    row FIRST_ROW (1-based: the rest of a design an earlier session began with the same
+    --seed)."""
+    if first_row < 1:
+        raise SystemExit(f"frontier: --first-row counts from 1, not {first_row}")
+    if max_rows is not None:
+        rows = rows[:max_rows]
+    return [(rep, order) for rep, order in enumerate(rows, 1) if rep >= first_row]
 
 
 def selected(treatments, only):
@@ -303,7 +339,11 @@ def main():
     ap.add_argument("--tuned-from", help="no sweep: ZeRO's speed- and memory-tuned rows are "
                     "the fastest and the smallest of this model's sweep in frontier.jsonl")
     ap.add_argument("--max-rows", type=int, help="at most this many rows of the design "
-                    "(unbalanced; for models whose runs take minutes)")
+                    "(unbalanced; for models whose runs take minutes); 0: none, rewrite the "
+                    "summary from earlier runs (with --add-to-earlier)")
+    ap.add_argument("--first-row", type=int, default=1, help="start at this row of the "
+                    "design (1-based): with the same --seed and --tuned-from the model "
+                    "itself, the rest of a design an earlier session began")
     ap.add_argument("--only", help="run only these configurations of the design (comma-"
                     "separated labels: zero-default, zero-speed-tuned, zero-memory-tuned, "
                     "'memascend 5%%', ...)")
@@ -353,30 +393,18 @@ def main():
             sweep = [runner.run(model, p, s, "sweep", 0) for p, s in configs]
             zero_ran = [r for r in sweep if r["policy"] == "zero-infinity" and r["fits"]]
         # 2. ZeRO's named rows
-        named = [("zero-default", dict(ZERO_DEFAULTS, name="zero-default"))]
-        if zero_ran:
-            fast = min(zero_ran, key=lambda r: r["step_seconds"])
-            small = min(zero_ran, key=lambda r: r["peak_rss_bytes"])
-            for name, r in (("zero-speed-tuned", fast), ("zero-memory-tuned", small)):
-                plain = {k: v for k, v in r["settings"].items() if k != "name"}
-                same = [n for n, s in named if {k: v for k, v in s.items() if k != "name"} == plain]
-                if same:  # run once: the same configuration under two names
-                    print(f"frontier: {name} is {same[0]}'s configuration", file=sys.stderr)
-                    named = [(n, dict(s, name=f"{s['name']} = {name}") if n == same[0] else s)
-                             for n, s in named]
-                else:
-                    named.append((name, dict(plain, name=name)))
+        named = named_zero_rows(zero_ran)
         # 3. the repeats, a Williams design
         treatments = [("zero-infinity", s) for _, s in named]
         treatments += [("memascend", {"budget_percent": b}) for b in budgets]
         rows = []
         while len(rows) < a.repeats:
             rows += williams(len(treatments), rng)
-        if a.max_rows:  # fewer rows than a whole design: no longer balanced (the 1B model)
-            rows = rows[:a.max_rows]
         keep = set(selected(treatments, only))
         results = {}
-        for rep, order in enumerate(rows, 1):
+        # fewer rows than a whole design are not balanced for carry-over until the rest
+        # of it runs (--first-row, the same --seed)
+        for rep, order in rows_to_run(rows, a.max_rows, a.first_row):
             for t in order:
                 if t not in keep:
                     continue
@@ -399,7 +427,8 @@ def main():
             points.append(pt)
             if pt["policy"] == "memascend":
                 ours.append(pt)
-        for r in ([] if a.tuned_from else zero_ran):
+        # the sweep's points: this model's, run now or by an earlier session
+        for r in ([] if a.tuned_from not in (None, model) else zero_ran):
             points.append({"label": r["label"], "policy": "zero-infinity", "step": r["step_seconds"],
                            "rss": r["peak_rss_bytes"], "named": False})
         zero_points = [p for p in points if p["policy"] == "zero-infinity"]

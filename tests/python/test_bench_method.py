@@ -3,6 +3,7 @@ Williams design's balance, the step-time rule, the bootstrap interval, the front
 statements, the selection and merging of a design's rows over several sessions, and the
 memory cap the kernel enforces."""
 import collections
+import json
 import os
 import random
 import subprocess
@@ -85,6 +86,72 @@ def test_earlier_repeats_join_their_configuration_whatever_it_was_named():
     [lab] = set(merged) - {"zero-memory-tuned", "memascend 5%"}
     assert lab.startswith("zero param_buffers=1,") and merged[lab][0]["id"] == "other"
     assert now["zero-memory-tuned"][0]["id"] == "now" and len(now["zero-memory-tuned"]) == 1
+
+
+def test_named_rows_are_the_defaults_and_the_sweeps_fastest_and_smallest():
+    def ran(step, rss, **settings):
+        return {"step_seconds": step, "peak_rss_bytes": rss,
+                "settings": dict(frontier.ZERO_DEFAULTS, name="sweep", **settings)}
+    assert [n for n, _ in frontier.named_zero_rows([])] == ["zero-default"]
+    named = dict(frontier.named_zero_rows([ran(3.0, 900, sub_group_size=1), ran(2.0, 1500),
+                                           ran(2.5, 800, max_in_cpu=0)]))
+    # the fastest is DeepSpeed's defaults: one configuration under both names
+    assert named["zero-default"]["name"] == "zero-default = zero-speed-tuned"
+    assert frontier.plain(named["zero-memory-tuned"]) == dict(frontier.ZERO_DEFAULTS, max_in_cpu=0)
+    assert "zero-speed-tuned" not in named
+
+
+def test_rows_to_run_cuts_the_design_and_starts_where_asked():
+    rows = [[0, 1], [1, 0], [0, 1], [1, 0]]
+    assert [r for r, _ in frontier.rows_to_run(rows, None, 1)] == [1, 2, 3, 4]
+    assert [r for r, _ in frontier.rows_to_run(rows, 2, 1)] == [1, 2]
+    assert [r for r, _ in frontier.rows_to_run(rows, 4, 3)] == [3, 4]
+    assert frontier.rows_to_run(rows, 0, 1) == []  # only the summary, from earlier runs
+    with pytest.raises(SystemExit, match="counts from 1"):
+        frontier.rows_to_run(rows, None, 0)
+
+
+FAKE_TRAIN = """import json, sys, zlib
+args = sys.argv[1:]
+h = zlib.crc32(" ".join(a for a in args if a.startswith(("--zero", "--host", "1", "2", "3",
+    "4", "5", "6", "7", "8", "9", "0"))).encode())
+print(json.dumps({"params": 1000, "peak_rss_bytes": 1 + h % 1000,
+    "step_seconds": [2.0, 1 + (h >> 10) % 100 / 10, 1.5, 0.5], "losses": [3.0, 2.0, 1.0, 0.5],
+    "peak_pinned_bytes": 0, "step_io_bytes": [0], "model_state_bytes": 0}))
+"""
+
+
+def _frontier(tmp, out, *args):
+    train = tmp / "train"
+    train.write_text(f"#!{sys.executable}\n" + FAKE_TRAIN)
+    train.chmod(0o755)
+    subprocess.run([sys.executable, os.path.join(BENCH, "frontier.py"), "--train", str(train),
+                    "--work", str(tmp / "work"), "--out", str(tmp / out), "--models", "llama-56m",
+                    "--grid", "reduced", "--budgets", "reduced", "--seed", "7", *args],
+                   check=True, capture_output=True, text=True)
+    with open(tmp / out / "frontier.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_a_design_begun_in_one_session_ends_in_another_in_the_same_order(tmp_path):
+    whole = _frontier(tmp_path, "whole", "--max-rows", "4")
+    begun = _frontier(tmp_path, "split", "--max-rows", "2")
+    ended = _frontier(tmp_path, "split", "--max-rows", "4", "--first-row", "3",
+                      "--tuned-from", "llama-56m", "--add-to-earlier")
+    assert ended[:len(begun)] == begun  # appended: the first session's runs stay
+    def repeats(rows):
+        return [(r["repeat"], r["label"]) for r in rows if r["phase"] == "repeat"]
+    assert repeats(ended) == repeats(whole)
+    assert len({r for r, _ in repeats(whole)}) == 4
+    # the summary of the two sessions is the summary of one: the sweep's points included
+    with open(tmp_path / "whole" / "frontier-summary.json") as f:
+        one = json.load(f)["llama-56m"]
+    with open(tmp_path / "split" / "frontier-summary.json") as f:
+        two = json.load(f)["llama-56m"]
+    def points(s):
+        return sorted((p["label"], p["step"], p["rss"]) for p in s["points"])
+    assert points(two) == points(one)
+    assert [x["zero"] for x in two["statements"]] != [] and len(two["statements"]) == len(one["statements"])
 
 
 def test_fit_reads_sizes_and_refuses_what_is_not_one():
