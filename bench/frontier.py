@@ -147,6 +147,19 @@ def rows_to_run(rows, max_rows, first_row):
     return [(rep, order) for rep, order in enumerate(rows, 1) if rep >= first_row]
 
 
+def check_design_begun(design, earlier, first_row):
+    """Refuses to end a design that is not the one an earlier session began: DESIGN's
+    rows before FIRST_ROW (lists of labels) must be the orders EARLIER's repeats of
+    this model ran in."""
+    for rep in range(1, first_row):
+        ran = [r["label"] for r in earlier if r["phase"] == "repeat" and r["repeat"] == rep]
+        if ran != design[rep - 1]:
+            raise SystemExit(
+                f"frontier: row {rep} of this design is {design[rep - 1]} but the earlier "
+                f"runs' row {rep} was {ran}: not the design an earlier session began "
+                "(another --seed, --grid, --budgets or --only?)")
+
+
 def selected(treatments, only):
     """The indices of the treatments named in ONLY (labels; a configuration run under two
     names answers to either); every treatment without ONLY."""
@@ -342,8 +355,9 @@ def main():
                     "(unbalanced; for models whose runs take minutes); 0: none, rewrite the "
                     "summary from earlier runs (with --add-to-earlier)")
     ap.add_argument("--first-row", type=int, default=1, help="start at this row of the "
-                    "design (1-based): with the same --seed and --tuned-from the model "
-                    "itself, the rest of a design an earlier session began")
+                    "design (1-based): the rest of a design an earlier session began, with "
+                    "its --seed, --grid, --budgets and --only, --tuned-from the model itself "
+                    "and --add-to-earlier (the rows it ran are checked)")
     ap.add_argument("--only", help="run only these configurations of the design (comma-"
                     "separated labels: zero-default, zero-speed-tuned, zero-memory-tuned, "
                     "'memascend 5%%', ...)")
@@ -363,6 +377,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
     earlier, before = [], []
+    if a.first_row > 1 and not (a.add_to_earlier and a.tuned_from):
+        raise SystemExit("frontier: --first-row ends a design an earlier session began: "
+                         "it needs --add-to-earlier and --tuned-from (the model itself)")
     if a.tuned_from or a.add_to_earlier:  # read before the runner (re)opens the file
         with open(os.path.join(a.out, "frontier.jsonl")) as f:
             before = [json.loads(line) for line in f]
@@ -401,6 +418,9 @@ def main():
         while len(rows) < a.repeats:
             rows += williams(len(treatments), rng)
         keep = set(selected(treatments, only))
+        if a.first_row > 1:
+            check_design_begun([[label(*treatments[t]) for t in r if t in keep] for r in rows],
+                               [r for r in before if r["model"] == model], a.first_row)
         results = {}
         # fewer rows than a whole design are not balanced for carry-over until the rest
         # of it runs (--first-row, the same --seed)

@@ -152,6 +152,14 @@ def test_a_design_begun_in_one_session_ends_in_another_in_the_same_order(tmp_pat
         return sorted((p["label"], p["step"], p["rss"]) for p in s["points"])
     assert points(two) == points(one)
     assert [x["zero"] for x in two["statements"]] != [] and len(two["statements"]) == len(one["statements"])
+    # Another seed is another design: its rows 1 and 2 are not the ones that ran.
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        _frontier(tmp_path, "split", "--max-rows", "4", "--first-row", "3", "--seed", "8",
+                  "--tuned-from", "llama-56m", "--add-to-earlier")
+    assert "not the design an earlier session began" in e.value.stderr
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        _frontier(tmp_path, "split", "--first-row", "3")
+    assert "needs --add-to-earlier and --tuned-from" in e.value.stderr
 
 
 def test_fit_reads_sizes_and_refuses_what_is_not_one():
