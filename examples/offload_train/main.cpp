@@ -86,6 +86,7 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
     --zero-optimizer-buffers N (4) --zero-sub-group-size ELEMS (1e9)
     --zero-queue-depth N (8) --zero-block BYTES (1M) --zero-min-swap BYTES (1M)
     --zero-max-in-cpu ELEMS (1e9) --zero-pin-optimizer 0|1 (0) --zero-reduce-bucket ELEMS (5e8)
+    --zero-pipeline-read 0|1 (0) --zero-pipeline-write 0|1 (0)  (each needs 4 more buffers)
   --lr X --warmup N --clip X --weight-decay X --seed N --threads N
   --loss-scale X     initial dynamic loss scale (default 65536 for fp16, 1 for bf16)
   --data FILE        training text (default: /usr/share/common-licenses/*)
@@ -297,6 +298,10 @@ int Main(int argc, char** argv) {
       ok = number(&o.zero.max_in_cpu);
     else if (a == "--zero-pin-optimizer")
       ok = number(&o.zero.optimizer_pin_memory);
+    else if (a == "--zero-pipeline-read")
+      ok = number(&o.zero.pipeline_read);
+    else if (a == "--zero-pipeline-write")
+      ok = number(&o.zero.pipeline_write);
     else if (a == "--zero-reduce-bucket")
       ok = number(&o.zero.reduce_bucket_size);
     else if (a == "--nvme-path")

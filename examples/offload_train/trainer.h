@@ -97,6 +97,11 @@ struct ZeroOptions {
   // reduce_bucket_size (elements): gradients are partitioned, and their fp32 copies
   // swapped out, a bucket at a time.
   std::uint64_t reduce_bucket_size = 500'000'000;
+  // offload_optimizer.pipeline_read / pipeline_write: the next sub-group's states read
+  // while one steps / its states written while the next steps. Each sub-group in flight
+  // needs four optimizer buffers (8 with one of them, 12 with both).
+  bool pipeline_read = false;
+  bool pipeline_write = false;
   std::string nvme_path;  // the swap directory (one file per tensor); empty: next to the volume
 };
 

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -293,8 +295,12 @@ class ZeroBackend final : public Backend {
   absl::StatusOr<std::optional<memascend::CommitRecord>> Resume(std::uint64_t) override {
     return std::nullopt;
   }
-  std::uint64_t io_read_bytes() const override { return aio_.read_bytes(); }
-  std::uint64_t io_write_bytes() const override { return aio_.write_bytes(); }
+  std::uint64_t io_read_bytes() const override {
+    return aio_.read_bytes() + (write_aio_ != nullptr ? write_aio_->read_bytes() : 0);
+  }
+  std::uint64_t io_write_bytes() const override {
+    return aio_.write_bytes() + (write_aio_ != nullptr ? write_aio_->write_bytes() : 0);
+  }
   const memascend::StateLayout& layout() const override { return state_layout_; }
 
   bool ChecksOverflowAfterBackward() const override { return true; }
@@ -346,72 +352,23 @@ class ZeroBackend final : public Backend {
 
   bool OwnsUpdate() const override { return true; }
 
+  // stage3.py's step: sub-group by sub-group, swap in, Adam, the new 16-bit parameters
+  // out, swap out. With pipeline_read the next sub-group is read while this one steps;
+  // with pipeline_write this one is written while the next one steps
+  // (pipelined_optimizer_swapper.py), each sub-group in flight holding a set of four
+  // optimizer buffers.
   absl::Status UpdateAll(const memascend::AdamConfig& adam,
                          memascend::KernelThreads* threads) override {
     MEMASCEND_RETURN_IF_ERROR(deferred_);
-    const std::size_t half = memascend::SizeOf(o_.dtype);
-    for (const std::vector<std::size_t>& sub : layout_.sub_groups) {
-      // Swap in the sub-group's master weights and moments; its gradient as fp32.
-      std::byte* state[3] = {optimizer_buffers_[0].data(), optimizer_buffers_[1].data(),
-                             optimizer_buffers_[2].data()};
-      auto* grad32 = reinterpret_cast<float*>(optimizer_buffers_[3].data());
-      const Kind kinds[3] = {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq};
-      std::vector<std::shared_ptr<Aio::Op>> ops;
-      std::size_t off = 0;
-      for (std::size_t g : sub) {
-        for (int s = 0; s < 3; ++s) {
-          if (Swapped(kinds[s], g)) {
-            ops.push_back(
-                aio_.Submit(Path(kinds[s], g), state[s] + off * 4, FileBytes(kinds[s], g), false));
-          } else {
-            std::memcpy(state[s] + off * 4, memory_[static_cast<int>(kinds[s])][g].data(),
-                        numel(g) * 4);
-          }
-        }
-        if (Swapped(Kind::kGradient, g)) {  // swapped out in the backward pass
-          ops.push_back(aio_.Submit(Path(Kind::kGradient, g),
-                                    reinterpret_cast<std::byte*>(grad32 + off),
-                                    FileBytes(Kind::kGradient, g), false));
-        } else {
-          MEMASCEND_RETURN_IF_ERROR(
-              memascend::Convert({grads_ + layout_.offset[g] * half, numel(g), o_.dtype},
-                                 {grad32 + off, numel(g), DType::kF32}, {threads}));
-        }
-        off += Round4k(numel(g) * 4) / 4;
-      }
-      for (const auto& op : ops) MEMASCEND_RETURN_IF_ERROR(Aio::Wait(op));
-      ops.clear();
-      // Adam, tensor by tensor; the new 16-bit parameters to the flat CPU buffer, or (a
-      // sub-group on NVMe) through the partitioned swap buffer.
-      off = 0;
-      std::size_t poff = 0;  // bytes into the partitioned swap buffer
-      for (std::size_t g : sub) {
-        const std::size_t n = numel(g);
-        std::byte* param = Swapped(Kind::kParameters, g) ? partitioned_swap_.data() + poff
-                                                         : MemoryView(Kind::kParameters, g).data;
-        MEMASCEND_RETURN_IF_ERROR(
-            memascend::FusedAdam(adam, {reinterpret_cast<float*>(state[0] + off * 4), n},
-                                 {reinterpret_cast<float*>(state[1] + off * 4), n},
-                                 {reinterpret_cast<float*>(state[2] + off * 4), n},
-                                 {grad32 + off, n, DType::kF32}, {param, n, o_.dtype}, {threads}));
-        if (Swapped(Kind::kParameters, g)) {
-          ops.push_back(aio_.Submit(Path(Kind::kParameters, g), param,
-                                    FileBytes(Kind::kParameters, g), true));
-          poff += FileBytes(Kind::kParameters, g);
-        }
-        for (int s = 0; s < 3; ++s) {
-          if (Swapped(kinds[s], g)) {
-            ops.push_back(
-                aio_.Submit(Path(kinds[s], g), state[s] + off * 4, FileBytes(kinds[s], g), true));
-          } else {
-            std::memcpy(memory_[static_cast<int>(kinds[s])][g].data(), state[s] + off * 4, n * 4);
-          }
-        }
-        off += Round4k(n * 4) / 4;
-      }
-      for (const auto& op : ops) MEMASCEND_RETURN_IF_ERROR(Aio::Wait(op));
+    absl::Status s = StepSubGroups(adam, threads);
+    // Whatever failed, every request finishes before the step returns: they point into
+    // the swap buffers.
+    for (std::size_t k = 0; k < sets_.size(); ++k) {
+      const absl::Status w = FinishSet(k);
+      if (s.ok()) s = w;
     }
-    return absl::OkStatus();
+    const absl::Status w = WaitOps(&param_writes_);
+    return s.ok() ? w : s;
   }
 
  private:
@@ -419,6 +376,160 @@ class ZeroBackend final : public Backend {
     std::size_t slot;
     std::shared_ptr<Aio::Op> op;
   };
+  // Four optimizer buffers (master weights, both moments, the fp32 gradient) of one
+  // sub-group, and the requests in flight into or out of them.
+  struct BufferSet {
+    bool busy = false;
+    std::vector<std::shared_ptr<Aio::Op>> ops;
+  };
+
+  absl::Status StepSubGroups(const memascend::AdamConfig& adam, memascend::KernelThreads* threads) {
+    const std::size_t n = layout_.sub_groups.size();
+    constexpr std::size_t kNone = SIZE_MAX;
+    std::size_t ahead = kNone;   // the next sub-group's set, read ahead
+    std::size_t behind = kNone;  // the previous sub-group's set, written behind
+    for (std::size_t i = 0; i < n; ++i) {
+      // swap_in_optimizer_state: the sub-group read ahead, or read now; then the next
+      // one read ahead into another set.
+      std::size_t cur = 0;
+      if (ahead != kNone) {
+        cur = std::exchange(ahead, kNone);
+      } else {
+        MEMASCEND_ASSIGN_OR_RETURN(cur, TakeSet());
+        MEMASCEND_RETURN_IF_ERROR(SwapIn(i, cur, threads));
+      }
+      MEMASCEND_RETURN_IF_ERROR(WaitOps(&sets_[cur].ops));
+      if (o_.zero.pipeline_read && i + 1 < n) {
+        MEMASCEND_ASSIGN_OR_RETURN(std::size_t next, TakeSet());
+        ahead = next;
+        MEMASCEND_RETURN_IF_ERROR(SwapIn(i + 1, next, threads));
+      }
+      MEMASCEND_RETURN_IF_ERROR(Adam(i, cur, adam, threads));
+      // swap_out_optimizer_state: the previous sub-group's writes finish first; this
+      // one's are waited now, or (pipeline_write, a sub-group after it) behind the next.
+      if (behind != kNone) MEMASCEND_RETURN_IF_ERROR(FinishSet(std::exchange(behind, kNone)));
+      MEMASCEND_RETURN_IF_ERROR(SwapOut(i, cur));
+      if (o_.zero.pipeline_write && i + 1 < n) {
+        behind = cur;
+      } else {
+        MEMASCEND_RETURN_IF_ERROR(FinishSet(cur));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::byte* SetBuffer(std::size_t set, int which) {
+    return optimizer_buffers_[4 * set + static_cast<std::size_t>(which)].data();
+  }
+  absl::StatusOr<std::size_t> TakeSet() {
+    for (std::size_t k = 0; k < sets_.size(); ++k) {
+      if (!sets_[k].busy) {
+        sets_[k].busy = true;
+        return k;
+      }
+    }
+    return absl::ResourceExhaustedError(fmt::format(
+        "zero-infinity: all {} optimizer buffers are in use", optimizer_buffers_.size()));
+  }
+  absl::Status FinishSet(std::size_t k) {
+    absl::Status s = WaitOps(&sets_[k].ops);
+    sets_[k].busy = false;
+    return s;
+  }
+  // Waits for every request, then empties the list: the first failure.
+  static absl::Status WaitOps(std::vector<std::shared_ptr<Aio::Op>>* ops) {
+    absl::Status s;
+    for (const auto& op : *ops) {
+      const absl::Status w = Aio::Wait(op);
+      if (s.ok()) s = w;
+    }
+    ops->clear();
+    return s;
+  }
+
+  static constexpr Kind kStateKinds[3] = {Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq};
+
+  // Sub-group i's master weights and moments read into set k; its gradient as fp32
+  // (read back, or converted from the flat 16-bit buffer when it was not swapped out).
+  absl::Status SwapIn(std::size_t i, std::size_t k, memascend::KernelThreads* threads) {
+    const std::size_t half = memascend::SizeOf(o_.dtype);
+    auto* grad32 = reinterpret_cast<float*>(SetBuffer(k, 3));
+    std::size_t off = 0;
+    for (std::size_t g : layout_.sub_groups[i]) {
+      for (int s = 0; s < 3; ++s) {
+        const Kind kind = kStateKinds[s];
+        if (Swapped(kind, g)) {
+          sets_[k].ops.push_back(
+              aio_.Submit(Path(kind, g), SetBuffer(k, s) + off * 4, FileBytes(kind, g), false));
+        } else {
+          std::memcpy(SetBuffer(k, s) + off * 4, memory_[static_cast<int>(kind)][g].data(),
+                      numel(g) * 4);
+        }
+      }
+      if (Swapped(Kind::kGradient, g)) {  // swapped out in the backward pass
+        sets_[k].ops.push_back(aio_.Submit(Path(Kind::kGradient, g),
+                                           reinterpret_cast<std::byte*>(grad32 + off),
+                                           FileBytes(Kind::kGradient, g), false));
+      } else {
+        MEMASCEND_RETURN_IF_ERROR(
+            memascend::Convert({grads_ + layout_.offset[g] * half, numel(g), o_.dtype},
+                               {grad32 + off, numel(g), DType::kF32}, {threads}));
+      }
+      off += Round4k(numel(g) * 4) / 4;
+    }
+    return absl::OkStatus();
+  }
+
+  // Adam over sub-group i in set k, tensor by tensor; the new 16-bit parameters to the
+  // flat CPU buffer, or (a sub-group on NVMe) out through the partitioned swap buffer,
+  // whose previous writes finish first (swap_out_partitioned_params'
+  // synchronize_writes).
+  absl::Status Adam(std::size_t i, std::size_t k, const memascend::AdamConfig& adam,
+                    memascend::KernelThreads* threads) {
+    MEMASCEND_RETURN_IF_ERROR(WaitOps(&param_writes_));
+    auto* grad32 = reinterpret_cast<float*>(SetBuffer(k, 3));
+    std::size_t off = 0;
+    std::size_t poff = 0;  // bytes into the partitioned swap buffer
+    for (std::size_t g : layout_.sub_groups[i]) {
+      const std::size_t n = numel(g);
+      std::byte* param = Swapped(Kind::kParameters, g) ? partitioned_swap_.data() + poff
+                                                       : MemoryView(Kind::kParameters, g).data;
+      MEMASCEND_RETURN_IF_ERROR(
+          memascend::FusedAdam(adam, {reinterpret_cast<float*>(SetBuffer(k, 0) + off * 4), n},
+                               {reinterpret_cast<float*>(SetBuffer(k, 1) + off * 4), n},
+                               {reinterpret_cast<float*>(SetBuffer(k, 2) + off * 4), n},
+                               {grad32 + off, n, DType::kF32}, {param, n, o_.dtype}, {threads}));
+      if (Swapped(Kind::kParameters, g)) {
+        param_writes_.push_back(Writer().Submit(Path(Kind::kParameters, g), param,
+                                                FileBytes(Kind::kParameters, g), true));
+        poff += FileBytes(Kind::kParameters, g);
+      }
+      off += Round4k(n * 4) / 4;
+    }
+    return absl::OkStatus();
+  }
+
+  // Sub-group i's master weights and moments written out of set k (copied back when
+  // they live in memory).
+  absl::Status SwapOut(std::size_t i, std::size_t k) {
+    std::size_t off = 0;
+    for (std::size_t g : layout_.sub_groups[i]) {
+      for (int s = 0; s < 3; ++s) {
+        const Kind kind = kStateKinds[s];
+        if (Swapped(kind, g)) {
+          sets_[k].ops.push_back(
+              Writer().Submit(Path(kind, g), SetBuffer(k, s) + off * 4, FileBytes(kind, g), true));
+        } else {
+          std::memcpy(memory_[static_cast<int>(kind)][g].data(), SetBuffer(k, s) + off * 4,
+                      numel(g) * 4);
+        }
+      }
+      off += Round4k(numel(g) * 4) / 4;
+    }
+    return absl::OkStatus();
+  }
+  // The pipelined swapper writes through a handle of its own; the other through the one.
+  Aio& Writer() { return write_aio_ != nullptr ? *write_aio_ : aio_; }
 
   ZeroBackend(const TrainOptions& o, memascend::MemoryLedger* ledger)
       : o_(o),
@@ -430,11 +541,23 @@ class ZeroBackend final : public Backend {
     if (o_.zero.param_buffer_count < 1) {
       return absl::ResourceExhaustedError("zero-infinity: param_buffer_count must be at least 1");
     }
-    if (o_.zero.optimizer_buffer_count < 4) {
+    // Sub-groups in flight at once: the one stepping, the next read ahead
+    // (pipeline_read), the previous written behind (pipeline_write); DeepSpeed's swapper
+    // asserts "ran out of swap buffers" when it cannot have them.
+    const std::size_t in_flight = 1 + o_.zero.pipeline_read + o_.zero.pipeline_write;
+    if (o_.zero.optimizer_buffer_count < 4 * in_flight) {
       return absl::ResourceExhaustedError(fmt::format(
           "zero-infinity: a sub-group's step swaps in master weights, both moments and the "
-          "gradient: 4 optimizer buffers needed, {} given",
-          o_.zero.optimizer_buffer_count));
+          "gradient{}: {} optimizer buffers needed, {} given",
+          in_flight == 1 ? ""
+                         : fmt::format(", {} sub-groups at once with pipeline_read {} and "
+                                       "pipeline_write {}",
+                                       in_flight, o_.zero.pipeline_read, o_.zero.pipeline_write),
+          4 * in_flight, o_.zero.optimizer_buffer_count));
+    }
+    sets_.resize(o_.zero.optimizer_buffer_count / 4);
+    if (in_flight > 1) {
+      write_aio_ = std::make_unique<Aio>(o_.zero.aio_block_bytes, o_.zero.aio_queue_depth);
     }
     std::string dir = o_.zero.nvme_path.empty() ? o_.volume_path + ".zero" : o_.zero.nvme_path;
     root_ = dir + "/zero_stage_3";
@@ -642,18 +765,21 @@ class ZeroBackend final : public Backend {
   Layout layout_;
   memascend::StateLayout state_layout_;
   Aio aio_;
+  std::unique_ptr<Aio> write_aio_;  // the pipelined optimizer swapper's write handle
   std::string root_;
   std::unique_ptr<memascend::HostArena> arena_;
   std::unique_ptr<memascend::PinnedPool> pool_;
   memascend::PinnedBlock param_pool_;
   std::vector<bool> param_busy_;
   std::vector<memascend::PinnedBlock> optimizer_buffers_;
-  memascend::PinnedBlock flat_grads_;            // with optimizer_pin_memory
-  std::unique_ptr<std::byte[]> pageable_grads_;  // without it
-  std::byte* grads_ = nullptr;                   // the flat 16-bit gradients, either way
-  memascend::PinnedBlock flat_params_;           // max_in_cpu's
-  memascend::PinnedBlock partitioned_swap_;      // a sub-group's new parameters, to NVMe
-  std::vector<std::size_t> bucket_;              // gradients written, not yet partitioned
+  std::vector<BufferSet> sets_;                         // optimizer_buffers_ by fours
+  std::vector<std::shared_ptr<Aio::Op>> param_writes_;  // the last sub-group's parameters
+  memascend::PinnedBlock flat_grads_;                   // with optimizer_pin_memory
+  std::unique_ptr<std::byte[]> pageable_grads_;         // without it
+  std::byte* grads_ = nullptr;                          // the flat 16-bit gradients, either way
+  memascend::PinnedBlock flat_params_;                  // max_in_cpu's
+  memascend::PinnedBlock partitioned_swap_;             // a sub-group's new parameters, to NVMe
+  std::vector<std::size_t> bucket_;                     // gradients written, not yet partitioned
   std::uint64_t bucket_elements_ = 0;
   std::array<std::vector<std::vector<std::byte>>, 5> memory_;
   std::map<std::size_t, Pending> prefetched_;

@@ -41,8 +41,16 @@
 //   _create_fp32_partitions): each optimizer swap buffer is pin_memory(torch.zeros(n)),
 //   a zeroed pageable copy beside the pinned one until it is made; each sub-group's fp32
 //   master weights are made in a pageable buffer of the sub-group before they go out.
-// Not modelled: pipeline_read/pipeline_write (default off: a sub-group's swap-in
-// overlapped with the previous one's update).
+// - Pipelining (pipelined_optimizer_swapper.py, PipelinedOptimizerSwapper, used when
+//   offload_optimizer's pipeline_read or pipeline_write is set): with pipeline_read the
+//   next sub-group's states and gradient are read while one steps; with pipeline_write
+//   a sub-group's states are written while the next one steps, finished before the one
+//   after is written. Reads and writes go through handles of their own. Each sub-group
+//   in flight takes four optimizer buffers (master weights, both moments, gradient), so
+//   buffer_count must be 8 with one flag, 12 with both ("ran out of swap buffers"
+//   otherwise). The new 16-bit parameters of a sub-group on NVMe are written behind too,
+//   finished before the next sub-group refills their buffer (swap_out_partitioned_params'
+//   synchronize_writes), with or without the flags.
 // Unlike DeepSpeed, every I/O result is checked (checking costs no memory).
 //
 // Thread-safety: one training loop drives it.

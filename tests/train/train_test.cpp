@@ -374,6 +374,52 @@ TEST(Train, ZeroInfinityPolicyTrainsIdenticallyUnderItsOwnRules) {
   EXPECT_THAT(Train(o, d.tokens, d.tok), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// pipeline_read / pipeline_write overlap a sub-group's reads and writes with its
+// neighbours' steps: the same losses, with the buffers each flag needs, refused without.
+TEST(Train, ZeroInfinityPipelinedSwapperTrainsIdentically) {
+  ScratchPath path("train");
+  const Data d = MakeData(256);
+  TrainOptions o = Tiny(path.path());
+  o.steps = 6;
+  ASSERT_OK_AND_ASSIGN(TrainSummary ours, Train(o, d.tokens, d.tok));
+  o.policy = Policy::kZeroInfinity;
+  o.zero.min_swap_bytes = 0;        // swap every tensor through its file
+  o.zero.param_buffer_size = 1000;  // raised to the largest parameter by the rule
+  o.zero.sub_group_size = 30'000;   // several sub-groups
+  ASSERT_GT(GroupCount(o.model), 3u);
+  for (const auto& [read, write, max_in_cpu] :
+       {std::tuple<bool, bool, std::uint64_t>{true, false, 1'000'000'000},
+        {false, true, 0},
+        {true, true, 0},
+        {true, true, 1'000'000'000}}) {
+    ScratchPath other("train");
+    TrainOptions z = o;
+    z.volume_path = other.path();
+    z.zero.pipeline_read = read;
+    z.zero.pipeline_write = write;
+    z.zero.max_in_cpu = max_in_cpu;  // 0: the new 16-bit parameters written behind too
+    z.zero.optimizer_buffer_count = 4 * (1 + read + write);
+    ASSERT_OK_AND_ASSIGN(TrainSummary run, Train(z, d.tokens, d.tok));
+    EXPECT_EQ(run.losses, ours.losses) << read << " " << write << " " << max_in_cpu;
+    EXPECT_EQ(run.peak_pinned_bytes, ZeroPinnedBytes(z));
+    TrainOptions plain = z;
+    plain.zero.pipeline_read = plain.zero.pipeline_write = false;
+    ScratchPath third("train");
+    plain.volume_path = third.path();
+    ASSERT_OK_AND_ASSIGN(TrainSummary unpipelined, Train(plain, d.tokens, d.tok));
+    // The same requests, overlapped: as many bytes each way.
+    EXPECT_EQ(run.io_read_bytes, unpipelined.io_read_bytes);
+    EXPECT_EQ(run.io_write_bytes, unpipelined.io_write_bytes);
+    // One set of four buffers fewer than the flags need is refused.
+    z.zero.optimizer_buffer_count -= 1;
+    EXPECT_THAT(
+        Train(z, d.tokens, d.tok),
+        StatusIs(absl::StatusCode::kResourceExhausted,
+                 HasSubstr(fmt::format("{} optimizer buffers needed, {} given",
+                                       4 * (1 + read + write), z.zero.optimizer_buffer_count))));
+  }
+}
+
 TEST(Train, AWordVocabularyMakesTheEmbeddingTheLargestTensor) {
   const Data d = MakeData(1024);
   EXPECT_EQ(d.tok.size(), 1024u);  // 15 words in this text: the rest are unused ids
