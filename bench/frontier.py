@@ -5,7 +5,8 @@ complete rules (issue 25; Note [zero rules] in examples/offload_train/zero_backe
 Per model of a Llama-shaped ladder (bench/configs/), at --seq 256 (bf16, batch 1):
 
 1. the sweep: every ZeRO-Infinity configuration of a grid over parameter buffers (count,
-   size), sub_group_size, max_in_cpu, aio block size and queue depth, and memascend at
+   size), sub_group_size, max_in_cpu, aio block size and queue depth, and the pipeline
+   flags (--grid: full without them, pipelined with both, complete both), and memascend at
    every budget of a list fixed here before any run (5, 10, 15, 25, 40, 60 and 100% of
    the training state, the same for every model), each once, in a random order;
 2. from the sweep, "zero speed-tuned" (the fastest ZeRO configuration that ran) and
@@ -59,6 +60,10 @@ ZERO_GRID = {
     "max_in_cpu": [0, 1_000_000_000],
     "aio": [(1 << 20, 8), (8 << 20, 32)],  # ds_nvme_tune's corners
 }
+# offload_optimizer's pipeline_read and pipeline_write, both on: the next sub-group read
+# and the previous written while one steps (12 optimizer buffers, four per sub-group in
+# flight). "pipelined" is the full grid with them; "complete" both halves.
+PIPELINE_ON = [(True, True)]
 REDUCED_ZERO_GRID = {
     "param_buffers": [1, 5], "param_buffer_size": [100_000_000],
     "sub_group_size": [1, 1_000_000_000], "max_in_cpu": [1_000_000_000],
@@ -66,12 +71,24 @@ REDUCED_ZERO_GRID = {
 }
 
 
+GRIDS = {"full": ZERO_GRID, "reduced": REDUCED_ZERO_GRID,
+         "pipelined": dict(ZERO_GRID, pipeline=PIPELINE_ON),
+         "complete": dict(ZERO_GRID, pipeline=[(False, False)] + PIPELINE_ON)}
+
+
 def zero_configs(grid):
+    """The grid's configurations. The pipeline flags appear in a configuration only when
+    on (a configuration without them, as every run before them, has them off), with the
+    optimizer buffers they need."""
     keys = ["param_buffers", "param_buffer_size", "sub_group_size", "max_in_cpu", "aio"]
-    for values in itertools.product(*(grid[k] for k in keys)):
+    for values in itertools.product(*(grid[k] for k in keys), grid.get("pipeline", [(False, False)])):
         c = dict(ZERO_DEFAULTS)
-        c.update(zip(keys[:-1], values[:-1]))
-        c["aio_block"], c["queue_depth"] = values[-1]
+        c.update(zip(keys[:-1], values[:-2]))
+        c["aio_block"], c["queue_depth"] = values[-2]
+        read, write = values[-1]
+        if read or write:
+            c.update(pipeline_read=read, pipeline_write=write,
+                     optimizer_buffers=4 * (1 + read + write))
         yield c
 
 
@@ -81,7 +98,9 @@ def zero_args(c):
             "--zero-optimizer-buffers", str(c["optimizer_buffers"]),
             "--zero-sub-group-size", str(c["sub_group_size"]),
             "--zero-max-in-cpu", str(c["max_in_cpu"]),
-            "--zero-block", str(c["aio_block"]), "--zero-queue-depth", str(c["queue_depth"])]
+            "--zero-block", str(c["aio_block"]), "--zero-queue-depth", str(c["queue_depth"]),
+            *(["--zero-pipeline-read", "1"] if c.get("pipeline_read") else []),
+            *(["--zero-pipeline-write", "1"] if c.get("pipeline_write") else [])]
 
 
 def plain(settings):
@@ -133,6 +152,15 @@ def named_zero_rows(zero_ran):
         else:
             named.append((name, dict(plain(r["settings"]), name=name)))
     return named
+
+
+def earlier_sweep(before, model, now):
+    """The ZeRO configurations of MODEL's earlier sweeps that finished, but those NOW ran
+    again."""
+    ran = {settings_key(r["policy"], r["settings"]) for r in now}
+    return [r for r in before if r["model"] == model and r["phase"] == "sweep"
+            and r["policy"] == "zero-infinity" and r["fits"]
+            and settings_key(r["policy"], r["settings"]) not in ran]
 
 
 def rows_to_run(rows, max_rows, first_row):
@@ -343,8 +371,10 @@ def main():
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--reduced", action="store_true",
                     help="the smallest model, a grid of 4, budgets 10/25/60%%, 3 steps")
-    ap.add_argument("--grid", choices=["full", "reduced"], help="override --reduced's grid")
-    ap.add_argument("--budgets", choices=["all", "reduced"], help="override --reduced's budgets")
+    ap.add_argument("--grid", choices=sorted(GRIDS), help="override --reduced's grid (full: "
+                    "without the pipeline flags; pipelined: the same with both on; complete: both)")
+    ap.add_argument("--budgets", choices=["all", "reduced", "none"],
+                    help="override --reduced's budgets (none: ZeRO's sweep only)")
     ap.add_argument("--cap", help="run each command under bench/memcap.sh at this limit "
                     "(a run the kernel kills does not fit): keeps the machine alive")
     ap.add_argument("--volume-size", help="--volume-size for every run (the 1B model's "
@@ -389,10 +419,9 @@ def main():
         if not earlier:
             raise SystemExit(f"frontier: no ZeRO sweep of {a.tuned_from} in frontier.jsonl")
     runner = Runner(a)
-    budgets = REDUCED_BUDGETS if (a.budgets or ("reduced" if a.reduced else "all")) == "reduced" \
-        else BUDGETS
-    grid = REDUCED_ZERO_GRID if (a.grid or ("reduced" if a.reduced else "full")) == "reduced" \
-        else ZERO_GRID
+    budgets = {"all": BUDGETS, "reduced": REDUCED_BUDGETS, "none": []}[
+        a.budgets or ("reduced" if a.reduced else "all")]
+    grid = GRIDS[a.grid or ("reduced" if a.reduced else "full")]
     summary = {}
     summary_path = os.path.join(a.out, "frontier-summary.json")
     if a.append and os.path.exists(summary_path):  # the other models' results stay
@@ -409,6 +438,8 @@ def main():
         else:
             sweep = [runner.run(model, p, s, "sweep", 0) for p, s in configs]
             zero_ran = [r for r in sweep if r["policy"] == "zero-infinity" and r["fits"]]
+            if a.add_to_earlier:  # the part of the grid an earlier session ran
+                zero_ran = earlier_sweep(before, model, zero_ran) + zero_ran
         # 2. ZeRO's named rows
         named = named_zero_rows(zero_ran)
         # 3. the repeats, a Williams design

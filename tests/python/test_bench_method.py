@@ -101,6 +101,31 @@ def test_named_rows_are_the_defaults_and_the_sweeps_fastest_and_smallest():
     assert "zero-speed-tuned" not in named
 
 
+def test_the_pipelined_grid_is_the_full_one_with_both_flags_and_the_buffers_they_need():
+    full = list(frontier.zero_configs(frontier.GRIDS["full"]))
+    piped = list(frontier.zero_configs(frontier.GRIDS["pipelined"]))
+    assert len(full) == len(piped) == 48
+    assert len(list(frontier.zero_configs(frontier.GRIDS["complete"]))) == 96
+    # the runs before the flags existed: the same settings, so the same configurations
+    assert all("pipeline_read" not in c and c["optimizer_buffers"] == 4 for c in full)
+    for off, on in zip(full, piped):
+        assert on == dict(off, pipeline_read=True, pipeline_write=True, optimizer_buffers=12)
+    args = frontier.zero_args(piped[0])
+    assert args[args.index("--zero-optimizer-buffers") + 1] == "12"
+    assert "--zero-pipeline-read" in args and "--zero-pipeline-write" in args
+    assert "--zero-pipeline-read" not in frontier.zero_args(full[0])
+
+
+def test_an_earlier_sweep_joins_this_one_but_what_ran_again():
+    def run(model, phase="sweep", fits=True, **settings):
+        return {"model": model, "phase": phase, "policy": "zero-infinity", "fits": fits,
+                "settings": dict(frontier.ZERO_DEFAULTS, **settings)}
+    now = [run("m", pipeline_read=True)]
+    before = [run("m"), run("m", pipeline_read=True), run("m", max_in_cpu=0, fits=False),
+              run("other"), run("m", phase="repeat", sub_group_size=1)]
+    assert frontier.earlier_sweep(before, "m", now) == [before[0]]
+
+
 def test_rows_to_run_cuts_the_design_and_starts_where_asked():
     rows = [[0, 1], [1, 0], [0, 1], [1, 0]]
     assert [r for r, _ in frontier.rows_to_run(rows, None, 1)] == [1, 2, 3, 4]
