@@ -408,7 +408,7 @@ class ZeroBackend final : public Backend {
       // swap_out_optimizer_state: the previous sub-group's writes finish first; this
       // one's are waited now, or (pipeline_write, a sub-group after it) behind the next.
       if (behind != kNone) MEMASCEND_RETURN_IF_ERROR(FinishSet(std::exchange(behind, kNone)));
-      MEMASCEND_RETURN_IF_ERROR(SwapOut(i, cur));
+      MoveStates(i, cur, /*out=*/true);  // swap_out_optimizer_state
       if (o_.zero.pipeline_write && i + 1 < n) {
         behind = cur;
       } else {
@@ -452,20 +452,11 @@ class ZeroBackend final : public Backend {
   // Sub-group i's master weights and moments read into set k; its gradient as fp32
   // (read back, or converted from the flat 16-bit buffer when it was not swapped out).
   absl::Status SwapIn(std::size_t i, std::size_t k, memascend::KernelThreads* threads) {
+    MoveStates(i, k, /*out=*/false);
     const std::size_t half = memascend::SizeOf(o_.dtype);
     auto* grad32 = reinterpret_cast<float*>(SetBuffer(k, 3));
     std::size_t off = 0;
     for (std::size_t g : layout_.sub_groups[i]) {
-      for (int s = 0; s < 3; ++s) {
-        const Kind kind = kStateKinds[s];
-        if (Swapped(kind, g)) {
-          sets_[k].ops.push_back(
-              aio_.Submit(Path(kind, g), SetBuffer(k, s) + off * 4, FileBytes(kind, g), false));
-        } else {
-          std::memcpy(SetBuffer(k, s) + off * 4, memory_[static_cast<int>(kind)][g].data(),
-                      numel(g) * 4);
-        }
-      }
       if (Swapped(Kind::kGradient, g)) {  // swapped out in the backward pass
         sets_[k].ops.push_back(aio_.Submit(Path(Kind::kGradient, g),
                                            reinterpret_cast<std::byte*>(grad32 + off),
@@ -478,6 +469,27 @@ class ZeroBackend final : public Backend {
       off += Round4k(numel(g) * 4) / 4;
     }
     return absl::OkStatus();
+  }
+
+  // Sub-group i's master weights and moments between set k and their files, or the
+  // memory they live in when too small to swap: in (reads) before its step, out (writes)
+  // after. The requests go to the set's list.
+  void MoveStates(std::size_t i, std::size_t k, bool out) {
+    std::size_t off = 0;
+    for (std::size_t g : layout_.sub_groups[i]) {
+      for (int s = 0; s < 3; ++s) {
+        const Kind kind = kStateKinds[s];
+        std::byte* buf = SetBuffer(k, s) + off * 4;
+        std::byte* mem = Swapped(kind, g) ? nullptr : memory_[static_cast<int>(kind)][g].data();
+        if (mem == nullptr) {
+          sets_[k].ops.push_back(
+              (out ? Writer() : aio_).Submit(Path(kind, g), buf, FileBytes(kind, g), out));
+        } else {
+          std::memcpy(out ? mem : buf, out ? buf : mem, numel(g) * 4);
+        }
+      }
+      off += Round4k(numel(g) * 4) / 4;
+    }
   }
 
   // Adam over sub-group i in set k, tensor by tensor; the new 16-bit parameters to the
@@ -509,25 +521,6 @@ class ZeroBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // Sub-group i's master weights and moments written out of set k (copied back when
-  // they live in memory).
-  absl::Status SwapOut(std::size_t i, std::size_t k) {
-    std::size_t off = 0;
-    for (std::size_t g : layout_.sub_groups[i]) {
-      for (int s = 0; s < 3; ++s) {
-        const Kind kind = kStateKinds[s];
-        if (Swapped(kind, g)) {
-          sets_[k].ops.push_back(
-              Writer().Submit(Path(kind, g), SetBuffer(k, s) + off * 4, FileBytes(kind, g), true));
-        } else {
-          std::memcpy(memory_[static_cast<int>(kind)][g].data(), SetBuffer(k, s) + off * 4,
-                      numel(g) * 4);
-        }
-      }
-      off += Round4k(numel(g) * 4) / 4;
-    }
-    return absl::OkStatus();
-  }
   // The pipelined swapper writes through a handle of its own; the other through the one.
   Aio& Writer() { return write_aio_ != nullptr ? *write_aio_ : aio_; }
 

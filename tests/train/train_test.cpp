@@ -305,6 +305,15 @@ TEST(Train, KeptOptimizerStateReadsLessAndTrainsTheSame) {
               static_cast<unsigned long long>(runs[1].io_read_bytes));
 }
 
+// The ZeRO-Infinity policy with every tensor swapped through its file, in several
+// sub-groups.
+void SwapEverything(TrainOptions* o) {
+  o->policy = Policy::kZeroInfinity;
+  o->zero.min_swap_bytes = 0;
+  o->zero.param_buffer_size = 1000;  // raised to the largest parameter by the rule
+  o->zero.sub_group_size = 30'000;
+}
+
 // The ZeRO-Infinity baseline computes the same losses as the SDK (the headline compares
 // memory and time of runs that train identically), with its own rules for buffers.
 TEST(Train, ZeroInfinityPolicyTrainsIdenticallyUnderItsOwnRules) {
@@ -313,10 +322,7 @@ TEST(Train, ZeroInfinityPolicyTrainsIdenticallyUnderItsOwnRules) {
   TrainOptions o = Tiny(path.path());
   o.steps = 12;
   ASSERT_OK_AND_ASSIGN(TrainSummary ours, Train(o, d.tokens, d.tok));
-  o.policy = Policy::kZeroInfinity;
-  o.zero.min_swap_bytes = 0;        // swap every tensor through its file
-  o.zero.param_buffer_size = 1000;  // raised to the largest parameter by the rule
-  o.zero.sub_group_size = 30'000;   // several sub-groups
+  SwapEverything(&o);
   ASSERT_OK_AND_ASSIGN(TrainSummary zero, Train(o, d.tokens, d.tok));
   ASSERT_EQ(zero.losses.size(), ours.losses.size());
   for (std::size_t i = 0; i < ours.losses.size(); ++i)
@@ -382,10 +388,7 @@ TEST(Train, ZeroInfinityPipelinedSwapperTrainsIdentically) {
   TrainOptions o = Tiny(path.path());
   o.steps = 6;
   ASSERT_OK_AND_ASSIGN(TrainSummary ours, Train(o, d.tokens, d.tok));
-  o.policy = Policy::kZeroInfinity;
-  o.zero.min_swap_bytes = 0;        // swap every tensor through its file
-  o.zero.param_buffer_size = 1000;  // raised to the largest parameter by the rule
-  o.zero.sub_group_size = 30'000;   // several sub-groups
+  SwapEverything(&o);
   ASSERT_GT(GroupCount(o.model), 3u);
   for (const auto& [read, write, max_in_cpu] :
        {std::tuple<bool, bool, std::uint64_t>{true, false, 1'000'000'000},
