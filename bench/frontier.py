@@ -81,7 +81,8 @@ def zero_configs(grid):
     on (a configuration without them, as every run before them, has them off), with the
     optimizer buffers they need."""
     keys = ["param_buffers", "param_buffer_size", "sub_group_size", "max_in_cpu", "aio"]
-    for values in itertools.product(*(grid[k] for k in keys), grid.get("pipeline", [(False, False)])):
+    pipeline = grid.get("pipeline", [(False, False)])
+    for values in itertools.product(*(grid[k] for k in keys), pipeline):
         c = dict(ZERO_DEFAULTS)
         c.update(zip(keys[:-1], values[:-2]))
         c["aio_block"], c["queue_depth"] = values[-2]
@@ -111,7 +112,8 @@ def plain(settings):
 def label(policy, settings):
     if policy == "memascend":
         return f"memascend {settings['budget_percent']}%"
-    return settings.get("name") or "zero " + ",".join(f"{k}={v}" for k, v in plain(settings).items())
+    return settings.get("name") or "zero " + ",".join(
+        f"{k}={v}" for k, v in plain(settings).items())
 
 
 def settings_key(policy, settings):

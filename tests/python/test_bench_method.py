@@ -176,7 +176,7 @@ def test_a_design_begun_in_one_session_ends_in_another_in_the_same_order(tmp_pat
     def points(s):
         return sorted((p["label"], p["step"], p["rss"]) for p in s["points"])
     assert points(two) == points(one)
-    assert [x["zero"] for x in two["statements"]] != [] and len(two["statements"]) == len(one["statements"])
+    assert two["statements"] and len(two["statements"]) == len(one["statements"])
     # Another seed is another design: its rows 1 and 2 are not the ones that ran.
     with pytest.raises(subprocess.CalledProcessError) as e:
         _frontier(tmp_path, "split", "--max-rows", "4", "--first-row", "3", "--seed", "8",
