@@ -269,6 +269,62 @@ int RunKernels(std::span<char* const> argv) {
   return kExitOk;
 }
 
+constexpr std::string_view kPcieSummary =
+    "host-to-device and device-to-host copies from MemAscend's CUDA-registered host memory";
+constexpr OptionSpec kPcieOptions[] = {
+    {"size", true, "bytes per copy (default 1G)"},
+    {"reps", true, "timed copies each way; best and median are reported (default 5)"},
+    {"json", false, "print one JSON object"},
+    {"help", false, "show this help"},
+};
+
+int RunPcie(std::span<char* const> argv) {
+  auto args = Args::Parse(argv, kPcieOptions);
+  if (!args.ok()) return Fail("pcie", args.status(), true);
+  if (args->Has("help")) {
+    fmt::print("{}", Usage("bench pcie", kPcieSummary, kPcieOptions));
+    return kExitOk;
+  }
+  auto size = args->GetBytes("size", std::uint64_t{1} << 30);
+  auto reps = args->GetInt("reps", 5);
+  for (const absl::Status& s : {size.status(), reps.status()}) {
+    if (!s.ok()) return Fail("pcie", s, true);
+  }
+  if (*reps < 1 || *reps > 1000) {
+    return Fail("pcie", absl::InvalidArgumentError("--reps must be in 1..1000"), true);
+  }
+  auto r = RunPcieBench(*size, static_cast<int>(*reps));
+  if (!r.ok())
+    return Fail("pcie", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);
+  if (args->Has("json")) {
+    util::JsonWriter w;
+    w.BeginObject();
+    w.Field("device", r->device);
+    w.Field("bytes", r->bytes);
+    w.Field("reps", r->reps);
+    w.Field("host_backing", r->host_backing);
+    w.Field("register_seconds", r->register_seconds);
+    w.Field("h2d_gib_per_s", r->h2d_gib_per_s);
+    w.Field("h2d_gib_per_s_median", r->h2d_gib_per_s_median);
+    w.Field("d2h_gib_per_s", r->d2h_gib_per_s);
+    w.Field("d2h_gib_per_s_median", r->d2h_gib_per_s_median);
+    w.Field("h2d_pageable_gib_per_s", r->h2d_pageable_gib_per_s);
+    w.Field("verified", r->verified);
+    w.EndObject();
+    fmt::print("{}\n", w.str());
+    return kExitOk;
+  }
+  fmt::print("{} per copy on {}, host memory {} (mapped and registered in {:.3f} s)\n",
+             util::FormatBytes(r->bytes), r->device, r->host_backing, r->register_seconds);
+  fmt::print("  host to device   {:>7.2f} GiB/s best, {:.2f} median of {}\n", r->h2d_gib_per_s,
+             r->h2d_gib_per_s_median, r->reps);
+  fmt::print("  device to host   {:>7.2f} GiB/s best, {:.2f} median of {}\n", r->d2h_gib_per_s,
+             r->d2h_gib_per_s_median, r->reps);
+  fmt::print("  from pageable    {:>7.2f} GiB/s best (host to device, not registered)\n",
+             r->h2d_pageable_gib_per_s);
+  return kExitOk;
+}
+
 constexpr std::string_view kStoreSummary =
     "stream a (scaled) workload through the tensor store vs the raw engine on the same volume";
 constexpr OptionSpec kStoreOptions[] = {
@@ -371,10 +427,11 @@ int RunBench(std::span<char* const> argv) {
   if (sub == "tune") return RunTune(argv.subspan(1));
   if (sub == "kernels") return RunKernels(argv.subspan(1));
   if (sub == "store") return RunStore(argv.subspan(1));
+  if (sub == "pcie") return RunPcie(argv.subspan(1));
   fmt::print(sub == "--help" ? stdout : stderr,
-             "usage: memascend bench io|tune|kernels [options]\n  io       {}\n  tune     {}\n  "
-             "kernels  {}\n",
-             kIoSummary, kTuneSummary, kKernelsSummary);
+             "usage: memascend bench io|tune|kernels|store|pcie [options]\n  io       {}\n  tune     "
+             "{}\n  kernels  {}\n  store    {}\n  pcie     {}\n",
+             kIoSummary, kTuneSummary, kKernelsSummary, kStoreSummary, kPcieSummary);
   return sub == "--help" ? kExitOk : kExitUsage;
 }
 

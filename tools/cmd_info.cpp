@@ -36,10 +36,16 @@ void PrintTable(const SystemInfo& info) {
              Limit(info.memory.memlock_soft_bytes), Limit(info.memory.memlock_hard_bytes),
              info.memory.cap_ipc_lock ? "yes" : "no", Limit(info.memory.lockable_bytes()));
   if (info.io_uring.available) {
-    fmt::print("  {:<10} available (features {:#x}; fixed buffers {})\n", "io_uring",
-               info.io_uring.features, info.io_uring.op_read_fixed ? "yes" : "no");
+    fmt::print("  {:<10} available (features {:#x}; read, write, registered files and buffers, "
+               "fixed reads and writes{} all worked)\n",
+               "io_uring", info.io_uring.features, info.io_uring.direct_io ? " with O_DIRECT" : "");
   } else {
     fmt::print("  {:<10} unavailable: {}\n", "io_uring", info.io_uring.unavailable_reason);
+  }
+  for (const IoUringCheck& c : info.io_uring.checks) {
+    if (c.ok && info.io_uring.available) continue;
+    fmt::print("  {:<10}   {:<18} {}{}\n", "", c.name, c.ok ? "ok" : "FAILED",
+               c.detail.empty() ? "" : fmt::format(": {}", c.detail));
   }
   fmt::print("  {:<10} {} device(s): {}\n", "cuda", info.cuda.device_count, info.cuda.status);
   for (const CudaDeviceInfo& dev : info.cuda.devices) {
@@ -51,6 +57,7 @@ void PrintTable(const SystemInfo& info) {
              info.numa.available ? "" : " (no NUMA support in this kernel or sandbox)");
   fmt::print("  {:<10} io backend {}, pinned memory {}, cpu kernels {}\n", "selected",
              ToString(info.io_backend), ToString(info.host_backing), ToString(info.simd));
+  fmt::print("  {:<10} {}\n", "why", info.io_backend_reason);
 }
 
 }  // namespace

@@ -6,15 +6,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <memascend/cuda_kernels.h>
+#include <memascend/host_arena.h>
 #include <memascend/kernels.h>
 #include <memascend/status.h>
 #include <memascend/system.h>
@@ -277,15 +280,15 @@ std::size_t DeviceFreeBytes() {
   return free;
 }
 
-// Best of `reps` timings (CUDA events on `stream`) of `f`, after one warm-up run.
-// `f` returns a cudaError_t value; the first error ends the measurement.
+// `reps` timings (CUDA events on `stream`) of `f`, after one warm-up run. `f` returns a
+// cudaError_t value; the first error ends the measurement.
 template <typename F>
-absl::StatusOr<double> BestDeviceSeconds(int reps, cudaStream_t stream, F&& f) {
+absl::StatusOr<std::vector<double>> DeviceSeconds(int reps, cudaStream_t stream, F&& f) {
   MEMASCEND_RETURN_IF_ERROR(Cuda(f(), "warm-up"));
   cudaEvent_t start = nullptr, stop = nullptr;
   MEMASCEND_RETURN_IF_ERROR(Cuda(cudaEventCreate(&start), "cudaEventCreate"));
   MEMASCEND_RETURN_IF_ERROR(Cuda(cudaEventCreate(&stop), "cudaEventCreate"));
-  double best = 1e30;
+  std::vector<double> times;
   absl::Status status;
   for (int r = 0; r < reps && status.ok(); ++r) {
     status.Update(Cuda(cudaEventRecord(start, stream), "cudaEventRecord"));
@@ -294,12 +297,30 @@ absl::StatusOr<double> BestDeviceSeconds(int reps, cudaStream_t stream, F&& f) {
     status.Update(Cuda(cudaEventSynchronize(stop), "cudaEventSynchronize"));
     float ms = 0;
     status.Update(Cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime"));
-    best = std::min(best, static_cast<double>(ms) / 1e3);
+    times.push_back(static_cast<double>(ms) / 1e3);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   MEMASCEND_RETURN_IF_ERROR(status);
+  return times;
+}
+
+// Best of `reps` timings of `f` (DeviceSeconds).
+template <typename F>
+absl::StatusOr<double> BestDeviceSeconds(int reps, cudaStream_t stream, F&& f) {
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<double> times,
+                             DeviceSeconds(reps, stream, std::forward<F>(f)));
+  double best = 1e30;
+  for (double t : times) best = std::min(best, t);
   return best;
+}
+
+// The median of `v`; +inf for none (so a rate computed from it is 0).
+double Median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::infinity();
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace
@@ -439,10 +460,92 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
   r.adam_unfused_seconds = t_unfused;
   return r;
 }
+
+absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps) {
+  bytes -= bytes % kHostBlockBytes;
+  if (bytes < (std::size_t{1} << 20)) return absl::InvalidArgumentError("--size must be at least 1M");
+  if (reps < 1) return absl::InvalidArgumentError("--reps must be positive");
+  if (prim::CudaDeviceCount() == 0) {
+    const CudaInfo cuda = prim::ProbeCuda(prim::CudaDisabledByEnvironment());
+    return absl::FailedPreconditionError(
+        fmt::format("bench pcie: no CUDA device ({})", cuda.status));
+  }
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
+  cudaDeviceProp prop{};
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties"));
+  PcieBenchResult r;
+  r.device = fmt::format("{} sm_{}{}", prop.name, prop.major, prop.minor);
+  r.bytes = bytes;
+  r.reps = reps;
+
+  // The host side: one region of MemAscend's arena, registered with CUDA.
+  HostArenaOptions ao;
+  ao.backing = ArenaBacking::kCudaRegistered;
+  ao.budget_bytes = bytes;
+  ao.chunk_bytes = 0;
+  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<HostArena> arena, HostArena::Create(ao));
+  const auto t0 = std::chrono::steady_clock::now();
+  MEMASCEND_ASSIGN_OR_RETURN(ArenaAllocation host, arena->Allocate(bytes));
+  r.register_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.host_backing = std::string(ToString(arena->backing()));
+  // Not zeros: a pattern that is checked after the round trip.
+  auto* words = reinterpret_cast<std::uint64_t*>(host.data);
+  const std::size_t n_words = bytes / sizeof(std::uint64_t);
+  for (std::size_t i = 0; i < n_words; ++i) words[i] = i * 0x9e3779b97f4a7c15ULL;
+  MEMASCEND_ASSIGN_OR_RETURN(auto device, prim::DeviceAllocation::Allocate(0, bytes));
+
+  cudaStream_t stream = nullptr;
+  MEMASCEND_RETURN_IF_ERROR(
+      Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } stream_guard{stream};
+  const double gib = static_cast<double>(bytes) / double(1 << 30);
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<double> h2d, DeviceSeconds(reps, stream, [&] {
+                               return static_cast<int>(cudaMemcpyAsync(
+                                   device.data(), host.data, bytes, cudaMemcpyHostToDevice, stream));
+                             }));
+  std::memset(host.data, 0, bytes);
+  MEMASCEND_ASSIGN_OR_RETURN(std::vector<double> d2h, DeviceSeconds(reps, stream, [&] {
+                               return static_cast<int>(cudaMemcpyAsync(
+                                   host.data, device.data(), bytes, cudaMemcpyDeviceToHost, stream));
+                             }));
+  r.verified = true;
+  for (std::size_t i = 0; i < n_words && r.verified; ++i) {
+    r.verified = words[i] == i * 0x9e3779b97f4a7c15ULL;
+  }
+  const auto rates = [gib](const std::vector<double>& t, double* best, double* median) {
+    double fastest = 1e30;
+    for (double x : t) fastest = std::min(fastest, x);
+    *best = gib / fastest;
+    *median = gib / Median(t);
+  };
+  rates(h2d, &r.h2d_gib_per_s, &r.h2d_gib_per_s_median);
+  rates(d2h, &r.d2h_gib_per_s, &r.d2h_gib_per_s_median);
+  MEMASCEND_RETURN_IF_ERROR(arena->Free(host.data));
+
+  // Pageable memory, for comparison: what a copy from an unregistered buffer gets.
+  std::unique_ptr<std::byte[]> pageable(new std::byte[bytes]);
+  std::memset(pageable.get(), 1, bytes);
+  MEMASCEND_ASSIGN_OR_RETURN(const double t_pageable, BestDeviceSeconds(reps, stream, [&] {
+                               return static_cast<int>(cudaMemcpyAsync(device.data(), pageable.get(),
+                                                                       bytes, cudaMemcpyHostToDevice,
+                                                                       stream));
+                             }));
+  r.h2d_pageable_gib_per_s = gib / t_pageable;
+  if (!r.verified) return absl::DataLossError("bench pcie: the bytes did not come back as they went");
+  return r;
+}
 #else
 absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t, int) {
   return absl::FailedPreconditionError(
       "bench kernels --device cuda: no CUDA device (memascend was built without CUDA)");
+}
+absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t, int) {
+  return absl::FailedPreconditionError(
+      "bench pcie: no CUDA device (memascend was built without CUDA)");
 }
 #endif
 

@@ -39,6 +39,28 @@ absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t elements, int threa
 // rounded down to a multiple of 16. kFailedPrecondition without a usable device.
 absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t elements, int reps);
 
+// `memascend bench pcie`: copies between page-locked host memory of MemAscend's own (a
+// HostArena region, cudaHostRegister'ed) and device 0, on one stream, timed with events:
+// the ceiling every offloaded parameter and gradient moves under. Also a copy from
+// pageable memory (what a copy without registration gets) and the time to register.
+struct PcieBenchResult {
+  std::string device;  // the GPU's name and architecture
+  std::size_t bytes = 0;
+  int reps = 0;
+  std::string host_backing;     // the arena's backing ("cuda_registered")
+  double register_seconds = 0;  // mapping, faulting in and registering `bytes`
+  double h2d_gib_per_s = 0;     // best of `reps`
+  double h2d_gib_per_s_median = 0;
+  double d2h_gib_per_s = 0;
+  double d2h_gib_per_s_median = 0;
+  double h2d_pageable_gib_per_s = 0;  // best of `reps`, from malloc'ed memory
+  bool verified = false;              // the bytes came back as they went
+};
+
+// kFailedPrecondition without a usable device or a CUDA build; kResourceExhausted when
+// `bytes` cannot be locked (RLIMIT_MEMLOCK) or allocated on the device.
+absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps);
+
 }  // namespace memascend::cli
 
 #endif  // MEMASCEND_TOOLS_KERNEL_BENCH_H_

@@ -20,8 +20,10 @@
 
 #include <fmt/format.h>
 
+#include <memascend/io_engine.h>
 #include <memascend/memory_ledger.h>
 #include <memascend/safetensors.h>
+#include <memascend/system.h>
 
 #include "blas.h"
 #include "data.h"
@@ -571,6 +573,14 @@ int Main(int argc, char** argv) {
         .Field("steps", s.last_step)
         .Field("first_step", s.first_step)
         .Field("final_loss", s.final_loss);
+    {
+      // The I/O engine's backend, as the volume's automatic choice made it, and why.
+      memascend::ProbeOptions probe = memascend::ProbeOptions::FromEnvironment();
+      probe.disable_cuda = true;
+      const memascend::IoBackendDecision io =
+          memascend::DecideIoBackend(memascend::IoBackendChoice::kAuto, memascend::ProbeSystem(probe));
+      w.Field("io_backend", memascend::ToString(io.backend)).Field("io_backend_reason", io.reason);
+    }
     w.Key("losses").BeginArray();
     for (double l : s.losses) w.Double(l);
     w.EndArray().Key("step_seconds").BeginArray();

@@ -10,9 +10,10 @@
 //   if (info.io_backend == memascend::IoBackendKind::kIoUring) { ... }
 //   std::puts(memascend::ToJson(info).c_str());
 //
-// Thread-safety: ProbeSystem() may be called from any thread; it has no shared state.
-// Each call probes afresh (it creates and destroys a small io_uring ring, asks the CUDA
-// runtime for its devices), so callers keep the result rather than probing per request.
+// Thread-safety: ProbeSystem() may be called from any thread. The io_uring probe runs once
+// per process (Note [io_uring probe]) and its result is kept; the rest is probed afresh on
+// each call (memory, the CUDA runtime's devices), so callers keep the result rather than
+// probing per request.
 #ifndef MEMASCEND_SYSTEM_H_
 #define MEMASCEND_SYSTEM_H_
 
@@ -82,14 +83,38 @@ struct MemoryInfo {
   }
 };
 
+// One step of the io_uring probe: an operation the I/O engine relies on, tried for real.
+struct IoUringCheck {
+  std::string name;    // "setup", "nop", "opcode probe", "scratch file", "write", "read",
+                       // "eventfd read", "registered files", "registered buffers",
+                       // "write_fixed", "read_fixed"
+  bool ok = false;
+  std::string detail;  // what failed (the error), or what was seen
+};
+
+// Note [io_uring probe]
+// Creating a ring proves little: some sandboxes (gVisor) accept io_uring_setup and
+// complete NOP and READV only, and refuse io_uring_register with ENOSYS. So the probe
+// does what the engine will do, once per process, on a scratch file in $TMPDIR (or
+// /tmp), opened with O_DIRECT where that file system allows it: a NOP round trip, a
+// write and a read, a read of an eventfd (the engine's wake-up), registration of the
+// file and of a buffer, and a WRITE_FIXED and READ_FIXED through both. io_uring is
+// `available` only when every one of these works; the first that fails is the
+// `unavailable_reason`, and the I/O engine's automatic choice is then the thread pool.
+// The opcode probe (IORING_REGISTER_PROBE) is recorded but decides nothing.
 struct IoUringInfo {
-  bool available = false;          // a ring was created and a NOP round-tripped
-  std::string unavailable_reason;  // why not, with the fix where one exists; empty if available
+  bool available = false;          // every check below but "opcode probe" passed
+  std::string unavailable_reason;  // the first failed check, with the fix where one exists
   std::uint32_t features = 0;      // IORING_FEAT_* bits the kernel reported
-  bool op_read = false;            // IORING_OP_READ / IORING_OP_WRITE
+  bool op_read = false;            // IORING_OP_READ / IORING_OP_WRITE seen working
   bool op_write = false;
-  bool op_read_fixed = false;  // registered buffers
+  bool op_read_fixed = false;  // READ_FIXED / WRITE_FIXED through a registered buffer and file
   bool op_write_fixed = false;
+  bool registered_files = false;    // io_uring_register_files accepted the scratch file
+  bool registered_buffers = false;  // io_uring_register_buffers accepted a buffer
+  bool direct_io = false;           // the scratch file was opened with O_DIRECT
+  std::string probe_dir;            // where the scratch file was made
+  std::vector<IoUringCheck> checks;  // in the order run; empty when disabled
 };
 
 struct CudaDeviceInfo {
@@ -125,6 +150,7 @@ struct SystemInfo {
   NumaInfo numa;
   // What the layers above pick from the facts above (and ProbeOptions).
   IoBackendKind io_backend = IoBackendKind::kThreadPool;
+  std::string io_backend_reason;  // why: what worked, or which check failed
   HostBackingKind host_backing = HostBackingKind::kMlock;
   SimdLevel simd = SimdLevel::kScalar;
 };
@@ -150,7 +176,8 @@ inline SystemInfo ProbeSystem() { return ProbeSystem(ProbeOptions::FromEnvironme
 
 // One JSON object with every field above, and at top level the keys `io_uring`
 // (bool), `cuda_devices` (int), `numa_nodes` (int), `memlock_limit_bytes` (int; -1
-// when unlimited), `page_size`, `io_backend`, `host_backing` and `simd`.
+// when unlimited), `page_size`, `io_backend`, `io_backend_reason`, `host_backing` and
+// `simd`. `io_uring_detail.checks` lists the probe's steps ({name, ok, detail}).
 std::string ToJson(const SystemInfo& info);
 
 }  // namespace memascend

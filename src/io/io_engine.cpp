@@ -400,7 +400,10 @@ IoBackendDecision DecideIoBackend(IoBackendChoice choice, const SystemInfo& info
     case IoBackendChoice::kAuto:
       break;
   }
-  if (info.io_uring.available) return {IoBackendKind::kIoUring, "io_uring works on this kernel"};
+  if (info.io_uring.available) {
+    return {IoBackendKind::kIoUring, info.io_backend_reason.empty() ? "io_uring works on this kernel"
+                                                                    : info.io_backend_reason};
+  }
   return {IoBackendKind::kThreadPool,
           fmt::format("io_uring unavailable ({}); using the thread-pool backend",
                       info.io_uring.unavailable_reason)};

@@ -2,6 +2,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <fmt/format.h>
+
 #include <memascend/system.h>
 #include <memascend/version.h>
 
@@ -95,6 +97,12 @@ SystemInfo ProbeSystem(const ProbeOptions& options) {
   info.numa = prim::ProbeNuma();
 
   info.io_backend = info.io_uring.available ? IoBackendKind::kIoUring : IoBackendKind::kThreadPool;
+  info.io_backend_reason =
+      info.io_uring.available
+          ? fmt::format("io_uring: every operation the engine uses worked in the probe (read, "
+                        "write, registered files and buffers, fixed reads and writes{})",
+                        info.io_uring.direct_io ? " with O_DIRECT" : "")
+          : fmt::format("thread pool: {}", info.io_uring.unavailable_reason);
   info.host_backing =
       info.cuda.device_count > 0 ? HostBackingKind::kCudaRegistered : HostBackingKind::kMlock;
   info.simd = SelectSimd(info.cpu, options.max_simd);
@@ -114,6 +122,7 @@ std::string ToJson(const SystemInfo& info) {
   w.Field("memlock_limit_bytes", limit(info.memory.memlock_soft_bytes));
   w.Field("page_size", info.memory.page_size);
   w.Field("io_backend", ToString(info.io_backend));
+  w.Field("io_backend_reason", info.io_backend_reason);
   w.Field("host_backing", ToString(info.host_backing));
   w.Field("simd", ToString(info.simd));
   w.Field("kernel_release", info.kernel_release);
@@ -145,6 +154,15 @@ std::string ToJson(const SystemInfo& info) {
   w.Field("op_write", info.io_uring.op_write);
   w.Field("op_read_fixed", info.io_uring.op_read_fixed);
   w.Field("op_write_fixed", info.io_uring.op_write_fixed);
+  w.Field("registered_files", info.io_uring.registered_files);
+  w.Field("registered_buffers", info.io_uring.registered_buffers);
+  w.Field("direct_io", info.io_uring.direct_io);
+  w.Field("probe_dir", info.io_uring.probe_dir);
+  w.Key("checks").BeginArray();
+  for (const IoUringCheck& c : info.io_uring.checks) {
+    w.BeginObject().Field("name", c.name).Field("ok", c.ok).Field("detail", c.detail).EndObject();
+  }
+  w.EndArray();
   w.EndObject();
 
   w.Key("cuda").BeginObject();

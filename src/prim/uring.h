@@ -3,6 +3,7 @@
 #define MEMASCEND_SRC_PRIM_URING_H_
 
 #include <memory>
+#include <string_view>
 
 #include <absl/status/statusor.h>
 
@@ -34,8 +35,14 @@ class UringRing {
   std::unique_ptr<io_uring> ring_;  // heap-held so that moves never relocate it
 };
 
-// Creates a ring, round-trips a NOP and asks the kernel which opcodes it supports.
+// Note [io_uring probe] (memascend/system.h): tries every operation the I/O engine uses.
+// Runs once per process; later calls return the first result.
 IoUringInfo ProbeIoUring(bool disabled_by_option);
+
+// The probe itself, run afresh. `fail_on` names a check (IoUringCheck::name) to report
+// as failed, as a machine without it would: the tests' way to see the fallback on a
+// machine where everything works.
+IoUringInfo RunIoUringProbe(std::string_view fail_on);
 
 }  // namespace memascend::prim
 

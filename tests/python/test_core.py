@@ -10,7 +10,30 @@ def test_system_info_describes_the_machine():
     assert info["cpu"]["online_cpus"] >= 1
     assert info["page_size"] >= 4096 and info["memory"]["total_bytes"] > 0
     assert isinstance(info["io_uring"], bool)
-    assert info["io_backend"] in ("io_uring", "threadpool", "thread_pool")
+    assert info["io_backend"] in ("io_uring", "threads")
+    # The backend comes with why: every operation the engine uses, tried (Note [io_uring probe]).
+    assert info["io_backend_reason"]
+    checks = info["io_uring_detail"]["checks"]
+    assert checks and checks[0]["name"] == "setup"
+    if info["io_backend"] == "io_uring":
+        assert all(c["ok"] for c in checks if c["name"] != "opcode probe"), checks
+        assert [c["name"] for c in checks][-2:] == ["write_fixed", "read_fixed"]
+    else:
+        assert not all(c["ok"] for c in checks) or checks == []
+
+
+def test_system_info_says_why_io_uring_is_off():
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, MEMASCEND_DISABLE_IO_URING="1")
+    out = subprocess.run([sys.executable, "-c",
+                          "import json, memascend; print(json.dumps(memascend.system_info()))"],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    info = json.loads(out)
+    assert info["io_backend"] == "threads"
+    assert "MEMASCEND_DISABLE_IO_URING" in info["io_backend_reason"]
 
 
 def test_a_tensor_written_to_a_store_comes_back_after_reopening(tmp_path):
