@@ -24,6 +24,7 @@ import glob
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import socket
@@ -199,18 +200,30 @@ class Check:
         backends = ["auto"]
         if self.summary["probe"].get("io_backend") == "io_uring":
             backends.append("threads")  # the fallback's figure beside io_uring's
-        for backend in backends:
-            for rw in ("write", "read"):
-                cmd = [self.cli, "bench", "io", "--target", target, "--rw", rw, "--block", "1M",
-                       "--qd", "32", "--size", size, "--json"]
-                if backend != "auto":
-                    cmd += ["--backend", backend]
-                r = self.json_of(f"bench io {rw} ({backend})", cmd, timeout=240)
-                if r:
-                    key = f"disk_{rw}_gib_per_s" + ("" if backend == "auto" else f"_{backend}")
-                    self.ceiling(key, round(r["gib_per_s"], 3), "GiB/s", " ".join(cmd),
-                                 backend=r.get("backend"))
+        # Three rounds; in each the backends in a random order, a write then a read of the
+        # same 4 GiB. Each figure is the median of its three, with the spread beside it.
+        rng = random.Random(int(time.time()))
+        figures = {}
+        for round_ in range(3):
+            for backend in rng.sample(backends, len(backends)):
+                for rw in ("write", "read"):
+                    cmd = [self.cli, "bench", "io", "--target", target, "--rw", rw, "--block",
+                           "1M", "--qd", "32", "--size", size, "--json"]
+                    if backend != "auto":
+                        cmd += ["--backend", backend]
+                    r = self.json_of(f"bench io {rw} ({backend}, round {round_ + 1})", cmd,
+                                     timeout=240)
+                    if r:
+                        key = f"disk_{rw}_gib_per_s" + ("" if backend == "auto" else f"_{backend}")
+                        f = figures.setdefault(key, {"values": [], "command": " ".join(cmd),
+                                                     "backend": r.get("backend")})
+                        f["values"].append(round(r["gib_per_s"], 3))
             self.save()
+        for key, f in figures.items():
+            v = sorted(f["values"])
+            self.ceiling(key, v[len(v) // 2], "GiB/s", f["command"], backend=f["backend"],
+                         values=f["values"], spread=[v[0], v[-1]])
+        self.save()
         if shutil.which("fio"):
             for rw in ("write", "read"):
                 cmd = ["fio", "--name=seq", f"--filename={target}", f"--rw={rw}", "--bs=1M",
