@@ -25,6 +25,7 @@ PUBLIC = {
     "block_target.h": "storage", "volume.h": "storage", "object_store.h": "storage",
     "tensor_store.h": "store",
     "training_state.h": "train", "offloaded_optimizer.h": "train", "safetensors.h": "train",
+    "device_training.h": "train",
 }
 UMBRELLA = {"memascend.h"}  # includes everything; for users only
 

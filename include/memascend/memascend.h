@@ -9,6 +9,7 @@
 #include <memascend/block_target.h>
 #include <memascend/cuda.h>
 #include <memascend/cuda_kernels.h>
+#include <memascend/device_training.h>
 #include <memascend/host_arena.h>
 #include <memascend/io_engine.h>
 #include <memascend/io_scheduler.h>

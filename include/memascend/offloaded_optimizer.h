@@ -189,6 +189,13 @@ class OffloadedAdam {
   // stored gradient to write every element of.
   absl::Status WriteGradient(std::size_t group, std::size_t part,
                              const std::function<absl::Status(MutableTensorView)>& fill);
+  // For a caller that fills a part asynchronously (a copy from the device:
+  // DeviceGradients): the part's stored gradient buffer (its elements in the layout's
+  // gradient dtype, every byte to be written), then, once its bytes are there,
+  // EndGradient does what WriteGradient does after `fill` (the overflow check, the norm)
+  // and lets the buffer go. The buffer holds a pinned block of the store meanwhile.
+  absl::StatusOr<StateBuffer> BeginGradient(std::size_t group, std::size_t part);
+  absl::Status EndGradient(std::size_t group, std::size_t part, StateBuffer gradient);
   // After every part's gradient: the overflow check (one, for a storage that checks
   // after the backward pass), the loss scaler's update, and the step's plan; a skipped
   // step discards the gradients. `lr_factor` scales every group's lr (a schedule).

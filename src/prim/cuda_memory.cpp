@@ -126,6 +126,13 @@ absl::Status CudaEvent::MakeStreamWait(CudaStreamView stream) const {
   return absl::OkStatus();
 }
 
+absl::Status CudaEvent::Synchronize() const {
+  if (event_ == nullptr) return absl::OkStatus();
+  if (cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(event_)); err != cudaSuccess)
+    return CudaError(err, "cudaEventSynchronize");
+  return absl::OkStatus();
+}
+
 absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
                        CudaStreamView stream) {
   const cudaMemcpyKind kind =
@@ -163,6 +170,7 @@ bool CudaEvent::Ready() const noexcept { return true; }
 absl::Status CudaEvent::MakeStreamWait(CudaStreamView) const {
   return NoCuda("cudaStreamWaitEvent");
 }
+absl::Status CudaEvent::Synchronize() const { return NoCuda("cudaEventSynchronize"); }
 absl::Status CopyAsync(void*, const void*, std::size_t, CopyDirection, CudaStreamView) {
   return NoCuda("cudaMemcpyAsync");
 }

@@ -62,6 +62,9 @@ class CudaEvent {
   bool Ready() const noexcept;
   // Makes `stream` wait for the event without blocking the host.
   absl::Status MakeStreamWait(CudaStreamView stream) const;
+  // Blocks the calling thread until the event has completed (cudaEventSynchronize: the
+  // driver's wait, not a poll); the error of the work before it, if any.
+  absl::Status Synchronize() const;
 
  private:
   void* event_ = nullptr;  // cudaEvent_t

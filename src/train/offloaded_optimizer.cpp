@@ -294,22 +294,33 @@ absl::Status OffloadedAdam::FinishGradient(std::size_t g, std::size_t part,
   return absl::OkStatus();
 }
 
-absl::Status OffloadedAdam::WriteGradient(
-    std::size_t g, std::size_t part, const std::function<absl::Status(MutableTensorView)>& fill) {
+absl::StatusOr<StateBuffer> OffloadedAdam::BeginGradient(std::size_t g, std::size_t part) {
   const StateLayout& l = layout();
   if (g >= l.groups.size() || part >= l.Parts(g))
     return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
-  const auto [begin, end] = l.PartRange(g, part);
+  return storage_->Overwrite(StateKind::kGradient, g, part, false);
+}
+
+absl::Status OffloadedAdam::EndGradient(std::size_t g, std::size_t part, StateBuffer gradient) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size() || part >= l.Parts(g))
+    return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
   {
-    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer grad,
-                               storage_->Overwrite(StateKind::kGradient, g, part, false));
-    MEMASCEND_RETURN_IF_ERROR(fill({grad.data, end - begin, l.grad_dtype}));
-    MEMASCEND_RETURN_IF_ERROR(FinishGradient(g, part, grad));
+    const StateBuffer held = std::move(gradient);  // released at the end of this scope
+    MEMASCEND_RETURN_IF_ERROR(FinishGradient(g, part, held));
   }
   // Note [gradient room]: a gradient the budget has room for stays until the update
   // (marked wanted, so neither eviction nor the read-ahead takes it first).
   if (GradBytesBefore(g, part + 1) <= grad_room_) storage_->Prefetch(StateKind::kGradient, g, part);
   return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::WriteGradient(
+    std::size_t g, std::size_t part, const std::function<absl::Status(MutableTensorView)>& fill) {
+  MEMASCEND_ASSIGN_OR_RETURN(StateBuffer grad, BeginGradient(g, part));
+  const auto [begin, end] = layout().PartRange(g, part);
+  MEMASCEND_RETURN_IF_ERROR(fill({grad.data, end - begin, layout().grad_dtype}));
+  return EndGradient(g, part, std::move(grad));
 }
 
 absl::Status OffloadedAdam::SetGradient(std::size_t g, std::size_t part, TensorView gradient) {

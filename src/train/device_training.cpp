@@ -1,0 +1,500 @@
+// Parameters to the device, gradients from it (memascend/device_training.h).
+#include <memascend/device_training.h>
+
+#include <algorithm>
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include <absl/synchronization/mutex.h>
+#include <fmt/format.h>
+
+#include <memascend/status.h>
+
+#include "store/device_pool.h"
+#include "train/copy_engine.h"
+#include "util/units.h"
+
+namespace memascend {
+
+using train::CopyEngine;
+using train::CopyEvent;
+
+namespace {
+
+std::string Bytes(std::size_t n) { return util::FormatBytes(n); }
+
+// Host buffers of copies in flight, let go once their event has completed.
+struct InFlight {
+  std::shared_ptr<CopyEvent> done;
+  std::vector<StateBuffer> hold;
+};
+
+}  // namespace
+
+// ---- DeviceParameters ------------------------------------------------------------------
+
+struct DeviceParameters::Impl {
+  OffloadedAdam* adam = nullptr;
+  DeviceParametersOptions o;
+  std::size_t read_ahead_bytes = 0;
+  std::unique_ptr<CopyEngine> engine;
+  std::unique_ptr<store::DevicePool> pool;
+
+  struct Slot {
+    std::byte* block = nullptr;  // null: not on the device
+    int leases = 0;
+    bool wanted = false;                    // read ahead (or kept ahead), not yet acquired
+    std::shared_ptr<CopyEvent> ready;       // the copy into the block
+    std::vector<std::shared_ptr<CopyEvent>> uses;  // compute work on it, since its copy
+    std::uint64_t used = 0;                 // least recently used first
+  };
+
+  mutable absl::Mutex mu;
+  std::vector<Slot> slots ABSL_GUARDED_BY(mu);
+  std::vector<std::size_t> order ABSL_GUARDED_BY(mu);          // Note [parameter read-ahead]
+  std::vector<std::ptrdiff_t> position ABSL_GUARDED_BY(mu);    // group -> index in order
+  std::vector<std::shared_ptr<CopyEvent>> reuse_waits ABSL_GUARDED_BY(mu);
+  std::deque<InFlight> inflight ABSL_GUARDED_BY(mu);
+  std::size_t wanted_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::uint64_t tick ABSL_GUARDED_BY(mu) = 0;
+  DeviceParametersStats stats ABSL_GUARDED_BY(mu);
+
+  const StateLayout& layout() const { return adam->layout(); }
+  std::size_t GroupBytes(std::size_t g) const {
+    return layout().groups[g].elements * layout().ElementBytes(StateKind::kParameters);
+  }
+
+  // Drops the host buffers of completed copies, oldest first.
+  void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (!inflight.empty() && inflight.front().done->Ready()) inflight.pop_front();
+  }
+
+  absl::Status WaitOldestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (inflight.empty()) return absl::OkStatus();
+    absl::Status s = inflight.front().done->Wait();
+    inflight.pop_front();
+    return s;
+  }
+
+  void FreeLocked(std::size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Slot& s = slots[g];
+    if (s.block == nullptr) return;
+    // The next copy into this memory waits for the compute work that read it.
+    for (auto& e : s.uses) {
+      if (!e->Ready()) reuse_waits.push_back(std::move(e));
+    }
+    s.uses.clear();
+    (void)pool->Free(s.block);
+    s.block = nullptr;
+    s.ready.reset();
+    if (s.wanted) {
+      s.wanted = false;
+      wanted_bytes -= GroupBytes(g);
+    }
+    stats.resident_bytes = pool->allocated();
+  }
+
+  // A device block for `bytes`, evicting released groups least recently used first.
+  absl::StatusOr<std::byte*> AllocateLocked(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (;;) {
+      absl::StatusOr<std::byte*> b = pool->Allocate(bytes, Use::kParameters);
+      if (b.ok()) {
+        stats.resident_bytes = pool->allocated();
+        stats.peak_resident_bytes = std::max(stats.peak_resident_bytes, stats.resident_bytes);
+        return b;
+      }
+      std::size_t victim = slots.size();
+      for (std::size_t g = 0; g < slots.size(); ++g) {
+        const Slot& s = slots[g];
+        if (s.block != nullptr && s.leases == 0 && !s.wanted &&
+            (victim == slots.size() || s.used < slots[victim].used)) {
+          victim = g;
+        }
+      }
+      if (victim == slots.size()) {
+        std::size_t leased = 0;
+        for (std::size_t g = 0; g < slots.size(); ++g) {
+          if (slots[g].leases > 0) leased += GroupBytes(g);
+        }
+        return absl::ResourceExhaustedError(fmt::format(
+            "device parameters: no room for {} in the device budget of {}: {} are acquired and "
+            "{} read ahead (raise device_budget_bytes, or lower read_ahead_bytes)",
+            Bytes(bytes), Bytes(o.device_budget_bytes), Bytes(leased), Bytes(wanted_bytes)));
+      }
+      FreeLocked(victim);
+      ++stats.evictions;
+    }
+  }
+
+  // Queues the copies of group g's stored parameters to `to` on the copy stream (after
+  // `after`, if given, and after the last uses of reused memory). The event after them.
+  absl::StatusOr<std::shared_ptr<CopyEvent>> CopyGroupLocked(std::size_t g, std::byte* to,
+                                                             CopyEvent* after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const CudaStreamView copy = o.copy_stream;
+    for (auto& e : reuse_waits) MEMASCEND_RETURN_IF_ERROR(engine->MakeWait(copy, *e));
+    reuse_waits.clear();
+    if (after != nullptr) MEMASCEND_RETURN_IF_ERROR(engine->MakeWait(copy, *after));
+    const StateLayout& l = layout();
+    const std::size_t element = l.ElementBytes(StateKind::kParameters);
+    InFlight f;
+    for (std::size_t part = 0; part < l.Parts(g); ++part) {
+      const auto [begin, end] = l.PartRange(g, part);
+      absl::StatusOr<StateBuffer> buf;
+      for (;;) {
+        buf = adam->storage()->Read(StateKind::kParameters, g, part, false);
+        if (buf.ok() || !absl::IsResourceExhausted(buf.status())) break;
+        // The store's budget is held by copies in flight: let the oldest finish.
+        if (!f.hold.empty()) {
+          MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy));
+          inflight.push_back(std::move(f));
+          f = InFlight{};
+        }
+        if (inflight.empty()) break;
+        MEMASCEND_RETURN_IF_ERROR(WaitOldestLocked());
+      }
+      if (!buf.ok()) return buf.status();
+      MEMASCEND_RETURN_IF_ERROR(engine->Copy(to + begin * element, buf->data, (end - begin) * element,
+                                             prim::CopyDirection::kHostToDevice, copy));
+      f.hold.push_back(*std::move(buf));
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy));
+    std::shared_ptr<CopyEvent> done = f.done;
+    inflight.push_back(std::move(f));
+    stats.bytes_to_device += GroupBytes(g);
+    return done;
+  }
+
+  absl::Status LoadLocked(std::size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    MEMASCEND_ASSIGN_OR_RETURN(std::byte* block, AllocateLocked(GroupBytes(g)));
+    absl::StatusOr<std::shared_ptr<CopyEvent>> done = CopyGroupLocked(g, block, nullptr);
+    if (!done.ok()) {
+      (void)pool->Free(block);
+      stats.resident_bytes = pool->allocated();
+      return done.status();
+    }
+    Slot& s = slots[g];
+    s.block = block;
+    s.ready = *std::move(done);
+    return absl::OkStatus();
+  }
+
+  // Note [parameter read-ahead].
+  void ReadAheadLocked(std::size_t g, PassDirection direction) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const std::ptrdiff_t at = position[g];
+    if (at < 0) return;
+    const bool forward = direction == PassDirection::kForward;
+    // Groups read ahead that the pass went past unused were skipped: not wanted any more.
+    for (std::size_t h = 0; h < slots.size(); ++h) {
+      Slot& s = slots[h];
+      if (!s.wanted || position[h] < 0) continue;
+      if (forward ? position[h] < at : position[h] > at) {
+        s.wanted = false;
+        wanted_bytes -= GroupBytes(h);
+      }
+    }
+    const std::ptrdiff_t step = forward ? 1 : -1;
+    for (std::ptrdiff_t j = at + step; j >= 0 && j < static_cast<std::ptrdiff_t>(order.size());
+         j += step) {
+      const std::size_t h = order[static_cast<std::size_t>(j)];
+      Slot& s = slots[h];
+      if (s.leases > 0 || s.wanted) continue;
+      if (wanted_bytes + GroupBytes(h) > read_ahead_bytes) break;
+      if (s.block == nullptr) {
+        if (!LoadLocked(h).ok()) break;  // no room now: the acquire will load it
+        ++stats.read_ahead;
+      }
+      s.wanted = true;
+      wanted_bytes += GroupBytes(h);
+    }
+  }
+};
+
+DeviceParameters::DeviceParameters(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DeviceParameters::~DeviceParameters() {
+  if (impl_) (void)Synchronize();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceParameters>> DeviceParameters::Create(
+    OffloadedAdam* optimizer, const DeviceParametersOptions& options) {
+  if (optimizer == nullptr) return absl::InvalidArgumentError("device parameters: no optimizer");
+  const StateLayout& l = optimizer->layout();
+  std::size_t largest = 0;
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    if (!l.Stored(StateKind::kParameters, g)) {
+      return absl::FailedPreconditionError(fmt::format(
+          "device parameters: group '{}' stores no parameters (they are derived from its master "
+          "weights): make the layout with store_parameters",
+          l.groups[g].name));
+    }
+    largest = std::max(largest, l.groups[g].elements * l.ElementBytes(StateKind::kParameters));
+  }
+  const std::size_t budget =
+      options.device_budget_bytes / store::kDeviceBlockBytes * store::kDeviceBlockBytes;
+  if (budget == 0 || budget < largest) {
+    return absl::InvalidArgumentError(fmt::format(
+        "device parameters: a device budget of {} bytes cannot hold the largest group ({})",
+        options.device_budget_bytes, Bytes(largest)));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->adam = optimizer;
+  impl->o = options;
+  impl->o.device_budget_bytes = budget;
+  impl->read_ahead_bytes = options.read_ahead_bytes != 0 ? options.read_ahead_bytes : budget / 2;
+  MEMASCEND_ASSIGN_OR_RETURN(impl->engine,
+                             train::MakeCopyEngine(options.device, options.emulate_on_host));
+  MEMASCEND_ASSIGN_OR_RETURN(std::byte* slab, impl->engine->AllocateSlab(budget));
+  impl->pool = std::make_unique<store::DevicePool>(slab, budget, nullptr);
+  {
+    absl::MutexLock lock(&impl->mu);
+    impl->slots.resize(l.groups.size());
+    impl->position.assign(l.groups.size(), -1);
+  }
+  return std::unique_ptr<DeviceParameters>(new DeviceParameters(std::move(impl)));
+}
+
+absl::StatusOr<DeviceView> DeviceParameters::Acquire(std::size_t group, CudaStreamView compute,
+                                                     PassDirection direction) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  if (group >= m.slots.size()) {
+    return absl::OutOfRangeError(
+        fmt::format("device parameters: no group {} ({} groups)", group, m.slots.size()));
+  }
+  m.ReapLocked();
+  if (direction == PassDirection::kForward && m.position[group] < 0) {
+    m.position[group] = static_cast<std::ptrdiff_t>(m.order.size());
+    m.order.push_back(group);
+    m.stats.recorded_groups = m.order.size();
+  }
+  Impl::Slot& s = m.slots[group];
+  ++m.stats.acquires;
+  if (s.block != nullptr) {
+    ++m.stats.hits;
+    if (s.wanted) {
+      s.wanted = false;
+      m.wanted_bytes -= m.GroupBytes(group);
+    }
+  } else {
+    ++m.stats.misses;
+    MEMASCEND_RETURN_IF_ERROR(m.LoadLocked(group));
+  }
+  ++s.leases;
+  s.used = ++m.tick;
+  MEMASCEND_RETURN_IF_ERROR(m.engine->MakeWait(compute, *s.ready));
+  m.ReadAheadLocked(group, direction);
+  return DeviceView{s.block, m.layout().groups[group].elements, m.layout().param_dtype};
+}
+
+absl::Status DeviceParameters::Release(std::size_t group, CudaStreamView compute) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  if (group >= m.slots.size() || m.slots[group].leases == 0) {
+    return absl::FailedPreconditionError(
+        fmt::format("device parameters: group {} released but not acquired", group));
+  }
+  Impl::Slot& s = m.slots[group];
+  MEMASCEND_ASSIGN_OR_RETURN(std::shared_ptr<CopyEvent> use, m.engine->Record(compute));
+  std::erase_if(s.uses, [](const std::shared_ptr<CopyEvent>& e) { return e->Ready(); });
+  s.uses.push_back(std::move(use));
+  --s.leases;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceParameters::Invalidate(std::size_t group) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  if (group >= m.slots.size()) {
+    return absl::OutOfRangeError(fmt::format("device parameters: no group {}", group));
+  }
+  Impl::Slot& s = m.slots[group];
+  if (s.leases > 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "device parameters: group {} is invalidated while acquired ({} leases)", group, s.leases));
+  }
+  if (s.block != nullptr) ++m.stats.invalidations;
+  m.FreeLocked(group);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceParameters::CopyTo(std::size_t group, std::byte* device_memory,
+                                      CudaStreamView compute) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  if (group >= m.slots.size()) {
+    return absl::OutOfRangeError(fmt::format("device parameters: no group {}", group));
+  }
+  if (device_memory == nullptr) return absl::InvalidArgumentError("device parameters: no memory");
+  m.ReapLocked();
+  // The caller's memory may still be read by work queued on `compute`: the copies wait.
+  MEMASCEND_ASSIGN_OR_RETURN(std::shared_ptr<CopyEvent> before, m.engine->Record(compute));
+  MEMASCEND_ASSIGN_OR_RETURN(std::shared_ptr<CopyEvent> done,
+                             m.CopyGroupLocked(group, device_memory, before.get()));
+  return m.engine->MakeWait(compute, *done);
+}
+
+absl::Status DeviceParameters::Synchronize() {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  absl::Status status;
+  while (!m.inflight.empty()) status.Update(m.WaitOldestLocked());
+  return status;
+}
+
+DeviceParametersStats DeviceParameters::stats() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->stats;
+}
+
+// ---- DeviceGradients -------------------------------------------------------------------
+
+struct DeviceGradients::Impl {
+  OffloadedAdam* adam = nullptr;
+  DeviceGradientsOptions o;
+  std::size_t max_inflight = 0;
+  std::unique_ptr<CopyEngine> engine;
+
+  struct Part {
+    std::size_t g = 0, part = 0, bytes = 0;
+    StateBuffer buffer;
+    std::shared_ptr<CopyEvent> done;
+  };
+  mutable absl::Mutex mu;
+  std::deque<Part> pending ABSL_GUARDED_BY(mu);  // in the order queued
+  std::size_t inflight_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::vector<bool> offloaded ABSL_GUARDED_BY(mu);  // this step's
+  DeviceGradientsStats stats ABSL_GUARDED_BY(mu);
+
+  // Hands the oldest part to the optimizer once its copy is done (waiting for it if
+  // `wait`). False when it was not done and `wait` is false.
+  // A copy that failed drops its part (the error is returned; the step must not be used).
+  absl::StatusOr<bool> FinishOldestLocked(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!wait && !pending.front().done->Ready()) return false;
+    Part taken = std::move(pending.front());
+    pending.pop_front();
+    inflight_bytes -= taken.bytes;
+    if (!taken.done->Ready()) {
+      ++stats.waits;
+      MEMASCEND_RETURN_IF_ERROR(taken.done->Wait());
+    }
+    MEMASCEND_RETURN_IF_ERROR(adam->EndGradient(taken.g, taken.part, std::move(taken.buffer)));
+    return true;
+  }
+
+  absl::Status ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (!pending.empty()) {
+      MEMASCEND_ASSIGN_OR_RETURN(const bool finished, FinishOldestLocked(false));
+      if (!finished) break;
+    }
+    return absl::OkStatus();
+  }
+};
+
+DeviceGradients::DeviceGradients(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DeviceGradients::~DeviceGradients() {
+  if (!impl_) return;
+  absl::MutexLock lock(&impl_->mu);
+  // Copies still in flight write into the store's blocks: wait before letting them go.
+  for (Impl::Part& p : impl_->pending) (void)p.done->Wait();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceGradients>> DeviceGradients::Create(
+    OffloadedAdam* optimizer, const DeviceGradientsOptions& options) {
+  if (optimizer == nullptr) return absl::InvalidArgumentError("device gradients: no optimizer");
+  auto impl = std::make_unique<Impl>();
+  impl->adam = optimizer;
+  impl->o = options;
+  const StateLayout& l = optimizer->layout();
+  impl->max_inflight = options.max_inflight_bytes != 0
+                           ? options.max_inflight_bytes
+                           : 8 * l.MaxPartElements() * l.ElementBytes(StateKind::kGradient);
+  MEMASCEND_ASSIGN_OR_RETURN(impl->engine,
+                             train::MakeCopyEngine(options.device, options.emulate_on_host));
+  {
+    absl::MutexLock lock(&impl->mu);
+    impl->offloaded.assign(l.groups.size(), false);
+  }
+  return std::unique_ptr<DeviceGradients>(new DeviceGradients(std::move(impl)));
+}
+
+absl::StatusOr<std::shared_ptr<ReuseFence>> DeviceGradients::Offload(std::size_t group,
+                                                                     TensorView gradient,
+                                                                     CudaStreamView producer) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  const StateLayout& l = m.adam->layout();
+  if (group >= l.groups.size()) {
+    return absl::OutOfRangeError(
+        fmt::format("device gradients: no group {} ({} groups)", group, l.groups.size()));
+  }
+  if (gradient.elements != l.groups[group].elements || gradient.data == nullptr) {
+    return absl::InvalidArgumentError(
+        fmt::format("device gradients: group '{}' has {} elements, the gradient {}",
+                    l.groups[group].name, l.groups[group].elements, gradient.elements));
+  }
+  if (gradient.dtype != l.grad_dtype) {
+    return absl::InvalidArgumentError(fmt::format(
+        "device gradients: group '{}' keeps {} gradients, this one is {}: convert it on the "
+        "device first",
+        l.groups[group].name, ToString(l.grad_dtype), ToString(gradient.dtype)));
+  }
+  if (m.offloaded[group]) {
+    return absl::FailedPreconditionError(fmt::format(
+        "device gradients: group '{}' offloaded twice in one step (accumulate on the device, "
+        "or Finish and step between)",
+        l.groups[group].name));
+  }
+  MEMASCEND_RETURN_IF_ERROR(m.ReapLocked());
+  const CudaStreamView copy = m.o.copy_stream;
+  MEMASCEND_ASSIGN_OR_RETURN(std::shared_ptr<CopyEvent> made, m.engine->Record(producer));
+  MEMASCEND_RETURN_IF_ERROR(m.engine->MakeWait(copy, *made));
+  const std::size_t element = SizeOf(gradient.dtype);
+  const auto* src = static_cast<const std::byte*>(gradient.data);
+  std::shared_ptr<CopyEvent> last;
+  for (std::size_t part = 0; part < l.Parts(group); ++part) {
+    const auto [begin, end] = l.PartRange(group, part);
+    const std::size_t bytes = (end - begin) * element;
+    while (!m.pending.empty() && m.inflight_bytes + bytes > m.max_inflight) {
+      MEMASCEND_RETURN_IF_ERROR(m.FinishOldestLocked(true).status());
+    }
+    absl::StatusOr<StateBuffer> buffer;
+    for (;;) {
+      buffer = m.adam->BeginGradient(group, part);
+      if (buffer.ok() || !absl::IsResourceExhausted(buffer.status()) || m.pending.empty()) break;
+      MEMASCEND_RETURN_IF_ERROR(m.FinishOldestLocked(true).status());  // its block, freed
+    }
+    if (!buffer.ok()) return buffer.status();
+    MEMASCEND_RETURN_IF_ERROR(m.engine->Copy(buffer->data, src + begin * element, bytes,
+                                             prim::CopyDirection::kDeviceToHost, copy));
+    MEMASCEND_ASSIGN_OR_RETURN(last, m.engine->Record(copy));
+    m.pending.push_back(Impl::Part{group, part, bytes, *std::move(buffer), last});
+    m.inflight_bytes += bytes;
+    ++m.stats.parts;
+    m.stats.bytes_from_device += bytes;
+  }
+  m.offloaded[group] = true;
+  ++m.stats.groups;
+  return std::shared_ptr<ReuseFence>(std::move(last));
+}
+
+absl::Status DeviceGradients::Finish() {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  absl::Status status;
+  while (!m.pending.empty()) {
+    absl::StatusOr<bool> r = m.FinishOldestLocked(true);
+    if (!r.ok()) status.Update(r.status());
+  }
+  m.offloaded.assign(m.offloaded.size(), false);
+  return status;
+}
+
+DeviceGradientsStats DeviceGradients::stats() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace memascend
