@@ -76,7 +76,9 @@ enum class PassDirection { kForward, kBackward };
 
 struct DeviceParametersOptions {
   int device = 0;
-  std::size_t device_budget_bytes = 0;  // the device allocation (required)
+  // The device allocation; 0: none, for a caller that only wants CopyTo (its parameters
+  // stay on the device in its own memory): Acquire then reports kFailedPrecondition.
+  std::size_t device_budget_bytes = 0;
   // Bytes of groups read ahead and not yet acquired, at most; 0: half the budget.
   std::size_t read_ahead_bytes = 0;
   CudaStreamView copy_stream;  // the copies' stream (the caller's; not the compute stream)
@@ -104,7 +106,7 @@ struct DeviceParametersStats {
 
 class DeviceParameters {
  public:
-  // kInvalidArgument for a zero budget or a budget smaller than the largest group;
+  // kInvalidArgument for a budget smaller than the largest group;
   // kFailedPrecondition without a CUDA device (and no emulation), or for a layout with
   // derived parameters (StateGroup::store_parameters false: nothing stored to copy).
   static absl::StatusOr<std::unique_ptr<DeviceParameters>> Create(

@@ -196,6 +196,10 @@ class OffloadedAdam {
   // and lets the buffer go. The buffer holds a pinned block of the store meanwhile.
   absl::StatusOr<StateBuffer> BeginGradient(std::size_t group, std::size_t part);
   absl::Status EndGradient(std::size_t group, std::size_t part, StateBuffer gradient);
+  // The scale the step's gradients carry, when it is known only after they were made (an
+  // outside scaler's, read at the optimizer's step while the gradients went out during the
+  // backward pass); as BeginBackward's `gradient_scale`, without resetting the checks.
+  void SetGradientScale(float gradient_scale);
   // After every part's gradient: the overflow check (one, for a storage that checks
   // after the backward pass), the loss scaler's update, and the step's plan; a skipped
   // step discards the gradients. `lr_factor` scales every group's lr (a schedule).

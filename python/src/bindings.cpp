@@ -3,7 +3,7 @@
 // exception class of memascend.errors for its code (the only place a status becomes an
 // exception). Tensors cross as addresses, element counts and dtype names, so the
 // extension does not link libtorch and serves any PyTorch version; the Python layer
-// (memascend/torch.py) checks that an address names a contiguous CPU tensor of that size.
+// (the memascend.torch package) checks that an address names a contiguous tensor of that size.
 //
 // Every call that does I/O or arithmetic releases the GIL. Lifetimes: a TensorStore
 // holds its Volume (Python reference), an optimizer its TensorStore, a lease its store;
@@ -57,6 +57,18 @@ StateKind ParseKind(const std::string& name) {
 }
 
 void* Address(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+ArenaBacking ParseBacking(const std::string& name) {
+  if (name == "auto") return ArenaBacking::kAuto;
+  if (name == "cuda") return ArenaBacking::kCudaRegistered;
+  if (name == "mlock") return ArenaBacking::kMlock;
+  throw StatusError{absl::InvalidArgumentError(
+      fmt::format("host_backing '{}' is not one of auto, cuda, mlock", name))};
+}
+
+CudaStreamView Stream(std::uintptr_t handle) {
+  return CudaStreamView(reinterpret_cast<void*>(handle));
+}
 
 // ---- Volume -------------------------------------------------------------------------------
 
@@ -215,7 +227,8 @@ class PyAdam {
          const std::string& param_dtype, const std::string& grad_dtype, std::size_t part_elements,
          const std::vector<float>& lrs, const std::vector<float>& weight_decays, float beta1,
          float beta2, float eps, float max_grad_norm, bool dynamic_loss_scale, float initial_scale,
-         std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads)
+         std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads,
+         std::optional<bool> store_parameters)
       : store_obj_(std::move(store)) {
     store_ = store_obj_.cast<PyStore*>();
     StateLayout layout;
@@ -223,8 +236,9 @@ class PyAdam {
     layout.param_dtype = ParseDType(param_dtype);
     layout.grad_dtype = ParseDType(grad_dtype);
     layout.part_elements = part_elements;
-    // fp32 parameters are their master weights: derived, not stored twice.
-    if (layout.param_dtype == DType::kF32) {
+    // fp32 parameters are their master weights: derived, not stored twice, unless asked
+    // for (the device path copies stored parameters to the GPU).
+    if (!store_parameters.value_or(layout.param_dtype != DType::kF32)) {
       for (StateGroup& g : layout.groups) g.store_parameters = false;
     }
     Check(layout.Validate());
@@ -272,6 +286,12 @@ class PyAdam {
   }
   void close() {
     if (!adam_) return;
+    if (device_users_ > 0) {
+      throw StatusError{absl::FailedPreconditionError(fmt::format(
+          "the optimizer: {} device parameter or gradient object(s) still use it; close them "
+          "first",
+          device_users_))};
+    }
     absl::Status s;
     {
       py::gil_scoped_release nogil;
@@ -330,6 +350,8 @@ class PyAdam {
     return d;
   }
 
+  int device_users_ = 0;
+
  private:
   py::object store_obj_;
   PyStore* store_ = nullptr;
@@ -348,6 +370,53 @@ void NoGil(PyAdam& self, F&& f) {
     s = f(a);
   }
   Check(s);
+}
+
+// ---- the device paths (memascend/device_training.h) ------------------------------------
+
+// Holds its optimizer (a Python reference) and is counted as one of its users, so the
+// optimizer cannot close under it.
+template <typename Sdk>
+class PyDevice {
+ public:
+  explicit PyDevice(py::object adam) : adam_obj_(std::move(adam)) {
+    adam_ = adam_obj_.cast<PyAdam*>();
+    ++adam_->device_users_;
+  }
+  ~PyDevice() { close(); }
+  PyDevice(const PyDevice&) = delete;
+  PyDevice& operator=(const PyDevice&) = delete;
+  Sdk* get() const {
+    if (!sdk_) throw StatusError{absl::FailedPreconditionError("closed")};
+    return sdk_.get();
+  }
+  OffloadedAdam* adam() const { return adam_->get(); }
+  void set(std::unique_ptr<Sdk> sdk) { sdk_ = std::move(sdk); }
+  void close() {
+    if (sdk_) {
+      py::gil_scoped_release nogil;
+      sdk_.reset();  // waits for its copies
+    }
+    if (counted_) {  // also when Create failed: the object never worked
+      counted_ = false;
+      --adam_->device_users_;
+    }
+  }
+  bool closed() const { return sdk_ == nullptr; }
+
+ private:
+  py::object adam_obj_;
+  PyAdam* adam_ = nullptr;
+  bool counted_ = true;
+  std::unique_ptr<Sdk> sdk_;
+};
+using PyDeviceParameters = PyDevice<DeviceParameters>;
+using PyDeviceGradients = PyDevice<DeviceGradients>;
+
+template <typename F>
+auto NoGilTake(F&& f) {
+  py::gil_scoped_release nogil;
+  return f();
 }
 
 }  // namespace
@@ -453,16 +522,21 @@ PYBIND11_MODULE(_core, m) {
   // ---- TensorStore
   py::class_<PyStore>(m, "TensorStore")
       .def(py::init([](py::object volume, std::size_t host_budget, std::size_t gpu_budget,
-                       bool defer_prefetches, bool write_behind) {
+                       bool defer_prefetches, bool write_behind, const std::string& host_backing) {
              TensorStoreOptions o;
              o.host_budget_bytes = host_budget;
              o.gpu_budget_bytes = gpu_budget;
              o.defer_prefetches = defer_prefetches;
              o.write_behind = write_behind;
+             o.host_backing = ParseBacking(host_backing);
              return std::make_unique<PyStore>(std::move(volume), o);
            }),
            py::arg("volume"), py::arg("host_budget"), py::arg("gpu_budget") = 0,
-           py::arg("defer_prefetches") = true, py::arg("write_behind") = false)
+           py::arg("defer_prefetches") = true, py::arg("write_behind") = false,
+           py::arg("host_backing") = "auto",
+           "host_backing: 'auto' (registered with CUDA when the store has a GPU tier and a "
+           "device is present, else mlock'ed), 'cuda' (registered with CUDA: copies to and "
+           "from a GPU are true DMA) or 'mlock'.")
       .def_property_readonly("closed", &PyStore::closed)
       .def_property_readonly("host_budget", &PyStore::budget)
       .def(
@@ -486,17 +560,20 @@ PYBIND11_MODULE(_core, m) {
       .def("stored_tensors", [](const PyStore& s) { return s.get()->StoredTensors(); })
       .def(
           "acquire",
-          [](py::object self, TensorId id, bool write) {
+          [](py::object self, TensorId id, bool write, bool overwrite) {
             PyStore* s = self.cast<PyStore*>();
             TensorStore* store = s->get();
             TensorLease lease;
             {
               py::gil_scoped_release nogil;
-              lease = Take(write ? store->AcquireForWrite(id) : store->Acquire(id));
+              lease = Take(overwrite ? store->AcquireForOverwrite(id)
+                                     : write ? store->AcquireForWrite(id) : store->Acquire(id));
             }
-            return std::make_unique<PyLease>(self, std::move(lease), write);
+            return std::make_unique<PyLease>(self, std::move(lease), write || overwrite);
           },
-          py::arg("id"), py::arg("write") = false)
+          py::arg("id"), py::arg("write") = false, py::arg("overwrite") = false,
+          "A lease on the tensor's pinned bytes. write: they will change (written back before "
+          "reuse); overwrite: every byte will be written, so a cold tensor is not read first.")
       .def(
           "write_from",
           [](const PyStore& s, TensorId id, std::uintptr_t address, std::size_t nbytes) {
@@ -578,12 +655,13 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<py::object, const std::vector<std::pair<std::string, std::size_t>>&,
                     const std::string&, const std::string&, std::size_t, const std::vector<float>&,
                     const std::vector<float>&, float, float, float, float, bool, float,
-                    std::uint64_t, std::size_t, int>(),
+                    std::uint64_t, std::size_t, int, std::optional<bool>>(),
            py::arg("store"), py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
            py::arg("part_elements"), py::arg("lrs"), py::arg("weight_decays"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("max_grad_norm"),
            py::arg("dynamic_loss_scale"), py::arg("initial_scale"), py::arg("fingerprint"),
-           py::arg("read_ahead_bytes"), py::arg("threads"))
+           py::arg("read_ahead_bytes"), py::arg("threads"),
+           py::arg("store_parameters") = std::nullopt)
       .def_static("minimum_host_budget",
                   [](std::size_t max_group_elements, std::size_t part_elements,
                      const std::string& param, const std::string& grad) {
@@ -596,16 +674,19 @@ PYBIND11_MODULE(_core, m) {
                   })
       .def_static("stored_bytes",
                   [](const std::vector<std::pair<std::string, std::size_t>>& groups,
-                     const std::string& param, const std::string& grad, std::size_t part) {
+                     const std::string& param, const std::string& grad, std::size_t part,
+                     std::optional<bool> store_parameters) {
                     StateLayout l;
                     for (const auto& [name, n] : groups) l.groups.push_back({name, n, true});
                     l.param_dtype = ParseDType(param);
                     l.grad_dtype = ParseDType(grad);
                     l.part_elements = part;
-                    if (l.param_dtype == DType::kF32)
+                    if (!store_parameters.value_or(l.param_dtype != DType::kF32))
                       for (StateGroup& g : l.groups) g.store_parameters = false;
                     return VersionedTrainingState::StoredBytes(l);
-                  })
+                  },
+                  py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
+                  py::arg("part_elements"), py::arg("store_parameters") = std::nullopt)
       .def("resume", &PyAdam::resume, py::arg("at_most") = std::nullopt)
       .def("initialize",
            [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
@@ -641,6 +722,8 @@ PYBIND11_MODULE(_core, m) {
                return absl::OkStatus();
              });
            })
+      .def("set_gradient_scale",
+           [](PyAdam& self, float scale) { self.get()->SetGradientScale(scale); })
       .def("end_backward", &PyAdam::end_backward, py::arg("lr_factor") = 1.0)
       .def("read_ahead", [](PyAdam& self) { self.get()->ReadAheadForUpdate(); })
       .def(
@@ -708,4 +791,128 @@ PYBIND11_MODULE(_core, m) {
                              [](const PyAdam& self) { return self.get()->update_pending(); })
       .def("stats", &PyAdam::stats)
       .def("close", &PyAdam::close);
+
+  // ---- the device paths (memascend.torch on CUDA drives them)
+  py::class_<PyDeviceParameters>(m, "DeviceParameters")
+      .def(py::init([](py::object adam, std::size_t device_budget, std::size_t read_ahead,
+                       std::uintptr_t copy_stream, int device, bool emulate) {
+             auto self = std::make_unique<PyDeviceParameters>(std::move(adam));
+             DeviceParametersOptions o;
+             o.device = device;
+             o.device_budget_bytes = device_budget;
+             o.read_ahead_bytes = read_ahead;
+             o.copy_stream = Stream(copy_stream);
+             o.emulate_on_host = emulate;
+             OffloadedAdam* a = self->adam();
+             self->set(Take(NoGilTake([&] { return DeviceParameters::Create(a, o); })));
+             return self;
+           }),
+           py::arg("optimizer"), py::arg("device_budget"), py::arg("read_ahead") = 0,
+           py::arg("copy_stream") = 0, py::arg("device") = 0, py::arg("emulate") = false)
+      .def(
+          "acquire",
+          [](PyDeviceParameters& self, std::size_t g, std::uintptr_t stream, bool backward) {
+            DeviceParameters* d = self.get();
+            const DeviceView v = Take(NoGilTake([&] {
+              return d->Acquire(g, Stream(stream),
+                                backward ? PassDirection::kBackward : PassDirection::kForward);
+            }));
+            return py::make_tuple(reinterpret_cast<std::uintptr_t>(v.data), v.elements,
+                                  std::string(ToString(v.dtype)));
+          },
+          py::arg("group"), py::arg("stream") = 0, py::arg("backward") = false,
+          "(address, elements, dtype) of the group's parameters on the device, for work "
+          "queued on `stream` after this call.")
+      .def(
+          "release",
+          [](PyDeviceParameters& self, std::size_t g, std::uintptr_t stream) {
+            DeviceParameters* d = self.get();
+            Check(NoGilTake([&] { return d->Release(g, Stream(stream)); }));
+          },
+          py::arg("group"), py::arg("stream") = 0)
+      .def("invalidate",
+           [](PyDeviceParameters& self, std::size_t g) {
+             DeviceParameters* d = self.get();
+             Check(NoGilTake([&] { return d->Invalidate(g); }));
+           })
+      .def(
+          "copy_to",
+          [](PyDeviceParameters& self, std::size_t g, std::uintptr_t address,
+             std::uintptr_t stream) {
+            DeviceParameters* d = self.get();
+            Check(NoGilTake([&] {
+              return d->CopyTo(g, static_cast<std::byte*>(Address(address)), Stream(stream));
+            }));
+          },
+          py::arg("group"), py::arg("address"), py::arg("stream") = 0)
+      .def("synchronize",
+           [](PyDeviceParameters& self) {
+             DeviceParameters* d = self.get();
+             Check(NoGilTake([&] { return d->Synchronize(); }));
+           })
+      .def("stats",
+           [](const PyDeviceParameters& self) {
+             const DeviceParametersStats s = self.get()->stats();
+             py::dict d;
+             d["acquires"] = s.acquires;
+             d["hits"] = s.hits;
+             d["misses"] = s.misses;
+             d["read_ahead"] = s.read_ahead;
+             d["evictions"] = s.evictions;
+             d["invalidations"] = s.invalidations;
+             d["bytes_to_device"] = s.bytes_to_device;
+             d["resident_bytes"] = s.resident_bytes;
+             d["peak_resident_bytes"] = s.peak_resident_bytes;
+             d["recorded_groups"] = s.recorded_groups;
+             return d;
+           })
+      .def_property_readonly("closed", &PyDeviceParameters::closed)
+      .def("close", &PyDeviceParameters::close);
+
+  py::class_<PyDeviceGradients>(m, "DeviceGradients")
+      .def(py::init([](py::object adam, std::uintptr_t copy_stream, std::size_t max_inflight,
+                       int device, bool emulate) {
+             auto self = std::make_unique<PyDeviceGradients>(std::move(adam));
+             DeviceGradientsOptions o;
+             o.device = device;
+             o.copy_stream = Stream(copy_stream);
+             o.max_inflight_bytes = max_inflight;
+             o.emulate_on_host = emulate;
+             OffloadedAdam* a = self->adam();
+             self->set(Take(NoGilTake([&] { return DeviceGradients::Create(a, o); })));
+             return self;
+           }),
+           py::arg("optimizer"), py::arg("copy_stream") = 0, py::arg("max_inflight") = 0,
+           py::arg("device") = 0, py::arg("emulate") = false)
+      .def(
+          "offload",
+          [](PyDeviceGradients& self, std::size_t g, std::uintptr_t address, std::size_t n,
+             const std::string& dtype, std::uintptr_t stream) {
+            DeviceGradients* d = self.get();
+            const DType t = ParseDType(dtype);
+            Check(NoGilTake([&] {
+              return d->Offload(g, TensorView{Address(address), n, t}, Stream(stream)).status();
+            }));
+          },
+          py::arg("group"), py::arg("address"), py::arg("elements"), py::arg("dtype"),
+          py::arg("stream") = 0,
+          "Queues the group's gradient (device memory, made by work on `stream`) out to the "
+          "store; keep the memory until `stream`'s later work or the copy stream has done.")
+      .def("finish",
+           [](PyDeviceGradients& self) {
+             DeviceGradients* d = self.get();
+             Check(NoGilTake([&] { return d->Finish(); }));
+           })
+      .def("stats",
+           [](const PyDeviceGradients& self) {
+             const DeviceGradientsStats s = self.get()->stats();
+             py::dict d;
+             d["groups"] = s.groups;
+             d["parts"] = s.parts;
+             d["bytes_from_device"] = s.bytes_from_device;
+             d["waits"] = s.waits;
+             return d;
+           })
+      .def_property_readonly("closed", &PyDeviceGradients::closed)
+      .def("close", &PyDeviceGradients::close);
 }

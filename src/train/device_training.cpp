@@ -85,7 +85,7 @@ struct DeviceParameters::Impl {
       if (!e->Ready()) reuse_waits.push_back(std::move(e));
     }
     s.uses.clear();
-    (void)pool->Free(s.block);
+    (void)pool->Free(s.block);  // a block exists only with a pool
     s.block = nullptr;
     s.ready.reset();
     if (s.wanted) {
@@ -233,7 +233,7 @@ absl::StatusOr<std::unique_ptr<DeviceParameters>> DeviceParameters::Create(
   }
   const std::size_t budget =
       options.device_budget_bytes / store::kDeviceBlockBytes * store::kDeviceBlockBytes;
-  if (budget == 0 || budget < largest) {
+  if (options.device_budget_bytes != 0 && budget < largest) {
     return absl::InvalidArgumentError(fmt::format(
         "device parameters: a device budget of {} bytes cannot hold the largest group ({})",
         options.device_budget_bytes, Bytes(largest)));
@@ -245,8 +245,10 @@ absl::StatusOr<std::unique_ptr<DeviceParameters>> DeviceParameters::Create(
   impl->read_ahead_bytes = options.read_ahead_bytes != 0 ? options.read_ahead_bytes : budget / 2;
   MEMASCEND_ASSIGN_OR_RETURN(impl->engine,
                              train::MakeCopyEngine(options.device, options.emulate_on_host));
-  MEMASCEND_ASSIGN_OR_RETURN(std::byte* slab, impl->engine->AllocateSlab(budget));
-  impl->pool = std::make_unique<store::DevicePool>(slab, budget, nullptr);
+  if (budget > 0) {
+    MEMASCEND_ASSIGN_OR_RETURN(std::byte* slab, impl->engine->AllocateSlab(budget));
+    impl->pool = std::make_unique<store::DevicePool>(slab, budget, nullptr);
+  }
   {
     absl::MutexLock lock(&impl->mu);
     impl->slots.resize(l.groups.size());
@@ -262,6 +264,10 @@ absl::StatusOr<DeviceView> DeviceParameters::Acquire(std::size_t group, CudaStre
   if (group >= m.slots.size()) {
     return absl::OutOfRangeError(
         fmt::format("device parameters: no group {} ({} groups)", group, m.slots.size()));
+  }
+  if (m.pool == nullptr) {
+    return absl::FailedPreconditionError(
+        "device parameters: no device budget (made for CopyTo only)");
   }
   m.ReapLocked();
   if (direction == PassDirection::kForward && m.position[group] < 0) {

@@ -294,6 +294,10 @@ absl::Status OffloadedAdam::FinishGradient(std::size_t g, std::size_t part,
   return absl::OkStatus();
 }
 
+void OffloadedAdam::SetGradientScale(float gradient_scale) {
+  scale_ = gradient_scale > 0 && std::isfinite(gradient_scale) ? gradient_scale : scaler_.scale();
+}
+
 absl::StatusOr<StateBuffer> OffloadedAdam::BeginGradient(std::size_t g, std::size_t part) {
   const StateLayout& l = layout();
   if (g >= l.groups.size() || part >= l.Parts(g))

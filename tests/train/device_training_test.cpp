@@ -228,8 +228,15 @@ TEST(DeviceParameters, MisuseIsRefusedWithAReason) {
   Trainer t("device_params_misuse");
   EXPECT_THAT(DeviceParameters::Create(t.adam.get(), Emulated(1024)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("largest group")));
-  EXPECT_THAT(DeviceParameters::Create(t.adam.get(), Emulated(0)),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  {  // no budget: CopyTo only
+    auto copy_only = DeviceParameters::Create(t.adam.get(), Emulated(0));
+    ASSERT_OK(copy_only.status());
+    EXPECT_THAT((*copy_only)->Acquire(0, {}),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("CopyTo only")));
+    std::vector<std::uint16_t> out(t.layout.groups[1].elements);
+    ASSERT_OK((*copy_only)->CopyTo(1, reinterpret_cast<std::byte*>(out.data()), {}));
+    EXPECT_EQ(out, t.Stored(1));
+  }
   auto params = DeviceParameters::Create(t.adam.get(), Emulated(8 << 20));
   ASSERT_OK(params.status());
   DeviceParameters& p = **params;

@@ -1,0 +1,252 @@
+"""offload_activations(): the tensors autograd saves for the backward pass kept in a
+TensorStore (pinned host memory under its budget, spilled to its volume beyond it)."""
+import threading
+import weakref
+
+import torch
+
+from memascend import errors
+from memascend.torch._common import OFFLOADED, is_kept_dtype, dtype_name
+
+_local = threading.local()
+
+
+class _ParamView:
+    """A saved tensor that is a parameter or a view of one: kept as how to remake it."""
+    __slots__ = ("owner", "index", "size", "stride", "offset", "whole")
+
+    def __init__(self, owner, index, t, whole):
+        self.owner, self.index, self.whole = owner, index, whole
+        self.size, self.stride, self.offset = t.size(), t.stride(), t.storage_offset()
+
+
+def pack(t):
+    """saved_tensors_hooks' pack: parameters by reference, activations to the store."""
+    base = t if t._base is None else t._base
+    entry = OFFLOADED.get(id(base)) if isinstance(base, torch.nn.Parameter) else None
+    if entry is not None:
+        return _ParamView(entry[0], entry[1], t, t is base)
+    if isinstance(t, torch.nn.Parameter):
+        return t
+    active = getattr(_local, "activations", None)
+    if active:
+        return active[-1]._pack(t)
+    return t
+
+
+def unpack(x):
+    if isinstance(x, _ParamView):
+        p = x.owner.ensure(x.index)
+        return p if x.whole else p.data.as_strided(x.size, x.stride, x.offset)
+    if isinstance(x, _Saved):
+        return x.unpack()
+    return x
+
+
+class _Saved:
+    """One saved activation in the store; its slot is free again once the graph lets go."""
+    __slots__ = ("owner", "id", "shape", "dtype", "device", "nbytes", "event", "key",
+                 "__weakref__")
+
+    def __init__(self, owner, tid, t, event=None, key=None):
+        self.owner, self.id = owner, tid
+        self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
+        self.nbytes = t.numel() * t.element_size()
+        self.event = event  # on a GPU: the copy out to the store
+        self.key = key
+
+    def unpack(self):
+        return self.owner._unpack(self)
+
+    def __del__(self):
+        owner = self.owner
+        if owner is not None:
+            owner._free(self)
+
+
+class ActivationOffload:
+    """What offload_activations() returns: a context manager (saved_tensors_hooks)."""
+
+    def __init__(self, store, min_bytes, read_ahead):
+        self._store = store
+        self._min_bytes = int(min_bytes)
+        self._read_ahead = int(read_ahead)
+        self._free_slots = {}  # nbytes -> [tensor id]
+        self._slots = 0
+        self._hooks = None
+        self.saved_bytes = 0  # bytes saved through the store (so far)
+        self.peak_bytes = 0   # the most held at once
+        self.deduplicated = 0  # saves of a tensor already saved (stored once)
+        self._held = 0
+        self._live = weakref.WeakValueDictionary()  # a saved GPU tensor's identity -> _Saved
+        self._order = []  # this forward's saves on a GPU, in order (the backward reads back)
+        self._pending = None  # on a GPU: leases until their copies complete
+        self._side = None     # on a GPU: the stream of the copies out
+        self._to_free = []    # slots let go while a copy of theirs was in flight
+
+    # -- on a GPU
+    def _gpu(self, device):
+        if self._pending is None:
+            from memascend.torch.cuda import PendingLeases
+            self._pending = PendingLeases()
+            self._side = torch.cuda.Stream(device)
+        return self._pending
+
+    def _reap(self):
+        """Leases of completed copies let go; slots whose copies are done freed."""
+        self._pending.reap(limit=self._store.host_budget // 2)
+        if self._to_free:
+            waiting = []
+            for tid, nbytes in self._to_free:
+                if self._pending.holds(tid):
+                    waiting.append((tid, nbytes))
+                else:
+                    self._free_slot(tid, nbytes)
+            self._to_free = waiting
+
+    def _pack_cuda(self, t, tid, nbytes):
+        """Copies `t` out to the tensor's pinned block on a side stream; its lease goes once
+        the copy's event has completed (the block is CUDA-registered when the store's
+        host_backing is 'cuda', so the copy is true DMA)."""
+        pending = self._gpu(t.device)
+        lease = self._store.acquire(tid, overwrite=True)  # a reused slot: no stale read
+        src = t.detach()
+        if not src.is_contiguous():
+            src = src.contiguous()
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side):
+            torch.frombuffer(lease, dtype=torch.uint8).copy_(src.view(-1).view(torch.uint8),
+                                                            non_blocking=True)
+        src.record_stream(side)  # not reused by torch before the copy has read it
+        event = torch.cuda.Event()
+        event.record(side)
+        pending.add(event, lease, nbytes, tid)
+        return event
+
+    def _unpack_cuda(self, saved):
+        pending = self._gpu(saved.device)
+        self._reap()
+        self._read_ahead_from(saved)
+        stream = torch.cuda.current_stream(saved.device)
+        if saved.event is not None and not saved.event.query():
+            stream.wait_event(saved.event)  # its bytes are still on their way out
+        lease = self._store.acquire(saved.id)
+        out = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
+        out.view(-1).view(torch.uint8).copy_(torch.frombuffer(lease, dtype=torch.uint8),
+                                             non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+        pending.add(event, lease, saved.nbytes, saved.id)
+        return out
+
+    def _read_ahead_from(self, saved):
+        """The backward pass reads back in reverse order of saving: the next few saved
+        before this one are read from the volume ahead (a hint to the store)."""
+        try:
+            k = self._order.index(saved.id)
+        except ValueError:
+            return
+        for j in range(k - 1, max(-1, k - 1 - self._read_ahead), -1):
+            self._store.prefetch(self._order[j])
+
+    # -- the hooks
+    def _pack(self, t):
+        if t.numel() * t.element_size() < self._min_bytes or t.is_sparse or \
+                not is_kept_dtype(t.dtype):
+            return t
+        key = None
+        if t.device.type == "cuda":
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                   tuple(t.stride()), t._version, t.dtype)
+            same = self._live.get(key)
+            if same is not None:  # saved twice (as several ops save their input): once
+                self.deduplicated += 1
+                return same
+        if t.device.type == "cuda":
+            self._gpu(t.device)
+            self._reap()
+        nbytes = t.numel() * t.element_size()
+        free = self._free_slots.get(nbytes)
+        if free:
+            tid = free.pop()
+        else:
+            tid = self._store.register(f"memascend.activation.{self._slots}", nbytes,
+                                       dtype_name(t.dtype, "an activation"), durable=False)
+            self._slots += 1
+        event = None
+        if t.device.type == "cpu":
+            src = t.detach().contiguous()
+            self._store.write_from(tid, src.data_ptr(), nbytes)
+        elif t.device.type == "cuda":
+            event = self._pack_cuda(t, tid, nbytes)
+            self._order.append(tid)
+        else:
+            raise errors.UnimplementedError(f"offload_activations on {t.device.type}")
+        self.saved_bytes += nbytes
+        self._held += nbytes
+        self.peak_bytes = max(self.peak_bytes, self._held)
+        saved = _Saved(self, tid, t, event, key)
+        if key is not None:
+            self._live[key] = saved
+        return saved
+
+    def _unpack(self, saved):
+        if saved.device.type == "cpu":
+            out = torch.empty(saved.shape, dtype=saved.dtype)
+            self._store.read_into(saved.id, out.data_ptr(), saved.nbytes)
+            return out
+        return self._unpack_cuda(saved)
+
+    def _free(self, saved):
+        self._held -= saved.nbytes
+        if not self._held:
+            self._order.clear()
+        if self._pending is not None and self._pending.holds(saved.id):
+            # A copy from or to its block is in flight: the slot is reused only after it.
+            self._to_free.append((saved.id, saved.nbytes))
+            return
+        self._free_slot(saved.id, saved.nbytes)
+
+    def _free_slot(self, tid, nbytes):
+        try:
+            self._store.discard(tid)
+        except errors.Error:
+            pass  # a store closed first: nothing to free
+        self._free_slots.setdefault(nbytes, []).append(tid)
+
+    def synchronize(self):
+        """Waits for every copy in flight and lets go of its lease."""
+        if self._pending is not None:
+            self._pending.drain()
+            self._reap()
+
+    def __enter__(self):
+        stack = getattr(_local, "activations", None)
+        if stack is None:
+            stack = _local.activations = []
+        stack.append(self)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+        _local.activations.pop()
+        return False
+
+
+def offload_activations(store, min_bytes=1 << 16, read_ahead=4):
+    """A context manager: tensors autograd saves for the backward pass while it is open
+    (and at least `min_bytes` large) go to `store` (a memascend.TensorStore) as scratch
+    tensors: pinned memory under its budget, spilled to its volume beyond it, read back
+    when the backward pass needs them. Parameters are never copied. The forward pass
+    runs inside the context; the backward may run after it closes.
+
+    On a GPU each saved tensor is copied out on a side stream (make the store with
+    ``host_backing="cuda"`` so the copies are DMA), a tensor saved twice is stored once,
+    and the backward pass reads the next `read_ahead` saved tensors from the volume ahead
+    of their use, in reverse order of saving.
+    """
+    return ActivationOffload(store, min_bytes, read_ahead)

@@ -1,0 +1,453 @@
+"""OffloadedAdamW: torch.optim.AdamW with its state on a MemAscend volume."""
+import os
+
+import torch
+
+from memascend import _core, errors
+from memascend.torch import distributed as _dist
+from memascend.torch import state as _state
+from memascend.torch._common import DEFAULT_PART_ELEMENTS, dtype_name, host, offloaded
+
+
+class OffloadedAdamW(torch.optim.Optimizer):
+    """AdamW whose state lives on a MemAscend volume (see the package's docstring).
+
+    Args beyond AdamW's (keyword only):
+      volume: a path (a volume file, made on first use, reopened after) or a
+        memascend.Volume.
+      host_budget: pinned host bytes for the state in flight (at least one part's
+        gradient, parameters, master weights and moments: see min_host_budget()).
+      volume_size: bytes of a new volume file (default: the state's need plus margin).
+      part_elements: elements updated at once (a multiple of 2^18 keeps results
+        independent of it).
+      max_grad_norm: clip the global gradient norm to this (0: no clipping).
+      dynamic_loss_scale, initial_scale: the SDK's own loss scaler (fp16 without
+        torch's GradScaler: multiply the loss by ``loss_scale`` or use scale_loss()).
+        A torch GradScaler works too, with this off.
+      resume: continue from the volume's last committed step (``resumed_step`` tells
+        which); without it, a volume holding a state is refused.
+      overwrite: start over on a volume holding this model's state (that state is lost).
+      threads: CPU threads of the update (default torch.get_num_threads()).
+      read_ahead: bytes of state read ahead of the update (default: three parts).
+      run_id: a number of the caller's, committed with the state; a volume holding
+        another run_id's state is refused on resume.
+      offload_gradients: with parameters on a GPU, send each gradient to the store as
+        soon as backward has made it and free it on the GPU (``p.grad`` is then None
+        after backward: clip with ``max_grad_norm``, not on ``p.grad``). Default: on under
+        offload_parameters(), else off (the gradients go out at ``step()``).
+    """
+
+    # torch's GradScaler hands the scale to step() rather than unscaling the gradients.
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
+                 volume, host_budget, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
+                 max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
+                 resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
+                 amsgrad=False, maximize=False, process_group=None, offload_gradients=None):
+        self._core = None
+        self._store = None
+        self._volume = None
+        self._own_volume = False
+        self._cuda = None
+        if not lr >= 0.0:
+            raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
+        if not eps > 0.0:
+            raise errors.InvalidArgumentError(f"invalid epsilon value: {eps}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise errors.InvalidArgumentError(f"invalid betas: {betas}")
+        if not weight_decay >= 0.0:
+            raise errors.InvalidArgumentError(f"invalid weight_decay value: {weight_decay}")
+        if amsgrad or maximize:
+            raise errors.UnimplementedError("OffloadedAdamW has no amsgrad or maximize")
+        if resume and overwrite:
+            raise errors.InvalidArgumentError("resume and overwrite exclude each other")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=False, maximize=False)
+        super().__init__(params, defaults)
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
+        for gi, g in enumerate(self.param_groups):
+            if tuple(g["betas"]) != tuple(betas) or g["eps"] != eps:
+                raise errors.InvalidArgumentError(
+                    f"parameter group {gi} has its own betas or eps; OffloadedAdamW takes one "
+                    "betas and eps for every group (lr and weight_decay may differ)")
+            if g.get("amsgrad") or g.get("maximize"):
+                raise errors.UnimplementedError("OffloadedAdamW has no amsgrad or maximize")
+        dtypes = {p.dtype for p in self._params}
+        if len(dtypes) != 1:
+            raise errors.InvalidArgumentError(
+                f"parameters of dtypes {sorted(str(d) for d in dtypes)}; OffloadedAdamW keeps "
+                "one dtype (cast the model, or make one optimizer per dtype)")
+        self._dtype = dtypes.pop()
+        self._dt = dtype_name(self._dtype, "a parameter")
+        self._shapes = [tuple(p.shape) for p in self._params]
+        self._numels = [p.numel() for p in self._params]
+        for i, n in enumerate(self._numels):
+            if n == 0:
+                raise errors.InvalidArgumentError(f"parameter {i} has no elements")
+        devices = {p.device for p in self._params}
+        cuda = [d for d in devices if d.type == "cuda"]
+        if cuda and len(devices) > 1:
+            raise errors.InvalidArgumentError(
+                f"parameters on {sorted(str(d) for d in devices)}; OffloadedAdamW takes the "
+                "parameters of one device")
+        self._device = cuda[0] if cuda else torch.device("cpu")
+        # Note [sharded state]: under torch.distributed each rank owns a contiguous 1/N of
+        # every parameter's elements (its master weights and moments, on its own volume);
+        # the gradients are averaged across the ranks (all_reduce), each rank updates its
+        # shard, and the new parameters are all-gathered. One process owns everything.
+        self._pg, self._world, self._rank = _dist.process_group(process_group)
+        if self._world > 1 and dynamic_loss_scale:
+            raise errors.UnimplementedError(
+                "dynamic_loss_scale under torch.distributed: the ranks' overflow checks would "
+                "disagree; train bf16 without loss scaling, or in one process")
+        if self._world > 1 and cuda:
+            raise errors.UnimplementedError(
+                "OffloadedAdamW under torch.distributed with parameters on a GPU: not yet "
+                "(each rank's gradients would cross the host); train one process per GPU "
+                "without torch.distributed, or keep the parameters on the CPU")
+        self._shards = []  # per parameter: (its group in the SDK's layout or None, begin, end)
+        layout = []
+        for i, n in enumerate(self._numels):
+            chunk = -(-n // self._world)
+            begin, end = min(n, self._rank * chunk), min(n, (self._rank + 1) * chunk)
+            self._shards.append((len(layout) if end > begin else None, begin, end))
+            if end > begin:
+                layout.append((f"p{i}", end - begin))
+        if not layout:
+            raise errors.InvalidArgumentError(
+                f"rank {self._rank} of {self._world} owns no parameter element: fewer ranks")
+        self._max_grad_norm = float(max_grad_norm)
+        self.comm_bytes = 0  # bytes this rank sent into collectives, all steps together
+        self._part_elements = int(part_elements)
+        self._step_count = 0
+        self.resumed_step = None
+        self.last_step = None  # what the last step() did: skipped, grad_norm, loss_scale
+        self.skipped_steps = 0
+        # On a GPU the stored parameters are what goes to the device (fp32 ones too).
+        store_parameters = True if cuda else None
+        try:
+            if isinstance(volume, (str, os.PathLike)):
+                path = os.fspath(volume).replace("{rank}", str(self._rank))
+                if volume_size is None:
+                    need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt,
+                                                            self._part_elements, store_parameters)
+                    volume_size = need + need // 8 + (64 << 20)
+                self._volume = _core.Volume.open_or_create(path, int(volume_size))
+                self._own_volume = True
+            else:
+                self._volume = volume
+            # CUDA-registered on a GPU: copies to and from the device are true DMA.
+            self._store = _core.TensorStore(self._volume, host_budget=int(host_budget),
+                                            defer_prefetches=True,
+                                            host_backing="cuda" if cuda else "auto")
+            self._core = _core.OffloadedAdam(
+                self._store, layout, self._dt, self._dt, self._part_elements,
+                [float(self.param_groups[self._group_of[i]]["lr"]) for i in self._owned()],
+                [float(self.param_groups[self._group_of[i]]["weight_decay"])
+                 for i in self._owned()],
+                float(betas[0]), float(betas[1]), float(eps),
+                float(max_grad_norm) if self._world == 1 else 0.0,  # sharded: clipped here
+                bool(dynamic_loss_scale), float(initial_scale), int(run_id),
+                int(read_ahead or 0), int(threads or torch.get_num_threads()), store_parameters)
+            self._applied = {i: (float(self.param_groups[self._group_of[i]]["lr"]),
+                                 float(self.param_groups[self._group_of[i]]["weight_decay"]))
+                             for i in self._owned()}
+            self._dynamic = bool(dynamic_loss_scale)
+            if cuda:
+                from memascend.torch.cuda import OptimizerCuda
+                self._cuda = OptimizerCuda(self, self._device, offload_gradients)
+            record = self._core.resume()
+            if self._world > 1 and resume:
+                record = _dist.agree_on_resume(self, record)
+            if record is not None and not (resume or overwrite):
+                raise errors.FailedPreconditionError(
+                    f"volume {self._volume.path} holds this model's training state at step "
+                    f"{record['step']}; pass resume=True to continue it, or overwrite=True to "
+                    "start over (its state is then lost)")
+            if record is not None and resume:
+                self._step_count = int(record["step"])
+                self.resumed_step = self._step_count
+                self._load_into_parameters()
+            else:
+                self._initialize()
+        except BaseException:
+            self.close()
+            raise
+        self._frozen = True
+
+    # ---- construction and teardown
+
+    def _owned(self):
+        """The parameters this rank holds a shard of, in the order of its layout."""
+        return [i for i, (k, _, _) in enumerate(self._shards) if k is not None]
+
+    def _initialize(self):
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                k, begin, end = self._shards[i]
+                if k is None:
+                    continue
+                h = host(p.detach()).reshape(-1)[begin:end].contiguous()
+                self._core.initialize(k, h.data_ptr(), h.numel(), self._dt)
+        self._core.commit(self._step_count)
+
+    def _load_into_parameters(self):
+        with torch.no_grad():
+            if self._world > 1:
+                _dist.load_into_parameters(self)
+                return
+            for i, p in enumerate(self._params):
+                if offloaded(p):
+                    continue
+                if self._cuda is not None:
+                    self._cuda.copy_parameter(i, p)
+                    continue
+                self._write_parameter(i, p, lambda h: self._core.load_parameters(
+                    i, h.data_ptr(), h.numel(), self._dt))
+
+    def _write_parameter(self, i, p, fill):
+        """Runs fill(host tensor) to produce parameter i's values, in place in p (a CPU
+        parameter; on a GPU the device path copies from the store)."""
+        if p.is_contiguous():
+            fill(p.data)
+        else:
+            h = torch.empty(self._shapes[i], dtype=self._dtype)
+            fill(h)
+            p.data.copy_(h)
+
+    def add_param_group(self, param_group):
+        """Refused after construction (the state is laid out on the volume then)."""
+        if getattr(self, "_frozen", False):
+            raise errors.FailedPreconditionError(
+                "a parameter group added after construction: OffloadedAdamW lays its state out "
+                "on the volume when it is made; make a new optimizer for the new parameters")
+        super().add_param_group(param_group)
+
+    def close(self):
+        """Waits for the last commit and closes the state, its store and (if the
+        optimizer opened it) its volume. Raises the last commit's error, if any."""
+        first = None
+        cuda = getattr(self, "_cuda", None)
+        if cuda is not None:
+            self._cuda = None
+            cuda.close()
+        for name in ("_core", "_store"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                setattr(self, name, None)
+                try:
+                    obj.close()
+                except errors.Error as e:
+                    first = first or e
+        if getattr(self, "_own_volume", False) and self._volume is not None:
+            try:
+                self._volume.close()
+            except errors.Error as e:
+                first = first or e
+            self._volume = None
+        if first is not None:
+            raise first
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a destructor has nobody to tell
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _check(self):
+        if self._core is None:
+            raise errors.FailedPreconditionError("the optimizer is closed")
+        now = [p for g in self.param_groups for p in g["params"]]
+        if len(now) != len(self._params) or any(a is not b for a, b in zip(now, self._params)):
+            raise errors.FailedPreconditionError(
+                "the parameter groups changed after construction (a parameter added, removed "
+                "or replaced): OffloadedAdamW lays its state out on the volume when it is made; "
+                "make a new optimizer")
+
+    # ---- what torch.optim users call
+
+    @staticmethod
+    def min_host_budget(max_numel, part_elements=DEFAULT_PART_ELEMENTS, dtype=torch.float32):
+        """The least host_budget for parameters of at most `max_numel` elements."""
+        name = dtype_name(dtype, "dtype")
+        return _core.OffloadedAdam.minimum_host_budget(int(max_numel), int(part_elements), name,
+                                                       name)
+
+    @property
+    def loss_scale(self):
+        """The SDK's loss scale (1 unless dynamic_loss_scale)."""
+        return self._core.loss_scale
+
+    def scale_loss(self, loss):
+        """The loss multiplied by the SDK's loss scale (dynamic_loss_scale)."""
+        return loss * self._core.loss_scale
+
+    @property
+    def steps(self):
+        """step() calls so far, counting those resumed from the volume."""
+        return self._step_count
+
+    def _outside_scale(self, grad_scaler):
+        """(scale the gradients carry, skip) from a torch GradScaler, if one drives us."""
+        if grad_scaler is not None:  # torch 1.x: step(grad_scaler=...)
+            if self._dynamic:
+                raise errors.FailedPreconditionError(
+                    "a GradScaler and dynamic_loss_scale both scale the loss; use one")
+            return float(grad_scaler._get_scale_async().item()), False
+        grad_scale = getattr(self, "grad_scale", None)  # torch 2.x sets these two
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and float(found_inf.sum().item()) > 0:
+            return 0.0, True
+        if grad_scale is not None:
+            if self._dynamic:
+                raise errors.FailedPreconditionError(
+                    "a GradScaler and dynamic_loss_scale both scale the loss; use one")
+            return float(grad_scale.item()), False
+        return 0.0, False
+
+    @torch.no_grad()
+    def step(self, closure=None, **kwargs):
+        """One AdamW step over the state on the volume, committed crash-consistently."""
+        grad_scaler = kwargs.pop("grad_scaler", None)
+        if kwargs:
+            raise TypeError(f"step() got unexpected arguments {sorted(kwargs)}")
+        self._check()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._world > 1:
+            if grad_scaler is not None or getattr(self, "grad_scale", None) is not None:
+                raise errors.UnimplementedError(
+                    "a GradScaler under torch.distributed: its overflow checks see each rank's "
+                    "gradients before they are averaged; train bf16 without loss scaling")
+            _dist.step_sharded(self)
+            return loss
+        scale, skip = self._outside_scale(grad_scaler)
+        if skip:  # the GradScaler saw inf/NaN: no step, as torch's optimizers do
+            if self._cuda is not None:
+                self._cuda.drop_gradients()
+            self.skipped_steps += 1
+            self.last_step = {"skipped": True, "grad_norm": 0.0, "loss_scale": scale}
+            return loss
+        core = self._core
+        if self._cuda is not None:
+            self._cuda.gradients_in(scale)
+        else:
+            core.begin_backward(scale)
+            for i, p in enumerate(self._params):
+                g = host(self._grad(i, p))
+                core.set_gradient(i, g.data_ptr(), g.numel(), dtype_name(g.dtype, "a gradient"))
+        self._apply_group_options()
+        plan = core.end_backward(1.0)
+        if grad_scaler is not None:  # tell the GradScaler what the fused check found
+            scale_t = grad_scaler._get_scale_async()
+            found = torch.full((1,), 1.0 if plan["skipped"] else 0.0, dtype=torch.float32,
+                               device=scale_t.device)
+            grad_scaler._per_optimizer_states[id(self)]["found_inf_per_device"][
+                scale_t.device] = found
+        if plan["skipped"]:
+            self.skipped_steps += 1
+        elif self._cuda is not None:
+            for i in range(len(self._params)):
+                core.update_group(i)  # the new parameters go to the store
+        else:
+            for i, p in enumerate(self._params):
+                if offloaded(p):
+                    core.update_group(i)
+                else:
+                    self._write_parameter(i, p, lambda h, i=i: core.update_group(
+                        i, h.data_ptr(), h.numel(), self._dt))
+        self._step_count += 1
+        core.commit(self._step_count)
+        if self._cuda is not None and not plan["skipped"]:
+            self._cuda.parameters_out()
+        self.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
+                          "loss_scale": plan["loss_scale"]}
+        return loss
+
+    def _apply_group_options(self):
+        """A scheduler's changes of lr and weight_decay, into the SDK's groups."""
+        for i in self._owned():
+            group = self.param_groups[self._group_of[i]]
+            now = (float(group["lr"]), float(group["weight_decay"]))
+            if now != self._applied[i]:
+                self._core.set_group_options(self._shards[i][0], *now)
+                self._applied[i] = now
+
+    def _grad(self, i, p):
+        g = p.grad
+        if g is None:
+            return torch.zeros(self._shapes[i], dtype=self._dtype)
+        if g.is_sparse:
+            raise errors.InvalidArgumentError(
+                f"parameter {i} (shape {list(self._shapes[i])}) has a sparse gradient; "
+                "OffloadedAdamW takes dense gradients, as torch.optim.AdamW")
+        if g.numel() != self._numels[i]:
+            raise errors.InvalidArgumentError(
+                f"parameter {i}'s gradient has {g.numel()} elements, not {self._numels[i]}")
+        return g
+
+    def settle(self):
+        """Waits until the last step's commit is durable (raising its error, if any)."""
+        self._core.settle()
+
+    def reload_parameters(self):
+        """Makes the parameters' current values the master weights (after they were
+        changed outside step(), e.g. by model.load_state_dict); the moments stay."""
+        self._check()
+        if self._world > 1:
+            self._refuse_offloaded("reload_parameters")
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                if offloaded(p):
+                    continue
+                k, h = self._mine(i, host(p.detach()))
+                if k is None:
+                    continue
+                self._core.write_state("master", k, h.data_ptr(), h.numel(), self._dt)
+                self._core.write_state("param", k, h.data_ptr(), h.numel(), self._dt)
+        self._core.commit(self._step_count)
+
+    def _mine(self, i, whole):
+        """This rank's group for parameter i and its slice of `whole` (any shape; all of
+        it in one process): (None, None) where the rank owns none of it."""
+        k, begin, end = self._shards[i]
+        if k is None:
+            return None, None
+        return k, whole.reshape(-1)[begin:end].contiguous()
+
+    def _refuse_offloaded(self, what):
+        if any(offloaded(p) for p in self._params):
+            raise errors.UnimplementedError(
+                f"{what}() under torch.distributed with offload_parameters: a rank holds only "
+                "its shard of the parameters")
+
+    def stats(self):
+        """I/O and store counters: bytes read and written, evictions, skipped steps (and,
+        on a GPU, the device paths' counters)."""
+        s = self._core.stats()
+        if self._cuda is not None:
+            s.update(self._cuda.stats())
+        return s
+
+    def state_dict(self):
+        """The state whole, in torch.optim.AdamW's format. Under torch.distributed it is a
+        collective (call it on every rank): each rank's shards are all-gathered and every
+        rank returns the whole state."""
+        return _state.state_dict(self)
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict of this optimizer or of torch.optim.AdamW over the same
+        parameters; committed to the volume at once. Under torch.distributed every rank
+        loads the same whole state_dict and keeps its shard of it."""
+        _state.load_state_dict(self, state_dict)

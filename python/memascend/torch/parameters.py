@@ -1,0 +1,263 @@
+"""offload_parameters(): a module's parameters kept in its OffloadedAdamW's state and
+loaded just before each use (ZeRO-3 style)."""
+import torch
+
+from memascend import errors
+from memascend.torch import activations as _activations
+from memascend.torch._common import OFFLOADED
+
+
+class ParameterOffload:
+    """What offload_parameters() returns: the hooks on a module. ``remove()`` brings the
+    parameters back into memory and takes the hooks off."""
+
+    def __init__(self, module, optimizer, window, device_budget=None, read_ahead=None):
+        from memascend.torch.optimizer import OffloadedAdamW
+        if not isinstance(optimizer, OffloadedAdamW):
+            raise errors.InvalidArgumentError("offload_parameters needs an OffloadedAdamW: the "
+                                              "parameters live in its state")
+        optimizer._check()
+        if optimizer._world > 1:
+            raise errors.UnimplementedError(
+                "offload_parameters under torch.distributed: a rank holds only its shard of "
+                "each parameter")
+        self._opt = optimizer
+        self._window = int(window)
+        index = {id(p): i for i, p in enumerate(optimizer._params)}
+        self._modules = []   # modules with parameters of their own, offloaded
+        self._params_of = {}  # id(module) -> [(param, index)]
+        for m in module.modules():
+            own = [(p, index[id(p)]) for p in m.parameters(recurse=False) if id(p) in index]
+            if own:
+                self._modules.append(m)
+                self._params_of[id(m)] = own
+        if not self._modules:
+            raise errors.InvalidArgumentError("the module has no parameter the optimizer updates")
+        self._cuda = optimizer._cuda  # the device path, or None on the CPU
+        if self._cuda is not None:
+            self._use_device(device_budget, read_ahead)
+        self._count = {}  # param index -> fetches outstanding
+        self._order = []  # modules in the order of the first forward pass (for prefetch)
+        self._position = {}
+        self._callback_queued = False
+        self._backward = False  # the pass under way (the device path reads ahead along it)
+        self._acquired = set()  # on a GPU: parameters whose device copy is leased from the SDK
+        self._handles = []
+        self._hooks = None  # the saved-tensor hooks while the root module runs
+        self.fetches = 0
+        for m in self._modules:
+            self._handles.append(m.register_forward_pre_hook(self._pre_forward))
+            self._handles.append(m.register_forward_hook(self._post_forward))
+        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
+        self._handles.append(module.register_forward_hook(self._root_post_forward))
+        for m in self._modules:
+            for p, i in self._params_of[id(m)]:
+                OFFLOADED[id(p)] = (self, i)
+                self._release(p, i)
+
+    def _use_device(self, device_budget, read_ahead):
+        """The device budget: by default room for the largest module twice (in use, and
+        the next) plus the read-ahead, which is twice the largest module."""
+        opt = self._opt
+        size = torch.empty((), dtype=opt._dtype).element_size()
+        largest = max(sum(p.numel() for p, _ in own) * size for own in self._params_of.values())
+        read_ahead = int(read_ahead) if read_ahead is not None else 2 * largest
+        budget = int(device_budget) if device_budget is not None else 2 * largest + read_ahead
+        self._cuda.use_device_budget(budget, read_ahead)
+        self._shapes = {i: opt._shapes[i] for own in self._params_of.values() for _, i in own}
+
+    # -- fetch and release
+    def _fetch(self, p, i):
+        c = self._count.get(i, 0)
+        if c == 0 and p.numel() != self._opt._numels[i]:
+            opt = self._opt
+            if self._cuda is not None:
+                from memascend.torch.cuda import device_tensor, stream_handle
+                dev = self._cuda.device
+                address, n, code = self._cuda.params.acquire(i, stream_handle(dev), self._backward)
+                self._acquired.add(i)
+                p.data = device_tensor(address, n, code, opt._shapes[i], dev)
+            else:
+                h = torch.empty(opt._shapes[i], dtype=opt._dtype)
+                opt._core.load_parameters(i, h.data_ptr(), h.numel(), opt._dt)
+                p.data = h
+            self.fetches += 1
+        self._count[i] = c + 1
+
+    def _release(self, p, i, force=False):
+        c = self._count.get(i, 0)
+        c = 0 if force else max(c - 1, 0)
+        self._count[i] = c
+        if c == 0:
+            if i in self._acquired:
+                from memascend.torch.cuda import stream_handle
+                self._acquired.discard(i)
+                self._cuda.params.release(i, stream_handle(self._cuda.device))
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def _prefetch(self, m, direction):
+        if self._cuda is not None:
+            return  # the SDK reads ahead by bytes along the recorded order
+        k = self._position.get(id(m))
+        if k is None:
+            return
+        for d in range(1, self._window + 1):
+            j = k + d * direction
+            if 0 <= j < len(self._order):
+                for _, i in self._params_of[id(self._order[j])]:
+                    if self._count.get(i, 0) == 0:
+                        self._opt._core.prefetch_parameters(i)
+
+    # -- forward
+    def _root_pre_forward(self, module, inputs):
+        self._backward = False
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(_activations.pack,
+                                                               _activations.unpack)
+        self._hooks.__enter__()
+
+    def _root_post_forward(self, module, inputs, output):
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+            self._hooks = None
+
+    def _pre_forward(self, m, inputs):
+        if id(m) not in self._position:
+            self._position[id(m)] = len(self._order)
+            self._order.append(m)
+        self._prefetch(m, +1)
+        for p, i in self._params_of[id(m)]:
+            self._fetch(p, i)
+        if torch.is_grad_enabled():
+            return _wrap(inputs, lambda ts: _OnBackward.apply(lambda: self._post_backward(m), *ts))
+        return None
+
+    def _post_forward(self, m, inputs, output):
+        for p, i in self._params_of[id(m)]:
+            self._release(p, i)
+        if torch.is_grad_enabled():
+            return _wrap(output, lambda ts: _OnBackward.apply(lambda: self._pre_backward(m), *ts))
+        return None
+
+    # -- backward
+    def _pre_backward(self, m):
+        self._backward = True
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        self._prefetch(m, -1)
+        for p, i in self._params_of[id(m)]:
+            self._fetch(p, i)
+
+    def _post_backward(self, m):
+        for p, i in self._params_of[id(m)]:
+            self._release(p, i)
+
+    def _end_backward(self):
+        self._callback_queued = False
+        for m in self._modules:
+            for p, i in self._params_of[id(m)]:
+                if self._count.get(i, 0) > 0:
+                    self._release(p, i, force=True)
+
+    def ensure(self, i):
+        """Parameter i in memory (for a saved view unpacked outside the module's hooks)."""
+        p = self._opt._params[i]
+        if self._count.get(i, 0) == 0:
+            self._fetch(p, i)
+            if not self._callback_queued:
+                self._callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        return p
+
+    def remove(self):
+        """Brings every parameter back into memory (its own, on its device) and removes
+        the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for m in self._modules:
+            for p, i in self._params_of[id(m)]:
+                if self._count.get(i, 0) > 0:
+                    self._release(p, i, force=True)
+                if self._cuda is not None:
+                    p.data = torch.empty(self._opt._shapes[i], dtype=self._opt._dtype,
+                                         device=self._cuda.device)
+                    self._cuda.copy_parameter(i, p)
+                else:
+                    self._fetch(p, i)
+                self._count[i] = 0
+                OFFLOADED.pop(id(p), None)
+
+
+def offload_parameters(module, optimizer, window=2, device_budget=None, read_ahead=None):
+    """Keeps `module`'s parameters in `optimizer`'s state on the volume (ZeRO-3 style).
+
+    Each submodule's own parameters are loaded (from the pinned pool, or the volume)
+    just before its forward and again before its backward, and dropped after each.
+    Between uses a parameter holds an empty tensor. Returns a ParameterOffload
+    (``remove()`` undoes it). Call it after making the optimizer over the same parameters.
+
+    On the CPU the next `window` submodules' parameters are prefetched in the direction
+    of the pass. On a GPU the parameters are copied into a device allocation of
+    `device_budget` bytes on a copy stream of their own, and those of the next
+    submodules are read ahead along the order the first forward pass recorded, up to
+    `read_ahead` bytes (defaults: twice the largest submodule's parameters to read ahead,
+    and the budget that plus room for two); gradients then leave the GPU as backward
+    makes them.
+    """
+    return ParameterOffload(module, optimizer, window, device_budget, read_ahead)
+
+
+class _OnBackward(torch.autograd.Function):
+    """Identity on some tensors, calling `callback` when the backward pass reaches them:
+    on a module's outputs, before the module's backward (its parameters are loaded); on
+    its inputs, after it (they are dropped)."""
+
+    @staticmethod
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.callback()
+        return (None,) + grads
+
+
+def _wrap(obj, apply):
+    """obj with its floating tensors that need a gradient passed through apply(tensors)."""
+    found = []
+
+    def collect(x):
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad and x.is_floating_point():
+                found.append(x)
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                collect(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                collect(y)
+
+    collect(obj)
+    if not found:
+        return None
+    out = apply(found)
+    if not isinstance(out, tuple):
+        out = (out,)
+    replacement = {id(a): b for a, b in zip(found, out)}
+
+    def rebuild(x):
+        if isinstance(x, torch.Tensor):
+            return replacement.get(id(x), x)
+        if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
+            return type(x)(*(rebuild(y) for y in x))
+        if isinstance(x, (tuple, list)):
+            return type(x)(rebuild(y) for y in x)
+        if isinstance(x, dict):
+            for k in list(x.keys()):
+                x[k] = rebuild(x[k])
+            return x
+        return x
+
+    return rebuild(obj)
