@@ -102,6 +102,9 @@ struct DeviceParametersStats {
   std::size_t resident_bytes = 0;  // device bytes holding groups now
   std::size_t peak_resident_bytes = 0;
   std::size_t recorded_groups = 0;  // Note [parameter read-ahead]
+  // Time the copy stream spent on the copies that have completed (CUDA events around
+  // each group's copies): bytes_to_device over it is the loads' bandwidth. 0 emulated.
+  double copy_seconds = 0;
 };
 
 class DeviceParameters {

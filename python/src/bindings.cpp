@@ -185,6 +185,11 @@ py::dict StoreStatsDict(const TensorStoreStats& s) {
   d["discards"] = s.discards;
   d["gpu_resident_bytes"] = s.gpu_resident_bytes;
   d["bytes_to_gpu"] = s.bytes_to_gpu;
+  // Page-locked host bytes the store holds (the arena), now and at most: within the budget.
+  const LedgerCounters& pinned = s.ledger.tier(Tier::kPinnedHost);
+  d["pinned_bytes"] = pinned.reserved;
+  d["pinned_peak_bytes"] = pinned.reserved_peak;
+  d["pinned_live_peak_bytes"] = pinned.live_peak;
   return d;
 }
 
@@ -864,6 +869,7 @@ PYBIND11_MODULE(_core, m) {
              d["resident_bytes"] = s.resident_bytes;
              d["peak_resident_bytes"] = s.peak_resident_bytes;
              d["recorded_groups"] = s.recorded_groups;
+             d["copy_seconds"] = s.copy_seconds;
              return d;
            })
       .def_property_readonly("closed", &PyDeviceParameters::closed)

@@ -98,6 +98,24 @@ absl::StatusOr<CudaEvent> CudaEvent::Create() {
   return event;
 }
 
+absl::StatusOr<CudaEvent> CudaEvent::CreateTiming() {
+  cudaEvent_t e = nullptr;
+  if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess)
+    return CudaError(err, "cudaEventCreate");
+  CudaEvent event;
+  event.event_ = e;
+  return event;
+}
+
+absl::StatusOr<double> CudaEvent::SecondsSince(const CudaEvent& start) const {
+  float ms = 0;
+  if (cudaError_t err = cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_),
+                                             static_cast<cudaEvent_t>(event_));
+      err != cudaSuccess)
+    return CudaError(err, "cudaEventElapsedTime");
+  return static_cast<double>(ms) / 1e3;
+}
+
 CudaEvent::~CudaEvent() {
   if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
 }
@@ -164,6 +182,10 @@ absl::StatusOr<DeviceAllocation> DeviceAllocation::Allocate(int, std::size_t) {
 }
 void DeviceAllocation::Reset() noexcept {}
 absl::StatusOr<CudaEvent> CudaEvent::Create() { return NoCuda("cudaEventCreate"); }
+absl::StatusOr<CudaEvent> CudaEvent::CreateTiming() { return NoCuda("cudaEventCreate"); }
+absl::StatusOr<double> CudaEvent::SecondsSince(const CudaEvent&) const {
+  return NoCuda("cudaEventElapsedTime");
+}
 CudaEvent::~CudaEvent() = default;
 absl::Status CudaEvent::Record(CudaStreamView) { return NoCuda("cudaEventRecord"); }
 bool CudaEvent::Ready() const noexcept { return true; }

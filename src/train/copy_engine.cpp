@@ -17,6 +17,11 @@ class CudaCopyEvent final : public CopyEvent {
   explicit CudaCopyEvent(prim::CudaEvent event) : event_(std::move(event)) {}
   bool Ready() override { return event_.Ready(); }
   absl::Status Wait() override { return event_.Synchronize(); }
+  double SecondsSince(CopyEvent& earlier) override {
+    absl::StatusOr<double> s =
+        event_.SecondsSince(static_cast<CudaCopyEvent&>(earlier).event());
+    return s.ok() ? *s : 0.0;
+  }
   const prim::CudaEvent& event() const { return event_; }
 
  private:
@@ -35,8 +40,9 @@ class CudaCopyEngine final : public CopyEngine {
                     CudaStreamView stream) override {
     return prim::CopyAsync(dst, src, bytes, direction, stream);
   }
-  absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView stream) override {
-    MEMASCEND_ASSIGN_OR_RETURN(prim::CudaEvent e, prim::CudaEvent::Create());
+  absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView stream, bool timing) override {
+    MEMASCEND_ASSIGN_OR_RETURN(prim::CudaEvent e,
+                               timing ? prim::CudaEvent::CreateTiming() : prim::CudaEvent::Create());
     MEMASCEND_RETURN_IF_ERROR(e.Record(stream));
     return std::make_shared<CudaCopyEvent>(std::move(e));
   }
@@ -54,6 +60,7 @@ class DoneEvent final : public CopyEvent {
  public:
   bool Ready() override { return true; }
   absl::Status Wait() override { return absl::OkStatus(); }
+  double SecondsSince(CopyEvent&) override { return 0; }
 };
 
 class HostCopyEngine final : public CopyEngine {
@@ -68,7 +75,7 @@ class HostCopyEngine final : public CopyEngine {
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView) override {
+  absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView, bool) override {
     return std::make_shared<DoneEvent>();
   }
   absl::Status MakeWait(CudaStreamView, CopyEvent&) override { return absl::OkStatus(); }

@@ -23,6 +23,9 @@ namespace memascend::train {
 class CopyEvent : public ReuseFence {
  public:
   virtual absl::Status Wait() = 0;  // blocks on the event (never a busy loop)
+  // Seconds between `earlier` and this event, both recorded with timing and complete; 0
+  // where there is no timing (the emulation).
+  virtual double SecondsSince(CopyEvent& earlier) = 0;
 };
 
 class CopyEngine {
@@ -32,7 +35,9 @@ class CopyEngine {
   virtual absl::StatusOr<std::byte*> AllocateSlab(std::size_t bytes) = 0;
   virtual absl::Status Copy(void* dst, const void* src, std::size_t bytes,
                             prim::CopyDirection direction, CudaStreamView stream) = 0;
-  virtual absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView stream) = 0;
+  // An event after the work queued on `stream` so far; `timing`: usable by SecondsSince.
+  virtual absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView stream,
+                                                            bool timing = false) = 0;
   // `stream`'s later work waits for `event` (without blocking the host).
   virtual absl::Status MakeWait(CudaStreamView stream, CopyEvent& event) = 0;
   virtual bool emulated() const noexcept = 0;

@@ -24,10 +24,12 @@ namespace {
 
 std::string Bytes(std::size_t n) { return util::FormatBytes(n); }
 
-// Host buffers of copies in flight, let go once their event has completed.
+// Host buffers of copies in flight, let go once their event has completed; `start`
+// (timing) is recorded before the copies when their time is wanted.
 struct InFlight {
   std::shared_ptr<CopyEvent> done;
   std::vector<StateBuffer> hold;
+  std::shared_ptr<CopyEvent> start;
 };
 
 }  // namespace
@@ -67,13 +69,19 @@ struct DeviceParameters::Impl {
 
   // Drops the host buffers of completed copies, oldest first.
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    while (!inflight.empty() && inflight.front().done->Ready()) inflight.pop_front();
+    while (!inflight.empty() && inflight.front().done->Ready()) PopOldestLocked();
+  }
+
+  void PopOldestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    InFlight& f = inflight.front();
+    if (f.start != nullptr) stats.copy_seconds += f.done->SecondsSince(*f.start);
+    inflight.pop_front();
   }
 
   absl::Status WaitOldestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (inflight.empty()) return absl::OkStatus();
     absl::Status s = inflight.front().done->Wait();
-    inflight.pop_front();
+    PopOldestLocked();
     return s;
   }
 
@@ -147,7 +155,7 @@ struct DeviceParameters::Impl {
         if (buf.ok() || !absl::IsResourceExhausted(buf.status())) break;
         // The store's budget is held by copies in flight: let the oldest finish.
         if (!f.hold.empty()) {
-          MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy));
+          MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy, true));
           inflight.push_back(std::move(f));
           f = InFlight{};
         }
@@ -155,11 +163,15 @@ struct DeviceParameters::Impl {
         MEMASCEND_RETURN_IF_ERROR(WaitOldestLocked());
       }
       if (!buf.ok()) return buf.status();
+      // Timed from just before the first copy (a host wait above leaves the stream idle).
+      if (f.start == nullptr) {
+        MEMASCEND_ASSIGN_OR_RETURN(f.start, engine->Record(copy, true));
+      }
       MEMASCEND_RETURN_IF_ERROR(engine->Copy(to + begin * element, buf->data, (end - begin) * element,
                                              prim::CopyDirection::kHostToDevice, copy));
       f.hold.push_back(*std::move(buf));
     }
-    MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy));
+    MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy, true));
     std::shared_ptr<CopyEvent> done = f.done;
     inflight.push_back(std::move(f));
     stats.bytes_to_device += GroupBytes(g);

@@ -118,3 +118,139 @@ def test_bf16_parameters_on_the_gpu_train(tmp_path):
     assert losses[-1] < losses[0]
     assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in model.parameters())
     opt.close()
+
+
+# ---- a transformers Llama with Llama-3.2-1B's widths (two layers), bf16 ------------------
+
+LLAMA_1B_WIDTHS = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                       num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+                       rope_theta=500000.0, tie_word_embeddings=True, num_hidden_layers=2)
+LLAMA_STEPS, LLAMA_SEQ, LLAMA_BATCH = 20, 128, 2
+
+
+def _llama(checkpointing):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA_1B_WIDTHS))
+    model = model.to(torch.bfloat16).cuda()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def _llama_tokens():
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, LLAMA_1B_WIDTHS["vocab_size"], (LLAMA_STEPS, LLAMA_BATCH, LLAMA_SEQ),
+                         generator=g)
+
+
+def _llama_reference(checkpointing):
+    """The same model with torch.optim.AdamW over fp32 master weights, all on the GPU."""
+    model = _llama(checkpointing)
+    params = list(model.parameters())
+    master = [p.detach().float().clone().requires_grad_(True) for p in params]
+    opt = torch.optim.AdamW(master, lr=1e-5, weight_decay=0.01)
+    losses = []
+    for x in _llama_tokens():
+        x = x.cuda()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        for m, p in zip(master, params):
+            m.grad = p.grad.float()
+            p.grad = None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for m, p in zip(master, params):
+                p.copy_(m)
+        losses.append(float(loss))
+    return losses
+
+
+def _rss():
+    import os
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_a_transformers_llama_fine_tunes_offloaded_as_on_the_gpu(tmp_path, checkpointing):
+    ref = _llama_reference(checkpointing)
+    torch.cuda.empty_cache()
+    model = _llama(checkpointing)
+    opt = mt.OffloadedAdamW(model.parameters(), lr=1e-5, weight_decay=0.01,
+                            volume=str(tmp_path / "llama.vol"), host_budget=4 << 30)
+    offload = mt.offload_parameters(model, opt)
+    host_stats = getattr(torch.cuda, "host_memory_stats", None)
+    losses, rss, pinned_cache = [], [], []
+    for x in _llama_tokens():
+        x = x.cuda()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        assert all(p.grad is None for p in model.parameters())  # gone out during backward
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+        rss.append(_rss())
+        if host_stats is not None:
+            pinned_cache.append(host_stats().get("allocations.all.current", 0))
+    for step, (m, r) in enumerate(zip(losses, ref)):
+        assert abs(m - r) <= 1e-3 * abs(r), (step, m, r)
+    # Host memory flat over steps 5-20: nothing allocated per step.
+    assert (rss[-1] - rss[4]) / rss[4] < 0.01, rss
+    # torch's pinned cache untouched after the first step.
+    if pinned_cache:
+        assert pinned_cache[-1] == pinned_cache[0], pinned_cache
+    stats = opt.stats()
+    assert stats["device_parameters"]["read_ahead"] > 0
+    assert stats["device_gradients"]["groups"] == LLAMA_STEPS * len(list(model.parameters()))
+    # Page-locked memory stays within the store's budget.
+    assert stats["store"]["pinned_peak_bytes"] <= 4 << 30
+    offload.remove()
+    opt.close()
+
+
+_RESUME_WORKER = r"""
+import os, sys, json, torch
+sys.path.insert(0, os.environ["TESTS"])
+torch.use_deterministic_algorithms(True)  # two runs of the same steps: the same bits
+import gpt, memascend.torch as mt
+vol, steps, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = gpt.make(seed=0).cuda().to(torch.bfloat16)
+opt = mt.OffloadedAdamW(model.parameters(), lr=1e-3, volume=vol, host_budget=1 << 20,
+                        part_elements=1 << 18, resume=os.path.exists(vol))
+offload = mt.offload_parameters(model, opt)
+for step in range(opt.steps, steps):
+    x, y = (t.cuda() for t in gpt.batch(step))
+    loss = model(x, y)
+    loss.backward()
+    if step == kill_at:
+        os.kill(os.getpid(), 9)  # mid-step: after backward, before the update
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    print(json.dumps([step, float(loss)]), flush=True)
+opt.close()
+"""
+
+
+def test_a_gpu_run_killed_mid_step_resumes_with_the_same_losses(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TESTS=os.path.dirname(__file__), CUBLAS_WORKSPACE_CONFIG=":4096:8")
+
+    def run(vol, kill_at):
+        p = subprocess.run([sys.executable, "-c", _RESUME_WORKER, vol, str(STEPS), str(kill_at)],
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode in (0, -9), p.stderr[-3000:]
+        return p.returncode, dict(json.loads(line) for line in p.stdout.splitlines())
+
+    rc, whole = run(str(tmp_path / "whole.vol"), -1)
+    assert rc == 0 and sorted(whole) == list(range(STEPS))
+    rc, first = run(str(tmp_path / "killed.vol"), 6)
+    assert rc == -9 and sorted(first) == list(range(6))
+    rc, rest = run(str(tmp_path / "killed.vol"), -1)
+    assert rc == 0 and sorted(rest) == list(range(6, STEPS))
+    assert {**first, **rest} == whole

@@ -12,6 +12,8 @@ bundle `./run device-prep` made (.device/) or a native CUDA build (build/device/
               the bf16 matrix-product rate, device and CPU memory bandwidth
     tests     ctest -L 'gpu|device|io', the Python tests with this machine's PyTorch, the
               CUDA tests under compute-sanitizer memcheck
+    bench-gpu-path  bench/gpu/path.py: the GPU training path against the model on the GPU
+              (its options after --path-args "...")
 
 Everything lands in $OUT (or --out): summary.json (device, runtime, commit, date, probe,
 ceilings with the command behind each figure, tests with passed/failed/skipped counts)
@@ -25,7 +27,6 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
 import socket
 import subprocess
@@ -36,7 +37,7 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUNDLE = os.path.join(ROOT, ".device")
 NATIVE = os.environ.get("MEMASCEND_DEVICE_BUILD") or os.path.join(ROOT, "build", "device")
-WHATS = ("check", "probe", "ceilings", "tests")
+WHATS = ("check", "probe", "ceilings", "tests", "bench-gpu-path")
 
 
 class Check:
@@ -322,8 +323,9 @@ class Check:
         self.run("pytest (cuda, core, torch)",
                  [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
                   f"--junitxml={junit}", os.path.join(py, "test_cuda.py"),
+                  os.path.join(py, "test_device_paths.py"),
                   os.path.join(py, "test_core.py"), os.path.join(py, "test_torch.py"),
-                  "-k", "not rss"], timeout=300)
+                  "-k", "not rss"], timeout=420)
         self.count_junit("pytest", junit)
         self.save()
 
@@ -353,6 +355,15 @@ class Check:
         t["suites"]["compute-sanitizer"] = counts
         for k in counts:
             t[k] += counts[k]
+        self.save()
+
+    def bench_gpu_path(self, args):
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "path.py"), "--out", self.out,
+               "--cli", self.cli] + args
+        rc, out = self.run("bench-gpu-path", cmd, timeout=560)
+        records = sorted(glob.glob(os.path.join(self.out, "gpu-path-*.json")))
+        self.summary["bench_gpu_path"] = {"rc": rc, "command": " ".join(cmd),
+                                          "records": [os.path.basename(r) for r in records]}
         self.save()
 
 
@@ -401,6 +412,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", nargs="*", default=["check"], help=" | ".join(WHATS))
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "device-out"))
+    ap.add_argument("--path-args", default="", help="options for bench/gpu/path.py")
     a = ap.parse_args()
     for w in a.what:
         if w not in WHATS:
@@ -408,12 +420,14 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     build, manifest = find_build()
     c = Check(a.out, build, manifest)
-    what = set(WHATS[1:]) if "check" in a.what else set(a.what)
+    what = {"probe", "ceilings", "tests"} if "check" in a.what else set(a.what)
     c.probe()  # every run says where it ran
     if "ceilings" in what:
         c.ceilings()
     if "tests" in what:
         c.tests()
+    if "bench-gpu-path" in what:
+        c.bench_gpu_path(a.path_args.split())
     c.save()
     s = c.summary
     print(f"[device] {s['device']} on {s['runtime']['name']} ({s['runtime']['kernel']}), "

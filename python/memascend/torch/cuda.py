@@ -93,7 +93,9 @@ class OptimizerCuda:
         self.device = device
         self.grad_stream = torch.cuda.Stream(device)
         self.param_stream = torch.cuda.Stream(device)
+        # A quarter of the store's budget may hold gradient parts whose copies are in flight.
         self.grads = _core.DeviceGradients(opt._core, copy_stream=self.grad_stream.cuda_stream,
+                                           max_inflight=opt._store.host_budget // 4,
                                            device=device.index)
         # No device budget until offload_parameters asks for one: copies into the
         # parameters' own memory only.

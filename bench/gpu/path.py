@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""The GPU training path, measured: a transformers Llama with Llama-3.2-1B's shapes fine-
+tuned in bf16 through memascend.torch with the GPU's memory capped, against the same
+model trained with everything on the GPU (torch.optim.AdamW over fp32 master weights).
+
+    python3 bench/gpu/path.py --out DIR [--layers 16] [--seq 2048] [--steps 20]
+
+Run by `./run device bench-gpu-path` (docs/gpu.md). Each system runs in a process of its
+own, in a random order; the parent measures the pinned host-to-device ceiling first
+(`memascend bench pcie`) and writes one JSON record (DIR/gpu-path-*.json) with the
+device, the model, the commit, the command and the figures:
+
+  h2d_ratio                 parameter loads' bandwidth (bytes over the copy stream's
+                            time, CUDA events) over the pinned ceiling of the same call
+  step_over_forward_backward  median step time over the median forward+backward time
+                            (steps 5 to the end): what the update and the I/O add
+  loss_rel_diff_max         the largest |loss - reference| / reference over the steps
+  rss_growth                host RSS from step 5 to the last, as a fraction
+  peak_rss_bytes, peak_pinned_bytes (the store's page-locked arena), gpu_peak_bytes
+  (torch's reserved peak plus the device budget of the parameters), tokens_per_s
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+# Llama-3.2-1B's shapes (its config.json): the layers are the variable.
+LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+                rope_theta=500000.0, tie_word_embeddings=True, max_position_embeddings=131072)
+LR, BETAS, EPS, WD = 1e-5, (0.9, 0.95), 1e-8, 0.01
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def build(a):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(num_hidden_layers=a.layers, **LLAMA_1B)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).cuda()
+    if a.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, config.vocab_size, (a.steps, a.batch, a.seq), generator=g)
+    return model, tokens
+
+
+def child_reference(a):
+    import torch
+    model, tokens = build(a)
+    params = list(model.parameters())
+    master = [p.detach().float().clone().requires_grad_(True) for p in params]
+    opt = torch.optim.AdamW(master, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
+    losses = []
+    for step in range(a.steps):
+        x = tokens[step].cuda()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        for m, p in zip(master, params):
+            m.grad = p.grad.float()
+            p.grad = None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for m, p in zip(master, params):
+                p.copy_(m)
+        losses.append(float(loss))
+    return {"system": "torch-gpu", "losses": losses,
+            "gpu_peak_bytes": torch.cuda.max_memory_reserved()}
+
+
+def child_memascend(a):
+    import torch
+    import memascend.torch as mt
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, a.gpu_cap / total))
+    model, tokens = build(a)
+    opt = mt.OffloadedAdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                            volume=os.path.join(a.volume_dir, "gpu_path.vol"),
+                            host_budget=a.host_budget, overwrite=True)
+    offload = mt.offload_parameters(model, opt)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    host_stats = getattr(torch.cuda, "host_memory_stats", None)
+    pinned_before = host_stats() if host_stats else None
+    losses, fb, steps, rss = [], [], [], []
+    for step in range(a.steps):
+        x = tokens[step].cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        losses.append(float(loss))
+        fb.append(t1 - t0)
+        steps.append(t2 - t0)
+        rss.append(rss_bytes())
+        print(f"[memascend] step {step}: loss {losses[-1]:.4f}, forward+backward {fb[-1]:.3f} s, "
+              f"step {steps[-1]:.3f} s", flush=True)
+    opt.settle()
+    stats = opt.stats()
+    pinned_after = host_stats() if host_stats else None
+    dp = stats["device_parameters"]
+    out = {
+        "system": "memascend", "losses": losses, "forward_backward_seconds": fb,
+        "step_seconds": steps, "rss_bytes": rss,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
+        "torch_gpu_peak_bytes": torch.cuda.max_memory_reserved(),
+        "device_budget_bytes": opt._cuda.budget,
+        "param_bytes_to_device": dp["bytes_to_device"],
+        "param_copy_seconds": dp["copy_seconds"],
+        "device_parameters": dp, "device_gradients": stats["device_gradients"],
+        "store": stats["store"],
+        "torch_pinned_cache_before": pinned_before, "torch_pinned_cache_after": pinned_after,
+    }
+    offload.remove()
+    opt.close()
+    return out
+
+
+def run_child(mode, a):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode] + a.forward
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    sys.stderr.write(p.stderr[-4000:])
+    print(p.stdout[-3000:], flush=True)
+    if p.returncode != 0:
+        return {"system": mode, "error": f"exit {p.returncode}", "seconds": time.time() - t0}
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["seconds"] = round(time.time() - t0, 1)
+    return r
+
+
+def pcie_ceiling(cli):
+    p = subprocess.run([cli, "bench", "pcie", "--size", "1G", "--reps", "5", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def parse_bytes(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--child", choices=["reference", "memascend"])
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--gpu-cap", type=parse_bytes, default=parse_bytes("8G"))
+    ap.add_argument("--host-budget", type=parse_bytes, default=parse_bytes("24G"))
+    ap.add_argument("--checkpointing", type=int, default=1)
+    ap.add_argument("--volume-dir", default=os.path.join(ROOT, "build", "device-scratch"))
+    ap.add_argument("--cli", default=os.path.join(ROOT, "build", "device", "tools", "memascend"))
+    ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
+    ap.add_argument("--timeout", type=int, default=900)
+    a = ap.parse_args()
+    if a.child:
+        r = child_reference(a) if a.child == "reference" else child_memascend(a)
+        print(json.dumps(r))
+        return 0
+    os.makedirs(a.volume_dir, exist_ok=True)
+    a.forward = [f"--layers={a.layers}", f"--seq={a.seq}", f"--batch={a.batch}",
+                 f"--steps={a.steps}", f"--gpu-cap={a.gpu_cap}", f"--host-budget={a.host_budget}",
+                 f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}"]
+    ceiling = pcie_ceiling(a.cli)
+    order = ["reference", "memascend"]
+    random.Random(time.time_ns()).shuffle(order)
+    results = {mode: run_child(mode, a) for mode in order}
+    ref, mem = results["reference"], results["memascend"]
+    record = {
+        "kind": "gpu-path", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"),
+        "command": " ".join([sys.executable] + sys.argv), "order": order,
+        "model": f"llama-3.2-1b-shapes-{a.layers}-layers", "seq": a.seq, "batch": a.batch,
+        "steps": a.steps, "gpu_cap_bytes": a.gpu_cap, "host_budget_bytes": a.host_budget,
+        "checkpointing": bool(a.checkpointing), "pcie": ceiling, "runs": results,
+    }
+    try:
+        import torch
+        record["device"] = torch.cuda.get_device_name(0)
+        record["torch"] = torch.__version__
+    except Exception as e:  # noqa: BLE001 - the record says why
+        record["device"] = f"unknown ({e})"
+    manifest = os.path.join(ROOT, ".device", "manifest.json")
+    if os.path.exists(manifest):
+        record["commit"] = json.load(open(manifest)).get("commit")
+    if "error" not in mem:
+        tail = slice(min(5, a.steps - 1), None)
+        fb, st = statistics.median(mem["forward_backward_seconds"][tail]), \
+            statistics.median(mem["step_seconds"][tail])
+        record["step_over_forward_backward"] = st / fb
+        record["tokens_per_s"] = a.batch * a.seq / st
+        rss = mem["rss_bytes"][tail]
+        record["rss_growth"] = (rss[-1] - rss[0]) / rss[0]
+        record["peak_rss_bytes"] = mem["peak_rss_bytes"]
+        record["peak_pinned_bytes"] = mem["peak_pinned_bytes"]
+        record["gpu_peak_bytes"] = mem["torch_gpu_peak_bytes"] + mem["device_budget_bytes"]
+        if mem["param_copy_seconds"] > 0 and ceiling:
+            h2d = mem["param_bytes_to_device"] / mem["param_copy_seconds"] / 2**30
+            record["param_h2d_gib_per_s"] = h2d
+            record["h2d_ratio"] = h2d / ceiling["h2d_gib_per_s"]
+        if "error" not in ref:
+            record["loss_rel_diff_max"] = max(
+                abs(m - r) / abs(r) for m, r in zip(mem["losses"], ref["losses"]))
+    name = f"gpu-path-{a.layers}l-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, name), "w") as f:
+        json.dump(record, f, indent=1)
+    keys = ["model", "device", "h2d_ratio", "param_h2d_gib_per_s", "step_over_forward_backward",
+            "loss_rel_diff_max", "rss_growth", "peak_rss_bytes", "peak_pinned_bytes",
+            "gpu_peak_bytes", "tokens_per_s"]
+    print(json.dumps({k: record.get(k) for k in keys}, indent=1))
+    return 0 if "error" not in mem and "error" not in ref else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
