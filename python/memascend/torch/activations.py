@@ -45,15 +45,19 @@ def unpack(x):
 
 class _Saved:
     """One saved activation in the store; its slot is free again once the graph lets go."""
-    __slots__ = ("owner", "id", "shape", "dtype", "device", "nbytes", "event", "key",
-                 "__weakref__")
+    __slots__ = ("owner", "id", "shape", "dtype", "device", "nbytes", "event", "source",
+                 "version", "__weakref__")
 
-    def __init__(self, owner, tid, t, event=None, key=None):
+    def __init__(self, owner, tid, t, event=None):
         self.owner, self.id = owner, tid
         self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
         self.nbytes = t.numel() * t.element_size()
         self.event = event  # on a GPU: the copy out to the store
-        self.key = key
+        # The tensor saved, while it lives (a weak reference): the same tensor saved again
+        # is this one. Its address alone would not do: once it is freed, torch's allocator
+        # hands the address to the next tensor of that size.
+        self.source = weakref.ref(t) if t.device.type == "cuda" else None
+        self.version = t._version
 
     def unpack(self):
         return self.owner._unpack(self)
@@ -78,7 +82,7 @@ class ActivationOffload:
         self.peak_bytes = 0   # the most held at once
         self.deduplicated = 0  # saves of a tensor already saved (stored once)
         self._held = 0
-        self._live = weakref.WeakValueDictionary()  # a saved GPU tensor's identity -> _Saved
+        self._live = weakref.WeakValueDictionary()  # a saved GPU tensor's id -> its _Saved
         self._order = []  # this forward's saves on a GPU, in order (the backward reads back)
         self._pending = None  # on a GPU: leases until their copies complete
         self._side = None     # on a GPU: the stream of the copies out
@@ -155,12 +159,11 @@ class ActivationOffload:
         if t.numel() * t.element_size() < self._min_bytes or t.is_sparse or \
                 not is_kept_dtype(t.dtype):
             return t
-        key = None
         if t.device.type == "cuda":
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                   tuple(t.stride()), t._version, t.dtype)
-            same = self._live.get(key)
-            if same is not None:  # saved twice (as several ops save their input): once
+            same = self._live.get(id(t))
+            # Saved twice (as several ops save their input): stored once, if it is still that
+            # tensor, unchanged since (an id is reused once its object is gone).
+            if same is not None and same.source() is t and same.version == t._version:
                 self.deduplicated += 1
                 return same
         if t.device.type == "cuda":
@@ -186,9 +189,9 @@ class ActivationOffload:
         self.saved_bytes += nbytes
         self._held += nbytes
         self.peak_bytes = max(self.peak_bytes, self._held)
-        saved = _Saved(self, tid, t, event, key)
-        if key is not None:
-            self._live[key] = saved
+        saved = _Saved(self, tid, t, event)
+        if t.device.type == "cuda":
+            self._live[id(t)] = saved
         return saved
 
     def _unpack(self, saved):
