@@ -146,34 +146,44 @@ struct DeviceParameters::Impl {
     if (after != nullptr) MEMASCEND_RETURN_IF_ERROR(engine->MakeWait(copy, *after));
     const StateLayout& l = layout();
     const std::size_t element = l.ElementBytes(StateKind::kParameters);
-    InFlight f;
+    // The parts' host buffers are taken first and the copies then queued back to back, so
+    // the copy stream is not left idle while the host looks up each part.
+    struct Ready {
+      std::size_t offset, bytes;
+      StateBuffer buffer;
+    };
+    std::vector<Ready> ready;
+    std::shared_ptr<CopyEvent> done;
+    const auto flush = [&]() -> absl::Status {
+      if (ready.empty()) return absl::OkStatus();
+      InFlight f;
+      MEMASCEND_ASSIGN_OR_RETURN(f.start, engine->Record(copy, true));
+      for (Ready& r : ready) {
+        MEMASCEND_RETURN_IF_ERROR(engine->Copy(to + r.offset, r.buffer.data, r.bytes,
+                                               prim::CopyDirection::kHostToDevice, copy));
+        f.hold.push_back(std::move(r.buffer));
+      }
+      ready.clear();
+      MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy, true));
+      done = f.done;
+      inflight.push_back(std::move(f));
+      return absl::OkStatus();
+    };
     for (std::size_t part = 0; part < l.Parts(g); ++part) {
       const auto [begin, end] = l.PartRange(g, part);
       absl::StatusOr<StateBuffer> buf;
       for (;;) {
         buf = adam->storage()->Read(StateKind::kParameters, g, part, false);
         if (buf.ok() || !absl::IsResourceExhausted(buf.status())) break;
-        // The store's budget is held by copies in flight: let the oldest finish.
-        if (!f.hold.empty()) {
-          MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy, true));
-          inflight.push_back(std::move(f));
-          f = InFlight{};
-        }
+        // The store's budget is held by copies: queue what is ready, let the oldest finish.
+        MEMASCEND_RETURN_IF_ERROR(flush());
         if (inflight.empty()) break;
         MEMASCEND_RETURN_IF_ERROR(WaitOldestLocked());
       }
       if (!buf.ok()) return buf.status();
-      // Timed from just before the first copy (a host wait above leaves the stream idle).
-      if (f.start == nullptr) {
-        MEMASCEND_ASSIGN_OR_RETURN(f.start, engine->Record(copy, true));
-      }
-      MEMASCEND_RETURN_IF_ERROR(engine->Copy(to + begin * element, buf->data, (end - begin) * element,
-                                             prim::CopyDirection::kHostToDevice, copy));
-      f.hold.push_back(*std::move(buf));
+      ready.push_back(Ready{begin * element, (end - begin) * element, *std::move(buf)});
     }
-    MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy, true));
-    std::shared_ptr<CopyEvent> done = f.done;
-    inflight.push_back(std::move(f));
+    MEMASCEND_RETURN_IF_ERROR(flush());
     stats.bytes_to_device += GroupBytes(g);
     return done;
   }
