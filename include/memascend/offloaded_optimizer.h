@@ -222,15 +222,30 @@ class OffloadedAdam {
   absl::Status SetGroupOptions(std::size_t group, const AdamGroupOptions& options);
 
   // ---- the parameters
-  // Group g's current parameters into `out` (its elements, any dtype), part by part (of a
-  // derived group, rounded from the master weights).
+  // Group g's newest parameters into `out` (its elements, any dtype), part by part (of a
+  // derived group, rounded from the master weights): those of the update in progress
+  // once it has reached the group (Note [optimizer overlap]: a forward pass interleaved
+  // with the update reads the new parameters before they are committed), else the
+  // current ones.
   absl::Status LoadParameters(std::size_t group, MutableTensorView out);
+  // Part `part` of group g's newest stored parameters, in place (as LoadParameters picks
+  // the version); kFailedPrecondition for derived parameters.
+  absl::StatusOr<StateBuffer> ReadParameters(std::size_t group, std::size_t part);
+  // True while an update is planned that has not reached group g yet: its parameters
+  // will change before the step is committed (a reader ahead of the update waits).
+  bool UpdatePendingFor(std::size_t group) const noexcept {
+    return pending_.has_value() && group >= pending_->next_group;
+  }
   void PrefetchParameters(std::size_t group);
 
  private:
   OffloadedAdam(TrainingStateStorage* storage, const OffloadedAdamOptions& options,
                 KernelThreads* threads);
   absl::Status KeepState();
+  // The update in progress has written group g's next version (not yet committed).
+  bool Updated(std::size_t g) const noexcept {
+    return pending_.has_value() && g < pending_->next_group;
+  }
   bool Kept(std::size_t g, std::size_t part) const;
   std::size_t GradBytesBefore(std::size_t g, std::size_t part) const;
   std::size_t PartStateBytes(std::size_t g, std::size_t part) const;

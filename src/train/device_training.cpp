@@ -173,7 +173,7 @@ struct DeviceParameters::Impl {
       const auto [begin, end] = l.PartRange(g, part);
       absl::StatusOr<StateBuffer> buf;
       for (;;) {
-        buf = adam->storage()->Read(StateKind::kParameters, g, part, false);
+        buf = adam->ReadParameters(g, part);  // the update's, once it has reached the group
         if (buf.ok() || !absl::IsResourceExhausted(buf.status())) break;
         // The store's budget is held by copies: queue what is ready, let the oldest finish.
         MEMASCEND_RETURN_IF_ERROR(flush());
@@ -222,6 +222,9 @@ struct DeviceParameters::Impl {
       const std::size_t h = order[static_cast<std::size_t>(j)];
       Slot& s = slots[h];
       if (s.leases > 0 || s.wanted) continue;
+      // Its parameters change before the step commits (an update interleaved with this
+      // pass has not reached it): reading them now would read them twice.
+      if (adam->UpdatePendingFor(h)) break;
       if (wanted_bytes + GroupBytes(h) > read_ahead_bytes) break;
       if (s.block == nullptr) {
         if (!LoadLocked(h).ok()) break;  // no room now: the acquire will load it

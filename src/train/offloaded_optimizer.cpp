@@ -526,23 +526,35 @@ absl::Status OffloadedAdam::LoadParameters(std::size_t g, MutableTensorView out)
                                                   out.elements));
   }
   const bool derived = !l.Stored(StateKind::kParameters, g);
+  const bool next = Updated(g);
   for (std::size_t part = 0; part < l.Parts(g); ++part) {
     const auto [begin, end] = l.PartRange(g, part);
     const std::size_t n = end - begin;
     const MutableTensorView to{static_cast<std::byte*>(out.data) + begin * SizeOf(out.dtype), n,
                                out.dtype};
     if (derived) {
-      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Read(StateKind::kMaster, g, part, false));
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Read(StateKind::kMaster, g, part, next));
       const MutableTensorView half{derived_.data(), n, l.param_dtype};
       MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({m.data, n, DType::kF32}, half, K()));
       MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({half.data, n, l.param_dtype}, to, K()));
       continue;
     }
-    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer p,
-                               storage_->Read(StateKind::kParameters, g, part, false));
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer p, storage_->Read(StateKind::kParameters, g, part, next));
     MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({p.data, n, l.param_dtype}, to, K()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<StateBuffer> OffloadedAdam::ReadParameters(std::size_t g, std::size_t part) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size() || part >= l.Parts(g))
+    return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
+  if (!l.Stored(StateKind::kParameters, g)) {
+    return absl::FailedPreconditionError(fmt::format(
+        "adam: group '{}' stores no parameters (they are derived from its master weights)",
+        l.groups[g].name));
+  }
+  return storage_->Read(StateKind::kParameters, g, part, Updated(g));
 }
 
 void OffloadedAdam::PrefetchParameters(std::size_t g) {

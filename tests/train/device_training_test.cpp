@@ -297,6 +297,53 @@ TEST(DeviceParameters, AfterAnUpdateTheNewParametersArrive) {
   EXPECT_EQ(p.stats().invalidations, 5u);
 }
 
+// Note [optimizer overlap]: the update of step s interleaved with the forward pass of step
+// s + 1, group by group. A group the update has reached comes with its new parameters
+// (before the commit); the read-ahead stops at the first group it has not reached.
+TEST(DeviceParameters, AnUpdateInterleavedWithThePassGivesTheNewParameters) {
+  Trainer t("device_params_overlap");
+  auto params = DeviceParameters::Create(t.adam.get(), Emulated(8 << 20));
+  ASSERT_OK(params.status());
+  DeviceParameters& p = **params;
+  for (std::size_t g = 0; g < 5; ++g) {  // the first pass: the order recorded
+    ASSERT_OK(p.Acquire(g, {}).status());
+    ASSERT_OK(p.Release(g, {}));
+  }
+  std::vector<std::vector<std::uint16_t>> before(5);
+  for (std::size_t g = 0; g < 5; ++g) before[g] = t.Stored(g);
+  t.adam->BeginBackward();
+  for (std::size_t g = 0; g < 5; ++g) {
+    const auto grad = ToBf16(Values(t.layout.groups[g].elements, 500 + g, 0.05f));
+    for (std::size_t part = 0; part < t.layout.Parts(g); ++part) {
+      const auto [b, e] = t.layout.PartRange(g, part);
+      ASSERT_OK(t.adam->SetGradient(g, part, {grad.data() + b, e - b, DType::kBF16}));
+    }
+  }
+  ASSERT_OK(t.adam->EndBackward().status());
+  const std::uint64_t ahead_before = p.stats().read_ahead;
+  for (std::size_t g = 0; g < 5; ++g) {
+    EXPECT_TRUE(t.adam->UpdatePendingFor(g));
+    ASSERT_OK(t.adam->UpdateGroup(g));
+    EXPECT_FALSE(t.adam->UpdatePendingFor(g));
+    ASSERT_OK(p.Invalidate(g));
+    auto v = p.Acquire(g, {});
+    ASSERT_OK(v.status());
+    const std::vector<std::uint16_t> now = t.Stored(g);  // LoadParameters: the newest
+    EXPECT_NE(now, before[g]);
+    EXPECT_EQ(Bytes16(*v), now) << g;
+    ASSERT_OK(p.Release(g, {}));
+  }
+  // Every group read ahead would have been read before its update: none was.
+  EXPECT_EQ(p.stats().read_ahead, ahead_before);
+  ASSERT_OK(t.adam->Commit(1));
+  for (std::size_t g = 0; g < 5; ++g) {
+    auto v = p.Acquire(g, {});
+    ASSERT_OK(v.status());
+    EXPECT_EQ(Bytes16(*v), t.Stored(g));
+    ASSERT_OK(p.Release(g, {}));
+  }
+}
+
 // ---- gradients from the device ---------------------------------------------------------
 
 DeviceGradientsOptions EmulatedGradients(std::size_t inflight = 0) {

@@ -125,6 +125,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self.resumed_step = None
         self.last_step = None  # what the last step() did: skipped, grad_norm, loss_scale
         self.skipped_steps = 0
+        # Note [optimizer overlap] (memascend/offloaded_optimizer.h): under
+        # offload_parameters covering every parameter, step() plans the update and the next
+        # forward pass runs it group by group, each just before the group is loaded.
+        self._deferred = False
+        self._pending_update = False
+        self._next_update = 0
         # On a GPU the stored parameters are what goes to the device (fp32 ones too).
         store_parameters = True if cuda else None
         try:
@@ -226,9 +232,15 @@ class OffloadedAdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def close(self):
-        """Waits for the last commit and closes the state, its store and (if the
-        optimizer opened it) its volume. Raises the last commit's error, if any."""
+        """Finishes an update still planned, waits for the last commit and closes the
+        state, its store and (if the optimizer opened it) its volume. Raises the last
+        commit's error, if any."""
         first = None
+        if getattr(self, "_core", None) is not None:
+            try:
+                self._finish_update()
+            except errors.Error as e:
+                first = e
         cuda = getattr(self, "_cuda", None)
         if cuda is not None:
             self._cuda = None
@@ -266,6 +278,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     def _check(self):
         if self._core is None:
             raise errors.FailedPreconditionError("the optimizer is closed")
+        self._finish_update()
         now = [p for g in self.param_groups for p in g["params"]]
         if len(now) != len(self._params) or any(a is not b for a, b in zip(now, self._params)):
             raise errors.FailedPreconditionError(
@@ -357,6 +370,13 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 scale_t.device] = found
         if plan["skipped"]:
             self.skipped_steps += 1
+        elif self._deferred:
+            self._step_count += 1
+            self._pending_update = True  # run by the next forward pass, then committed
+            self._next_update = 0
+            self.last_step = {"skipped": False, "grad_norm": plan["grad_norm"],
+                              "loss_scale": plan["loss_scale"]}
+            return loss
         elif self._cuda is not None:
             for i in range(len(self._params)):
                 core.update_group(i)  # the new parameters go to the store
@@ -374,6 +394,32 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
                           "loss_scale": plan["loss_scale"]}
         return loss
+
+    # ---- Note [optimizer overlap]
+
+    def _defer_updates(self, on):
+        self._finish_update()
+        self._deferred = bool(on)
+
+    def _update_through(self, i):
+        """The planned update, group by group in order, up to parameter i (before it is
+        loaded); committed once every group has been updated."""
+        if not self._pending_update:
+            return
+        core, n = self._core, len(self._params)
+        while self._next_update <= min(i, n - 1):
+            k = self._next_update
+            core.update_group(k)
+            if self._cuda is not None:
+                self._cuda.params.invalidate(k)  # its device copy is of the old parameters
+            self._next_update += 1
+        if self._next_update == n:
+            self._pending_update = False
+            core.commit(self._step_count)
+
+    def _finish_update(self):
+        if self._pending_update:
+            self._update_through(len(self._params) - 1)
 
     def _apply_group_options(self):
         """A scheduler's changes of lr and weight_decay, into the SDK's groups."""
@@ -398,7 +444,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         return g
 
     def settle(self):
-        """Waits until the last step's commit is durable (raising its error, if any)."""
+        """Waits until the last step's commit is durable (raising its error, if any); an
+        update still planned (under offload_parameters) is run and committed first."""
+        self._finish_update()
         self._core.settle()
 
     def reload_parameters(self):

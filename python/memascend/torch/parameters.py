@@ -54,6 +54,11 @@ class ParameterOffload:
             for p, i in self._params_of[id(m)]:
                 OFFLOADED[id(p)] = (self, i)
                 self._release(p, i)
+        # Note [optimizer overlap]: with every parameter loaded through these hooks, each
+        # step's update runs in the next forward pass, group by group, just before a group is
+        # loaded: on a GPU the CPU's update overlaps the GPU's forward.
+        covered = {i for own in self._params_of.values() for _, i in own}
+        optimizer._defer_updates(len(covered) == len(optimizer._params))
 
     def _use_device(self, device_budget, read_ahead):
         """The device budget: by default room for the largest module twice (in use, and
@@ -71,6 +76,7 @@ class ParameterOffload:
         c = self._count.get(i, 0)
         if c == 0 and p.numel() != self._opt._numels[i]:
             opt = self._opt
+            opt._update_through(i)  # the previous step's update reaches this group first
             if self._cuda is not None:
                 from memascend.torch.cuda import device_tensor, stream_handle
                 dev = self._cuda.device
@@ -116,6 +122,7 @@ class ParameterOffload:
         self._hooks.__enter__()
 
     def _root_post_forward(self, module, inputs, output):
+        self._opt._finish_update()  # groups the forward pass did not load
         if self._hooks is not None:
             self._hooks.__exit__(None, None, None)
             self._hooks = None
@@ -172,6 +179,7 @@ class ParameterOffload:
     def remove(self):
         """Brings every parameter back into memory (its own, on its device) and removes
         the hooks."""
+        self._opt._defer_updates(False)  # finishes an update still planned
         for h in self._handles:
             h.remove()
         self._handles = []
