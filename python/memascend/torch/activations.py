@@ -1,5 +1,6 @@
 """offload_activations(): the tensors autograd saves for the backward pass kept in a
 TensorStore (pinned host memory under its budget, spilled to its volume beyond it)."""
+import itertools
 import threading
 import weakref
 
@@ -9,6 +10,7 @@ from memascend import errors
 from memascend.torch._common import OFFLOADED, is_kept_dtype, dtype_name
 
 _local = threading.local()
+_instances = itertools.count()  # each ActivationOffload names its slots apart
 
 
 class _ParamView:
@@ -53,13 +55,25 @@ class _Saved:
         self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
         self.nbytes = t.numel() * t.element_size()
         self.event = event  # on a GPU: the copy out to the store
-        # The tensor saved, while it lives (a weak reference): the same tensor saved again
-        # is this one. Its address alone would not do: once it is freed, torch's allocator
-        # hands the address to the next tensor of that size.
-        self.source = weakref.ref(t) if t.device.type == "cuda" else None
+        # The tensor saved, while it lives (a weak reference), and its version then: the
+        # same tensor saved again is this one (its address alone would not do: once it is
+        # freed, torch's allocator hands the address to the next tensor of that size), and
+        # one modified in place after it was saved is caught at unpack, as PyTorch does.
+        self.source = weakref.ref(t)
         self.version = t._version
 
+    def check_version(self):
+        t = self.source()
+        if t is not None and t._version != self.version:
+            kind = f"{t.device.type} {t.dtype} {list(t.shape)}"
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{kind}] is at version {t._version}; expected version "
+                f"{self.version} instead (it was saved for the backward pass, through "
+                "memascend.torch.offload_activations)")
+
     def unpack(self):
+        self.check_version()
         return self.owner._unpack(self)
 
     def __del__(self):
@@ -77,6 +91,7 @@ class ActivationOffload:
         self._read_ahead = int(read_ahead)
         self._free_slots = {}  # nbytes -> [tensor id]
         self._slots = 0
+        self._prefix = f"memascend.activation.{next(_instances)}"
         self._hooks = None
         self.saved_bytes = 0  # bytes saved through the store (so far)
         self.peak_bytes = 0   # the most held at once
@@ -174,7 +189,7 @@ class ActivationOffload:
         if free:
             tid = free.pop()
         else:
-            tid = self._store.register(f"memascend.activation.{self._slots}", nbytes,
+            tid = self._store.register(f"{self._prefix}.{self._slots}", nbytes,
                                        dtype_name(t.dtype, "an activation"), durable=False)
             self._slots += 1
         event = None

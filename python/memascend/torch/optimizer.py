@@ -9,6 +9,24 @@ from memascend.torch import state as _state
 from memascend.torch._common import DEFAULT_PART_ELEMENTS, dtype_name, host, offloaded
 
 
+_MAX_THREADS = 1024
+
+
+def _whole(name, value, lo, hi):
+    """`value` as an int in [lo, hi], or InvalidArgumentError saying what was wrong."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            as_int = int(value)
+        except (TypeError, ValueError, OverflowError):
+            as_int = None
+        if as_int is None or as_int != value:
+            raise errors.InvalidArgumentError(f"{name} must be a whole number, not {value!r}")
+        value = as_int
+    if not lo <= value <= hi:
+        raise errors.InvalidArgumentError(f"{name} must be in {lo}..{hi}, not {value}")
+    return value
+
+
 class OffloadedAdamW(torch.optim.Optimizer):
     """AdamW whose state lives on a MemAscend volume (see the package's docstring).
 
@@ -62,10 +80,28 @@ class OffloadedAdamW(torch.optim.Optimizer):
             raise errors.UnimplementedError("OffloadedAdamW has no amsgrad or maximize")
         if resume and overwrite:
             raise errors.InvalidArgumentError("resume and overwrite exclude each other")
+        # Integers the SDK takes, checked here: a clear message rather than a crash (a part
+        # of 0 elements divides by zero) or pybind's list of signatures.
+        host_budget = _whole("host_budget", host_budget, 1, 1 << 50)
+        part_elements = _whole("part_elements", part_elements, 1, 1 << 34)
+        if volume_size is not None:
+            volume_size = _whole("volume_size", volume_size, 1, 1 << 56)
+        if threads is not None:
+            threads = _whole("threads", threads, 1, _MAX_THREADS)
+        if read_ahead is not None:
+            read_ahead = _whole("read_ahead", read_ahead, 0, 1 << 50)
+        run_id = _whole("run_id", run_id, 0, (1 << 64) - 1)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False)
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
+        frozen = [i for i, p in enumerate(self._params) if not p.requires_grad]
+        if frozen:
+            raise errors.InvalidArgumentError(
+                f"parameters {frozen[:8]}{' ...' if len(frozen) > 8 else ''} do not require "
+                "grad: OffloadedAdamW would move them by weight decay where torch.optim.AdamW "
+                "leaves them; pass only the trainable ones "
+                "([p for p in model.parameters() if p.requires_grad])")
         self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
         for gi, g in enumerate(self.param_groups):
             if tuple(g["betas"]) != tuple(betas) or g["eps"] != eps:
@@ -276,8 +312,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         return False
 
     def _check(self):
-        if self._core is None:
-            raise errors.FailedPreconditionError("the optimizer is closed")
+        self._open()
         self._finish_update()
         now = [p for g in self.param_groups for p in g["params"]]
         if len(now) != len(self._params) or any(a is not b for a, b in zip(now, self._params)):
@@ -295,14 +330,20 @@ class OffloadedAdamW(torch.optim.Optimizer):
         return _core.OffloadedAdam.minimum_host_budget(int(max_numel), int(part_elements), name,
                                                        name)
 
+    def _open(self):
+        """The SDK's optimizer, or FailedPreconditionError once closed."""
+        if self._core is None:
+            raise errors.FailedPreconditionError("the optimizer is closed")
+        return self._core
+
     @property
     def loss_scale(self):
         """The SDK's loss scale (1 unless dynamic_loss_scale)."""
-        return self._core.loss_scale
+        return self._open().loss_scale
 
     def scale_loss(self, loss):
         """The loss multiplied by the SDK's loss scale (dynamic_loss_scale)."""
-        return loss * self._core.loss_scale
+        return loss * self._open().loss_scale
 
     @property
     def steps(self):
@@ -334,6 +375,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if kwargs:
             raise TypeError(f"step() got unexpected arguments {sorted(kwargs)}")
         self._check()
+        frozen = [i for i, p in enumerate(self._params) if not p.requires_grad]
+        if frozen:
+            raise errors.FailedPreconditionError(
+                f"parameters {frozen[:8]} stopped requiring grad after the optimizer was made: "
+                "OffloadedAdamW updates every parameter it holds; make a new optimizer over the "
+                "trainable ones")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -446,6 +493,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     def settle(self):
         """Waits until the last step's commit is durable (raising its error, if any); an
         update still planned (under offload_parameters) is run and committed first."""
+        self._open()
         self._finish_update()
         self._core.settle()
 
@@ -483,7 +531,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     def stats(self):
         """I/O and store counters: bytes read and written, evictions, skipped steps (and,
         on a GPU, the device paths' counters)."""
-        s = self._core.stats()
+        s = self._open().stats()
         if self._cuda is not None:
             s.update(self._cuda.stats())
         return s

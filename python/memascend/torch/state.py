@@ -42,18 +42,31 @@ def load_state_dict(opt, state_dict):
         raise errors.InvalidArgumentError(
             "the state_dict's parameter groups differ from this optimizer's in number or size")
     order = [idx for g in groups for idx in g["params"]]
+    # Everything checked before anything is written: a refused state_dict changes nothing.
     steps = set()
+    for i, idx in enumerate(order):
+        entry = state_dict["state"].get(idx)
+        if entry is None:
+            raise errors.InvalidArgumentError(f"the state_dict has no state for parameter {i}")
+        steps.add(float(entry["step"]))
+        for kind in ("exp_avg", "exp_avg_sq", "master"):
+            t = entry.get(kind)
+            if t is None:
+                if kind == "master":
+                    continue
+                raise errors.InvalidArgumentError(f"the state_dict has no {kind} for parameter {i}")
+            if t.numel() != opt._numels[i]:
+                raise errors.InvalidArgumentError(
+                    f"parameter {i}'s {kind} has {t.numel()} elements, not {opt._numels[i]}")
+    if len(steps) > 1:
+        raise errors.InvalidArgumentError(
+            f"the parameters were stepped {sorted(steps)} times; OffloadedAdamW keeps one "
+            "step count")
     with torch.no_grad():
         for i, idx in enumerate(order):
-            entry = state_dict["state"].get(idx)
-            if entry is None:
-                raise errors.InvalidArgumentError(f"the state_dict has no state for parameter {i}")
-            steps.add(float(entry["step"]))
+            entry = state_dict["state"][idx]
             for kind in ("exp_avg", "exp_avg_sq"):
                 t = host(entry[kind].detach().to(torch.float32))
-                if t.numel() != opt._numels[i]:
-                    raise errors.InvalidArgumentError(
-                        f"parameter {i}'s {kind} has {t.numel()} elements, not {opt._numels[i]}")
                 k, h = opt._mine(i, t)
                 if k is not None:
                     opt._core.write_state(kind, k, h.data_ptr(), h.numel(), "float32")
@@ -67,10 +80,6 @@ def load_state_dict(opt, state_dict):
                 continue
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), "float32")
             opt._core.write_state("param", k, h.data_ptr(), h.numel(), "float32")
-    if len(steps) > 1:
-        raise errors.InvalidArgumentError(
-            f"the parameters were stepped {sorted(steps)} times; OffloadedAdamW keeps one "
-            "step count")
     opt._core.set_adam_step(int(steps.pop()) if steps else 0)
     for mine, theirs in zip(opt.param_groups, groups):
         for key in ("lr", "weight_decay"):

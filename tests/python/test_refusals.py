@@ -1,0 +1,108 @@
+"""memascend.torch refuses what would crash, lose data or train wrongly, with a message
+that says what to do, and a refused call changes nothing."""
+import pytest
+import torch
+
+import gpt
+import memascend.torch as mt
+from memascend import errors
+
+
+def make(tmp_path, model, name="o.vol", **kw):
+    kw.setdefault("host_budget", 1 << 20)
+    kw.setdefault("part_elements", 1 << 18)
+    return mt.OffloadedAdamW(model.parameters(), lr=1e-3, volume=str(tmp_path / name), **kw)
+
+
+@pytest.mark.parametrize("arg,value,match", [
+    ("part_elements", 0, "part_elements must be in 1"),
+    ("part_elements", -5, "part_elements must be in 1"),
+    ("part_elements", 2.5, "part_elements must be a whole number"),
+    ("threads", 100000, "threads must be in 1..1024"),
+    ("threads", 0, "threads must be in 1..1024"),
+    ("host_budget", -1, "host_budget must be in 1"),
+    ("host_budget", "lots", "host_budget must be a whole number"),
+    ("host_budget", 1 << 80, "host_budget must be in 1"),
+    ("read_ahead", -1, "read_ahead must be in 0"),
+    ("run_id", -3, "run_id must be in 0"),
+    ("volume_size", 0, "volume_size must be in 1"),
+])
+def test_integers_out_of_range_are_refused_before_anything_is_made(tmp_path, arg, value, match):
+    model = gpt.make(seed=0)
+    with pytest.raises(errors.InvalidArgumentError, match=match):
+        make(tmp_path, model, **{arg: value})
+    assert not (tmp_path / "o.vol").exists()  # nothing was made
+    # and the process is fine: the next optimizer works
+    opt = make(tmp_path, model)
+    opt.close()
+
+
+def test_a_closed_optimizer_says_so(tmp_path):
+    opt = make(tmp_path, gpt.make(seed=0))
+    opt.close()
+    for call in (opt.step, opt.settle, opt.stats, opt.state_dict, opt.reload_parameters,
+                 lambda: opt.loss_scale, lambda: opt.scale_loss(torch.ones(()))):
+        with pytest.raises(errors.FailedPreconditionError, match="closed"):
+            call()
+    opt.close()  # twice is fine
+
+
+def test_frozen_parameters_are_refused_rather_than_decayed(tmp_path):
+    model = gpt.make(seed=0)
+    model.wpe.weight.requires_grad_(False)
+    with pytest.raises(errors.InvalidArgumentError, match="do not require grad"):
+        make(tmp_path, model, weight_decay=0.1)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = mt.OffloadedAdamW(trainable, lr=1e-3, weight_decay=0.1, volume=str(tmp_path / "t.vol"),
+                            host_budget=1 << 20, part_elements=1 << 18)
+    before = model.wpe.weight.detach().clone()
+    x, y = gpt.batch(0)
+    model(x, y).backward()
+    opt.step()
+    assert torch.equal(model.wpe.weight, before)
+    # frozen after the optimizer was made: refused at step(), not silently decayed
+    model.blocks[0].fc.weight.requires_grad_(False)
+    with pytest.raises(errors.FailedPreconditionError, match="stopped requiring grad"):
+        opt.step()
+    opt.close()
+
+
+def test_a_refused_state_dict_changes_nothing(tmp_path):
+    model = gpt.make(seed=0)
+    opt = make(tmp_path, model)
+    x, y = gpt.batch(0)
+    model(x, y).backward()
+    opt.step()
+    good = opt.state_dict()
+    bad = opt.state_dict()
+    for entry in bad["state"].values():
+        entry["exp_avg"] = entry["exp_avg"] + 1.0  # would change every parameter's state...
+    last = max(bad["state"])
+    bad["state"][last]["exp_avg_sq"] = torch.zeros(3)  # ...but the last one is malformed
+    with pytest.raises(errors.InvalidArgumentError, match="elements"):
+        opt.load_state_dict(bad)
+    now = opt.state_dict()
+    for i in good["state"]:
+        assert torch.equal(now["state"][i]["exp_avg"], good["state"][i]["exp_avg"]), i
+    opt.close()
+
+
+def test_a_saved_activation_modified_in_place_is_caught_as_pytorch_does(tmp_path):
+    import memascend
+    vol = memascend.Volume.open_or_create(str(tmp_path / "act.vol"), size=64 << 20)
+    store = memascend.TensorStore(vol, host_budget=1 << 20)
+    w = torch.randn(64, 64, requires_grad=True)
+    with mt.offload_activations(store, min_bytes=0):
+        h = torch.randn(64, 64)
+        y = (h @ w).sum()  # saves h for w's gradient
+    h.add_(1.0)  # modified after it was saved
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    # unmodified, the same backward works
+    with mt.offload_activations(store, min_bytes=0):
+        h2 = torch.randn(64, 64)
+        y2 = (h2 @ w).sum()
+    y2.backward()
+    assert torch.allclose(w.grad, h2.sum(0).unsqueeze(1).expand(64, 64))
+    store.close()
+    vol.close()
