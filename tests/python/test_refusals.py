@@ -106,3 +106,15 @@ def test_a_saved_activation_modified_in_place_is_caught_as_pytorch_does(tmp_path
     assert torch.allclose(w.grad, h2.sum(0).unsqueeze(1).expand(64, 64))
     store.close()
     vol.close()
+
+
+def test_a_budget_beyond_the_state_is_capped_to_it(tmp_path):
+    tiny = torch.nn.Linear(6, 6)  # 42 parameters
+    opt = mt.OffloadedAdamW(tiny.parameters(), volume=str(tmp_path / "tiny.vol"),
+                            host_budget=512 << 20)
+    assert opt.host_budget < 8 << 20
+    x = torch.randn(4, 6)
+    tiny(x).sum().backward()
+    opt.step()
+    assert opt.stats()["store"]["pinned_peak_bytes"] <= opt.host_budget
+    opt.close()

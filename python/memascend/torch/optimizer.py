@@ -34,7 +34,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
       volume: a path (a volume file, made on first use, reopened after) or a
         memascend.Volume.
       host_budget: pinned host bytes for the state in flight (at least one part's
-        gradient, parameters, master weights and moments: see min_host_budget()).
+        gradient, parameters, master weights and moments: see min_host_budget()); capped
+        at what the state can ever hold (``host_budget`` then says the budget in use).
       volume_size: bytes of a new volume file (default: the state's need plus margin).
       part_elements: elements updated at once (a multiple of 2^18 keeps results
         independent of it).
@@ -169,19 +170,25 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._next_update = 0
         # On a GPU the stored parameters are what goes to the device (fp32 ones too).
         store_parameters = True if cuda else None
+        need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt, self._part_elements,
+                                                store_parameters)
+        # A budget beyond every stored tensor (both versions, the gradients) would be
+        # page-locked for nothing: capped there (never below what one part needs).
+        largest = max(n for _, n in layout)
+        least = _core.OffloadedAdam.minimum_host_budget(largest, self._part_elements, self._dt,
+                                                        self._dt)
+        self.host_budget = min(host_budget, max(need, least))
         try:
             if isinstance(volume, (str, os.PathLike)):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
                 if volume_size is None:
-                    need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt,
-                                                            self._part_elements, store_parameters)
                     volume_size = need + need // 8 + (64 << 20)
                 self._volume = _core.Volume.open_or_create(path, int(volume_size))
                 self._own_volume = True
             else:
                 self._volume = volume
             # CUDA-registered on a GPU: copies to and from the device are true DMA.
-            self._store = _core.TensorStore(self._volume, host_budget=int(host_budget),
+            self._store = _core.TensorStore(self._volume, host_budget=self.host_budget,
                                             defer_prefetches=True,
                                             host_backing="cuda" if cuda else "auto")
             self._core = _core.OffloadedAdam(
