@@ -118,3 +118,30 @@ def test_a_budget_beyond_the_state_is_capped_to_it(tmp_path):
     opt.step()
     assert opt.stats()["store"]["pinned_peak_bytes"] <= opt.host_budget
     opt.close()
+
+
+def test_offloaded_parameters_are_what_state_dict_saves_and_close_gives_back(tmp_path):
+    model = gpt.make(seed=0)
+    opt = make(tmp_path, model)
+    mt.offload_parameters(model, opt)
+    for step in range(2):
+        x, y = gpt.batch(step)
+        model(x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert model.blocks[0].fc.weight.numel() == 0  # offloaded between uses
+    saved = model.state_dict()
+    assert all(t.numel() > 0 for t in saved.values()), [k for k, t in saved.items() if not t.numel()]
+    assert saved["wte.weight"].shape == (256, 64) and torch.equal(saved["wte.weight"],
+                                                                   saved["head.weight"])
+    path = tmp_path / "model.pt"
+    torch.save(saved, path)
+    opt.close()
+    # The model is whole again, with the trained values, and runs without the optimizer.
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), saved[name]), name
+    x, y = gpt.batch(5)
+    loss = model(x, y)
+    fresh = gpt.make(seed=1)
+    fresh.load_state_dict(torch.load(path))
+    assert torch.equal(fresh(x, y), loss)

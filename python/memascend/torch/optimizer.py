@@ -69,6 +69,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._volume = None
         self._own_volume = False
         self._cuda = None
+        self._offloads = []
         if not lr >= 0.0:
             raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
         if not eps > 0.0:
@@ -168,6 +169,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._deferred = False
         self._pending_update = False
         self._next_update = 0
+        self._offloads = []  # offload_parameters() over this optimizer's parameters
         # On a GPU the stored parameters are what goes to the device (fp32 ones too).
         store_parameters = True if cuda else None
         need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt, self._part_elements,
@@ -281,6 +283,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         first = None
         if getattr(self, "_core", None) is not None:
             try:
+                # The model whole again: offloaded parameters back in their own memory.
+                for offload in list(getattr(self, "_offloads", [])):
+                    offload.remove()
                 self._finish_update()
             except errors.Error as e:
                 first = e

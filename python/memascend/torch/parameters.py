@@ -50,6 +50,14 @@ class ParameterOffload:
             self._handles.append(m.register_forward_hook(self._post_forward))
         self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
         self._handles.append(module.register_forward_hook(self._root_post_forward))
+        # model.state_dict() (torch.save, save_pretrained) gets the real parameters.
+        self._keys = {}  # state_dict key (below the module) -> parameter index
+        for name, m in module.named_modules():
+            for pname, p in m._parameters.items():
+                if p is not None and id(p) in index and id(m) in self._params_of:
+                    self._keys[f"{name}.{pname}" if name else pname] = index[id(p)]
+        self._handles.append(module._register_state_dict_hook(self._fill_state_dict))
+        optimizer._offloads.append(self)
         for m in self._modules:
             for p, i in self._params_of[id(m)]:
                 OFFLOADED[id(p)] = (self, i)
@@ -166,6 +174,21 @@ class ParameterOffload:
                 if self._count.get(i, 0) > 0:
                     self._release(p, i, force=True)
 
+    def _fill_state_dict(self, module, state_dict, prefix, local_metadata):
+        """An offloaded parameter's entry holds its values (as a CPU tensor), not the empty
+        tensor it holds between uses."""
+        opt = self._opt
+        if opt._core is None:
+            return state_dict
+        opt._finish_update()  # one step's parameters, all of them
+        for key, i in self._keys.items():
+            full = prefix + key
+            if full in state_dict and state_dict[full].numel() != opt._numels[i]:
+                h = torch.empty(opt._shapes[i], dtype=opt._dtype)
+                opt._core.load_parameters(i, h.data_ptr(), h.numel(), opt._dt)
+                state_dict[full] = h
+        return state_dict
+
     def ensure(self, i):
         """Parameter i in memory (for a saved view unpacked outside the module's hooks)."""
         p = self._opt._params[i]
@@ -178,7 +201,12 @@ class ParameterOffload:
 
     def remove(self):
         """Brings every parameter back into memory (its own, on its device) and removes
-        the hooks."""
+        the hooks. OffloadedAdamW.close() calls it: a closed optimizer leaves the model
+        whole. A second call does nothing."""
+        if not self._handles:
+            return
+        if self in self._opt._offloads:
+            self._opt._offloads.remove(self)
         self._opt._defer_updates(False)  # finishes an update still planned
         for h in self._handles:
             h.remove()
