@@ -145,3 +145,21 @@ def test_offloaded_parameters_are_what_state_dict_saves_and_close_gives_back(tmp
     fresh = gpt.make(seed=1)
     fresh.load_state_dict(torch.load(path))
     assert torch.equal(fresh(x, y), loss)
+
+
+def test_a_model_changed_under_the_hooks_is_refused_not_undone(tmp_path):
+    import copy
+    model = gpt.make(seed=0)
+    opt = make(tmp_path, model)
+    offload = mt.offload_parameters(model, opt)
+    with pytest.raises(errors.FailedPreconditionError, match="state_dict"):
+        copy.deepcopy(model)
+    model.to(torch.float64)
+    x, y = gpt.batch(0)
+    with pytest.raises(errors.FailedPreconditionError, match="became torch.float64"):
+        model(x, y)
+    model.to(torch.float32)  # back as it was: it trains again
+    model(x, y).backward()
+    opt.step()
+    opt.close()
+    assert copy.deepcopy(model) is not model  # the model given back copies as any module

@@ -84,6 +84,14 @@ class ParameterOffload:
         c = self._count.get(i, 0)
         if c == 0 and p.numel() != self._opt._numels[i]:
             opt = self._opt
+            want = self._cuda.device if self._cuda is not None else torch.device("cpu")
+            if p.dtype != opt._dtype or p.device != want:
+                # model.to(dtype or device) under the hooks: the next load would undo it.
+                raise errors.FailedPreconditionError(
+                    f"parameter {i} became {p.dtype} on {p.device} after offload_parameters; "
+                    f"its state is {opt._dtype} on {want}. Change the model's dtype or device "
+                    "before making the optimizer (or after opt.close(), which gives the model "
+                    "back)")
             opt._update_through(i)  # the previous step's update reaches this group first
             if self._cuda is not None:
                 from memascend.torch.cuda import device_tensor, stream_handle
@@ -173,6 +181,12 @@ class ParameterOffload:
             for p, i in self._params_of[id(m)]:
                 if self._count.get(i, 0) > 0:
                     self._release(p, i, force=True)
+
+    def __deepcopy__(self, memo):
+        raise errors.FailedPreconditionError(
+            "copy.deepcopy of a module under offload_parameters: its parameters live in the "
+            "optimizer's state. Copy model.state_dict() (it holds the values), or deep-copy "
+            "after opt.close() (or offload.remove()), which gives the model back")
 
     def _fill_state_dict(self, module, state_dict, prefix, local_metadata):
         """An offloaded parameter's entry holds its values (as a CPU tensor), not the empty
