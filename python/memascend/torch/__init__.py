@@ -33,9 +33,9 @@ Differences from torch.optim.AdamW, each deliberate:
   every parameter of one dtype (float32, float16 or bfloat16), and no ``amsgrad``,
   ``maximize`` or sparse gradients: each is refused with an exception, not ignored.
 
-The package's modules: optimizer (OffloadedAdamW), state (its state_dict), distributed
-(torch.distributed), parameters (offload_parameters), activations (offload_activations),
-cuda (the device paths).
+The package's modules: optimizer (OffloadedAdamW), state (its state_dict), scaling
+(PyTorch's GradScaler), distributed (torch.distributed), parameters (offload_parameters),
+activations (offload_activations), cuda (the device paths).
 
 Thread-safety: one thread drives an optimizer and the modules it offloads.
 """

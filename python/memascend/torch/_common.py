@@ -34,3 +34,38 @@ OFFLOADED = {}
 
 def offloaded(p):
     return id(p) in OFFLOADED
+
+
+MAX_THREADS = 1024
+
+
+def whole(name, value, lo, hi):
+    """`value` as an int in [lo, hi], or InvalidArgumentError saying what was wrong."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            as_int = int(value)
+        except (TypeError, ValueError, OverflowError):
+            as_int = None
+        if as_int is None or as_int != value:
+            raise errors.InvalidArgumentError(f"{name} must be a whole number, not {value!r}")
+        value = as_int
+    if not lo <= value <= hi:
+        raise errors.InvalidArgumentError(f"{name} must be in {lo}..{hi}, not {value}")
+    return value
+
+
+def refuse_frozen(params, at_construction):
+    """Parameters that do not require grad: torch.optim.AdamW leaves them, OffloadedAdamW
+    would move them by weight decay; refused, at construction or at step()."""
+    frozen = [i for i, p in enumerate(params) if not p.requires_grad]
+    if not frozen:
+        return
+    shown = f"{frozen[:8]}{' ...' if len(frozen) > 8 else ''}"
+    if at_construction:
+        raise errors.InvalidArgumentError(
+            f"parameters {shown} do not require grad: OffloadedAdamW would move them by weight "
+            "decay where torch.optim.AdamW leaves them; pass only the trainable ones "
+            "([p for p in model.parameters() if p.requires_grad])")
+    raise errors.FailedPreconditionError(
+        f"parameters {shown} stopped requiring grad after the optimizer was made: OffloadedAdamW "
+        "updates every parameter it holds; make a new optimizer over the trainable ones")

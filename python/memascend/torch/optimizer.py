@@ -5,26 +5,10 @@ import torch
 
 from memascend import _core, errors
 from memascend.torch import distributed as _dist
+from memascend.torch import scaling as _scaling
 from memascend.torch import state as _state
-from memascend.torch._common import DEFAULT_PART_ELEMENTS, dtype_name, host, offloaded
-
-
-_MAX_THREADS = 1024
-
-
-def _whole(name, value, lo, hi):
-    """`value` as an int in [lo, hi], or InvalidArgumentError saying what was wrong."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            as_int = int(value)
-        except (TypeError, ValueError, OverflowError):
-            as_int = None
-        if as_int is None or as_int != value:
-            raise errors.InvalidArgumentError(f"{name} must be a whole number, not {value!r}")
-        value = as_int
-    if not lo <= value <= hi:
-        raise errors.InvalidArgumentError(f"{name} must be in {lo}..{hi}, not {value}")
-    return value
+from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, dtype_name, host,
+                                     offloaded, refuse_frozen, whole)
 
 
 class OffloadedAdamW(torch.optim.Optimizer):
@@ -84,26 +68,20 @@ class OffloadedAdamW(torch.optim.Optimizer):
             raise errors.InvalidArgumentError("resume and overwrite exclude each other")
         # Integers the SDK takes, checked here: a clear message rather than a crash (a part
         # of 0 elements divides by zero) or pybind's list of signatures.
-        host_budget = _whole("host_budget", host_budget, 1, 1 << 50)
-        part_elements = _whole("part_elements", part_elements, 1, 1 << 34)
+        host_budget = whole("host_budget", host_budget, 1, 1 << 50)
+        part_elements = whole("part_elements", part_elements, 1, 1 << 34)
         if volume_size is not None:
-            volume_size = _whole("volume_size", volume_size, 1, 1 << 56)
+            volume_size = whole("volume_size", volume_size, 1, 1 << 56)
         if threads is not None:
-            threads = _whole("threads", threads, 1, _MAX_THREADS)
+            threads = whole("threads", threads, 1, MAX_THREADS)
         if read_ahead is not None:
-            read_ahead = _whole("read_ahead", read_ahead, 0, 1 << 50)
-        run_id = _whole("run_id", run_id, 0, (1 << 64) - 1)
+            read_ahead = whole("read_ahead", read_ahead, 0, 1 << 50)
+        run_id = whole("run_id", run_id, 0, (1 << 64) - 1)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False)
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
-        frozen = [i for i, p in enumerate(self._params) if not p.requires_grad]
-        if frozen:
-            raise errors.InvalidArgumentError(
-                f"parameters {frozen[:8]}{' ...' if len(frozen) > 8 else ''} do not require "
-                "grad: OffloadedAdamW would move them by weight decay where torch.optim.AdamW "
-                "leaves them; pass only the trainable ones "
-                "([p for p in model.parameters() if p.requires_grad])")
+        refuse_frozen(self._params, at_construction=True)
         self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
         for gi, g in enumerate(self.param_groups):
             if tuple(g["betas"]) != tuple(betas) or g["eps"] != eps:
@@ -362,24 +340,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
         """step() calls so far, counting those resumed from the volume."""
         return self._step_count
 
-    def _outside_scale(self, grad_scaler):
-        """(scale the gradients carry, skip) from a torch GradScaler, if one drives us."""
-        if grad_scaler is not None:  # torch 1.x: step(grad_scaler=...)
-            if self._dynamic:
-                raise errors.FailedPreconditionError(
-                    "a GradScaler and dynamic_loss_scale both scale the loss; use one")
-            return float(grad_scaler._get_scale_async().item()), False
-        grad_scale = getattr(self, "grad_scale", None)  # torch 2.x sets these two
-        found_inf = getattr(self, "found_inf", None)
-        if found_inf is not None and float(found_inf.sum().item()) > 0:
-            return 0.0, True
-        if grad_scale is not None:
-            if self._dynamic:
-                raise errors.FailedPreconditionError(
-                    "a GradScaler and dynamic_loss_scale both scale the loss; use one")
-            return float(grad_scale.item()), False
-        return 0.0, False
-
     @torch.no_grad()
     def step(self, closure=None, **kwargs):
         """One AdamW step over the state on the volume, committed crash-consistently."""
@@ -387,12 +347,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if kwargs:
             raise TypeError(f"step() got unexpected arguments {sorted(kwargs)}")
         self._check()
-        frozen = [i for i, p in enumerate(self._params) if not p.requires_grad]
-        if frozen:
-            raise errors.FailedPreconditionError(
-                f"parameters {frozen[:8]} stopped requiring grad after the optimizer was made: "
-                "OffloadedAdamW updates every parameter it holds; make a new optimizer over the "
-                "trainable ones")
+        refuse_frozen(self._params, at_construction=False)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -404,7 +359,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                     "gradients before they are averaged; train bf16 without loss scaling")
             _dist.step_sharded(self)
             return loss
-        scale, skip = self._outside_scale(grad_scaler)
+        scale, skip = _scaling.outside_scale(self, grad_scaler)
         if skip:  # the GradScaler saw inf/NaN: no step, as torch's optimizers do
             if self._cuda is not None:
                 self._cuda.drop_gradients()
@@ -421,12 +376,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 core.set_gradient(i, g.data_ptr(), g.numel(), dtype_name(g.dtype, "a gradient"))
         self._apply_group_options()
         plan = core.end_backward(1.0)
-        if grad_scaler is not None:  # tell the GradScaler what the fused check found
-            scale_t = grad_scaler._get_scale_async()
-            found = torch.full((1,), 1.0 if plan["skipped"] else 0.0, dtype=torch.float32,
-                               device=scale_t.device)
-            grad_scaler._per_optimizer_states[id(self)]["found_inf_per_device"][
-                scale_t.device] = found
+        _scaling.report(self, grad_scaler, plan)
         if plan["skipped"]:
             self.skipped_steps += 1
         elif self._deferred:
@@ -512,19 +462,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     def reload_parameters(self):
         """Makes the parameters' current values the master weights (after they were
         changed outside step(), e.g. by model.load_state_dict); the moments stay."""
-        self._check()
-        if self._world > 1:
-            self._refuse_offloaded("reload_parameters")
-        with torch.no_grad():
-            for i, p in enumerate(self._params):
-                if offloaded(p):
-                    continue
-                k, h = self._mine(i, host(p.detach()))
-                if k is None:
-                    continue
-                self._core.write_state("master", k, h.data_ptr(), h.numel(), self._dt)
-                self._core.write_state("param", k, h.data_ptr(), h.numel(), self._dt)
-        self._core.commit(self._step_count)
+        _state.reload_parameters(self)
 
     def _mine(self, i, whole):
         """This rank's group for parameter i and its slice of `whole` (any shape; all of

@@ -86,3 +86,19 @@ def load_state_dict(opt, state_dict):
             if key in theirs:
                 mine[key] = theirs[key]
     opt._core.commit(opt._step_count)
+
+
+def reload_parameters(opt):
+    opt._check()
+    if opt._world > 1:
+        opt._refuse_offloaded("reload_parameters")
+    with torch.no_grad():
+        for i, p in enumerate(opt._params):
+            if offloaded(p):
+                continue
+            k, h = opt._mine(i, host(p.detach()))
+            if k is None:
+                continue
+            opt._core.write_state("master", k, h.data_ptr(), h.numel(), opt._dt)
+            opt._core.write_state("param", k, h.data_ptr(), h.numel(), opt._dt)
+    opt._core.commit(opt._step_count)

@@ -1,0 +1,34 @@
+"""OffloadedAdamW and PyTorch's GradScaler: the scale the gradients carry, and what the
+SDK's fused overflow check found, told back to the scaler."""
+import torch
+
+from memascend import errors
+
+
+def outside_scale(opt, grad_scaler):
+    """(scale the gradients carry, skip) from a torch GradScaler, if one drives `opt`."""
+    if grad_scaler is not None:  # torch 1.x: step(grad_scaler=...)
+        if opt._dynamic:
+            raise errors.FailedPreconditionError(
+                "a GradScaler and dynamic_loss_scale both scale the loss; use one")
+        return float(grad_scaler._get_scale_async().item()), False
+    grad_scale = getattr(opt, "grad_scale", None)  # torch 2.x sets these two
+    found_inf = getattr(opt, "found_inf", None)
+    if found_inf is not None and float(found_inf.sum().item()) > 0:
+        return 0.0, True
+    if grad_scale is not None:
+        if opt._dynamic:
+            raise errors.FailedPreconditionError(
+                "a GradScaler and dynamic_loss_scale both scale the loss; use one")
+        return float(grad_scale.item()), False
+    return 0.0, False
+
+
+def report(opt, grad_scaler, plan):
+    """Tells a torch 1.x GradScaler (step(grad_scaler=...)) what the fused check found."""
+    if grad_scaler is None:
+        return
+    scale_t = grad_scaler._get_scale_async()
+    found = torch.full((1,), 1.0 if plan["skipped"] else 0.0, dtype=torch.float32,
+                       device=scale_t.device)
+    grad_scaler._per_optimizer_states[id(opt)]["found_inf_per_device"][scale_t.device] = found
