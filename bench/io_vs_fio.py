@@ -42,8 +42,10 @@ def fio(path, rw, bs, qd, size):
 
 
 def ours(cli, path, rw, bs, qd, size, backend):
+    # The file is this script's scratch, which fio fills with its own data between runs.
     out = subprocess.run([cli, "bench", "io", "--target", path, "--rw", rw, "--block", bs,
-                          "--qd", str(qd), "--size", size, "--backend", backend, "--json"],
+                          "--qd", str(qd), "--size", size, "--backend", backend, "--json",
+                          "--destroy-data"],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)["gib_per_s"]
 

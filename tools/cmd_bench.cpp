@@ -26,6 +26,8 @@ constexpr OptionSpec kIoOptions[] = {
     {"qd", true, "requests in flight (default 32)"},
     {"size", true, "bytes to move (default: the target's size)"},
     {"backend", true, "uring | threads (default: what the probe picks)"},
+    {"destroy-data", false,
+     "write over a target that holds data, a file system or a volume (never a locked one)"},
     {"json", false, "print one JSON object"},
     {"help", false, "show this help"},
 };
@@ -36,6 +38,8 @@ constexpr OptionSpec kTuneOptions[] = {
     {"target", true, "file or block device"},
     {"size", true, "bytes per measurement (default 1G, or the target's size)"},
     {"backend", true, "uring | threads"},
+    {"destroy-data", false,
+     "write over a target that holds data, a file system or a volume (never a locked one)"},
     {"json", false, "print one JSON object"},
     {"help", false, "show this help"},
 };
@@ -102,6 +106,7 @@ int RunIo(std::span<char* const> argv) {
   c.queue_depth = static_cast<unsigned>(*qd);
   c.size = *size;
   c.backend = *backend;
+  c.destroy = args->Has("destroy-data");
   auto r = RunIoBench(c);
   if (!r.ok())
     return Fail("io", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);
@@ -148,7 +153,8 @@ int RunTune(std::span<char* const> argv) {
   for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
     for (std::size_t block : {std::size_t{128} << 10, std::size_t{1} << 20, std::size_t{8} << 20}) {
       for (unsigned qd : {8u, 32u, 128u}) {
-        IoBenchConfig c{args->Get("target"), op, block, qd, *size, *backend};
+        IoBenchConfig c{args->Get("target"), op, block, qd, *size, *backend,
+                        args->Has("destroy-data")};
         auto r = RunIoBench(c);
         if (!r.ok()) return Fail("tune", r.status(), false);
         w.BeginObject();

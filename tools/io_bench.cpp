@@ -1,14 +1,17 @@
 #include "io_bench.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
 
+#include <memascend/block_target.h>
 #include <memascend/host_arena.h>
 #include <memascend/status.h>
 
@@ -82,6 +85,24 @@ class Stream {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
+// What the benchmark writes: a target holding it (sampled at its head, middle and last
+// block) is a benchmark's own scratch file, written over again without asking.
+constexpr std::byte kPattern{0x5a};
+
+bool HoldsOnlyThePattern(int fd, std::uint64_t size, std::size_t block) {
+  if (size < block) return false;
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(
+      static_cast<std::byte*>(std::aligned_alloc(block, block)), &std::free);
+  if (buf == nullptr) return false;
+  for (const std::uint64_t at : {std::uint64_t{0}, size / 2 / block * block,
+                                 (size - 1) / block * block}) {
+    if (prim::PreadOnce(fd, buf.get(), block, at) != static_cast<std::int64_t>(block)) return false;
+    if (!std::all_of(buf.get(), buf.get() + block, [](std::byte b) { return b == kPattern; }))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
@@ -110,6 +131,39 @@ absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
         "--block {} is not a multiple of the target's alignment {}", c.block, facts.dio_align));
   }
   const bool grew = !device && facts.size < size;
+  // Note [bench targets]: what a write would destroy is checked before anything is written.
+  const bool writes = c.op == IoOp::kWrite || grew;
+  struct Unlock {
+    int fd = -1;
+    ~Unlock() {
+      if (fd >= 0) ::flock(fd, LOCK_UN);
+    }
+  } unlock;
+  int& locked = unlock.fd;
+  if (writes && (device || facts.size > 0)) {
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      return absl::UnavailableError(fmt::format(
+          "{} is locked by another process (a MemAscend volume in use?): a benchmark never "
+          "writes over it",
+          c.target));
+    }
+    // Released explicitly on the way out: a ring that registered the file lets go of it
+    // only when the kernel gets to it, and the lock with it.
+    locked = fd.get();
+    if (!c.destroy &&
+        !HoldsOnlyThePattern(fd.get(), facts.size, std::max<std::size_t>(4096, facts.dio_align))) {
+      BlockTargetOptions check;
+      check.check_signatures = true;
+      absl::StatusOr<BlockTarget> seen = BlockTarget::Open(c.target, check);
+      if (!seen.ok()) {
+        return absl::Status(
+            seen.status().code(),
+            fmt::format("{}; the benchmark would write over it: give a new or empty file, or "
+                        "--destroy-data to write over what it holds",
+                        std::string(seen.status().message())));
+      }
+    }
+  }
   if (grew) MEMASCEND_RETURN_IF_ERROR(prim::Preallocate(fd.get(), size));
 
   IoEngineOptions eo;
@@ -124,7 +178,7 @@ absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
   ao.chunk_bytes = 0;
   MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<HostArena> arena, HostArena::Create(ao));
   MEMASCEND_ASSIGN_OR_RETURN(ArenaAllocation buffers, arena->Allocate(ao.budget_bytes));
-  std::memset(buffers.data, 0x5a, buffers.size);
+  std::memset(buffers.data, static_cast<int>(kPattern), buffers.size);
   const std::span<std::byte> ranges[] = {{buffers.data, buffers.size}};
   MEMASCEND_RETURN_IF_ERROR(engine->RegisterBuffers(ranges));
 

@@ -19,6 +19,8 @@ struct IoBenchConfig {
   unsigned queue_depth = 32;
   std::uint64_t size = 0;  // 0: the target's size
   IoBackendChoice backend = IoBackendChoice::kAuto;
+  // Note [bench targets]: write over a target that holds something (--destroy-data).
+  bool destroy = false;
 };
 
 struct IoBenchResult {
@@ -35,6 +37,13 @@ struct IoBenchResult {
 
 // Opens (creating and preallocating a regular file as needed) the target with O_DIRECT
 // and moves `size` bytes sequentially in `block` requests, `queue_depth` in flight.
+//
+// Note [bench targets]: a benchmark that writes (a write, or a read that first fills a
+// file it grew) writes only into a new or empty file or a target of zeros; a target that
+// carries a file system, a partition table, a MemAscend volume or any other data is
+// refused (kFailedPrecondition, saying what it holds) unless config.destroy, and a target
+// another process has locked (a volume a trainer holds) is refused always (kUnavailable).
+// The lock is held while the benchmark writes. Reads of what a target holds are allowed.
 absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& config);
 
 }  // namespace memascend::cli

@@ -208,8 +208,9 @@ class Check:
         for round_ in range(3):
             for backend in rng.sample(backends, len(backends)):
                 for rw in ("write", "read"):
+                    # The target is the check's own scratch file (fio may have left data).
                     cmd = [self.cli, "bench", "io", "--target", target, "--rw", rw, "--block",
-                           "1M", "--qd", "32", "--size", size, "--json"]
+                           "1M", "--qd", "32", "--size", size, "--json", "--destroy-data"]
                     if backend != "auto":
                         cmd += ["--backend", backend]
                     r = self.json_of(f"bench io {rw} ({backend}, round {round_ + 1})", cmd,
