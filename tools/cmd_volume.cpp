@@ -1,4 +1,5 @@
 // memascend volume format|info|put|get|ls|rm|fsck: a volume from the command line.
+#include <algorithm>
 #include <cstdio>
 #include <fcntl.h>
 #include <fstream>
@@ -38,10 +39,12 @@ const Sub kSubs[] = {
        "data (without it only a new or empty file or a device of zeros is formatted)"}}},
     {"info", "info PATH [--json]", 1, {{"json", false, "one JSON object"}}},
     {"put",
-     "put PATH NAME FILE [--scratch] [--meta TEXT]",
+     "put PATH NAME FILE [--scratch [--replace-durable]] [--meta TEXT]",
      3,
      {{"scratch", false, "swap space for this open only (not journaled)"},
-      {"meta", true, "opaque metadata kept with the object (e.g. dtype and shape)"}}},
+      {"meta", true, "opaque metadata kept with the object (e.g. dtype and shape)"},
+      {"replace-durable", false,
+       "let a --scratch object replace a durable one of that name (which is then lost)"}}},
     {"get", "get PATH NAME OUT", 3, {}},
     {"ls", "ls PATH [--json]", 1, {{"json", false, "one JSON object"}}},
     {"rm", "rm PATH NAME", 2, {}},
@@ -65,7 +68,8 @@ int Fail(const absl::Status& s) {
   return kExitFailure;
 }
 
-// The whole of a regular file (a directory, a device or a FIFO is refused, not read).
+// The whole of a regular file (a directory, a device or a FIFO is refused, not read), read
+// to its end: a size the kernel reports as 0 (a /proc file) is not taken at its word.
 absl::StatusOr<std::vector<std::byte>> ReadFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::ErrnoToStatus(errno, fmt::format("open {}", path));
@@ -75,20 +79,22 @@ absl::StatusOr<std::vector<std::byte>> ReadFile(const std::string& path) {
     return absl::InvalidArgumentError(fmt::format(
         "{} is not a regular file (a directory or a device): give a file to put", path));
   }
-  std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
+  std::vector<std::byte> out(static_cast<std::size_t>(st.st_size) + 1);
   std::size_t done = 0;
-  while (done < out.size()) {
+  for (;;) {
+    if (done == out.size()) out.resize(std::max<std::size_t>(2 * out.size(), 64 * 1024));
     const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
+    if (n < 0) {
+      const int err = errno;
       ::close(fd);
-      return absl::ErrnoToStatus(err,
-                                 fmt::format("read {} ({} of {} bytes)", path, done, out.size()));
+      return absl::ErrnoToStatus(err, fmt::format("read {} (after {} bytes)", path, done));
     }
+    if (n == 0) break;
     done += static_cast<std::size_t>(n);
   }
   ::close(fd);
+  out.resize(done);
   return out;
 }
 
@@ -273,6 +279,17 @@ int RunVolume(std::span<char* const> argv) {
     auto data = ReadFile(pos[2]);
     if (!data.ok()) return Fail(data.status());
     const Durability d = args->Has("scratch") ? Durability::kScratch : Durability::kDurable;
+    // A scratch object lives until the volume closes: over a durable one, the durable
+    // object's data would be gone when this command exits.
+    if (auto old = v.Stat(pos[1]); d == Durability::kScratch && old.ok() &&
+                                   old->durability == Durability::kDurable &&
+                                   !args->Has("replace-durable")) {
+      return Fail(absl::FailedPreconditionError(fmt::format(
+          "{} holds a durable object '{}' ({} bytes): a --scratch put would replace it and it "
+          "would be gone when this command exits; rm it first, put it without --scratch, or "
+          "pass --replace-durable",
+          pos[0], pos[1], old->size)));
+    }
     if (absl::Status s = v.Put(pos[1], *data, d, args->Get("meta")); !s.ok()) return Fail(s);
     return kExitOk;
   }

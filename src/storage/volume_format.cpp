@@ -44,16 +44,11 @@ std::uint64_t Random64() {
 
 }  // namespace
 
-absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& options) {
-  if (options.unit_bytes < kMetaBlock || options.unit_bytes % kMetaBlock != 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("unit_bytes {} is not a positive multiple of 4096", options.unit_bytes));
-  }
-  BlockTargetOptions to;
-  to.create_size = options.size;
-  to.check_signatures = true;
-  to.force = options.force;
-  MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, to));
+namespace {
+
+// An empty volume's superblocks and cleared journal, written on `target`.
+absl::Status WriteEmptyVolume(BlockTarget& target, const std::string& path,
+                              const VolumeFormatOptions& options) {
   const std::uint64_t capacity = target.size();
   std::uint64_t journal = options.journal_bytes;
   if (journal == 0) journal = std::clamp<std::uint64_t>(capacity / 512, 2u << 20, 256u << 20);
@@ -111,6 +106,29 @@ absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& 
   }
   MEMASCEND_RETURN_IF_ERROR(engine->UnregisterFile(file));
   return target.Sync();
+}
+
+}  // namespace
+
+absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& options) {
+  if (options.unit_bytes < kMetaBlock || options.unit_bytes % kMetaBlock != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("unit_bytes {} is not a positive multiple of 4096", options.unit_bytes));
+  }
+  BlockTargetOptions to;
+  to.create_size = options.size;
+  to.check_signatures = true;
+  to.force = options.force;
+  struct stat before {};
+  const bool existed = ::stat(path.c_str(), &before) == 0;
+  MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, to));
+  absl::Status written = WriteEmptyVolume(target, path, options);
+  if (!written.ok() && !existed) {
+    // A file this call created goes again: a refused format leaves nothing behind.
+    (void)target.Close();
+    ::unlink(path.c_str());
+  }
+  return written;
 }
 
 absl::StatusOr<std::unique_ptr<Volume>> Volume::OpenOrCreate(const std::string& path,
