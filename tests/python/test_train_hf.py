@@ -217,3 +217,32 @@ def test_bad_inputs_are_refused_naming_what_is_wrong(tmp_path, model):
     (d / "model.safetensors").write_bytes(blob[:len(blob) - 100])
     err = train(tmp_path, "--init-from", d, "--steps", 0, ok=False)
     assert "model.safetensors" in err
+
+
+def test_outputs_are_checked_before_the_first_step_and_never_written_over_inputs(tmp_path, model):
+    _, _, d, _ = model
+    eval_file = tmp_path / "eval.u32"
+    eval_bytes = eval_file.read_bytes()
+    config_bytes = (d / "config.json").read_bytes()
+    weights_bytes = (d / "model.safetensors").read_bytes()
+    # The timeline is not a token file of the run, nor a file of the checkpoint imported.
+    err = train(tmp_path, "--init-from", d, "--steps", 2, "--eval", eval_file, "--timeline",
+                eval_file, ok=False)
+    assert "is a token file of this run" in err
+    err = train(tmp_path, "--init-from", d, "--steps", 2, "--timeline", d / "config.json", ok=False)
+    assert "is a file of the checkpoint --init-from" in err
+    # Nor is the volume (which --force formats).
+    cmd = [BIN, "--tokens", str(tmp_path / "train.u32"), "--seq", str(SEQ), "--init-from", str(d),
+           "--volume", str(d / "model.safetensors"), "--force", "--steps", "1", "--quiet"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode != 0 and "is a file of the checkpoint --init-from" in r.stderr, r.stderr
+    assert eval_file.read_bytes() == eval_bytes
+    assert (d / "config.json").read_bytes() == config_bytes
+    assert (d / "model.safetensors").read_bytes() == weights_bytes
+    # A timeline whose folder does not exist, and an export over a model, are refused before
+    # the first step (the message comes from the checks, not from the end of the run).
+    err = train(tmp_path, "--init-from", d, "--steps", 500, "--timeline",
+                tmp_path / "missing" / "t.csv", ok=False)
+    assert "its folder" in err and "does not exist" in err
+    err = train(tmp_path, "--init-from", d, "--steps", 500, "--export", d, ok=False)
+    assert err.startswith("memascend-train: --export: directory") and "--export-overwrite" in err
