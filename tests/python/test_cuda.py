@@ -180,7 +180,7 @@ def test_a_transformers_llama_fine_tunes_offloaded_as_on_the_gpu(tmp_path, check
     torch.cuda.empty_cache()
     model = _llama(checkpointing)
     opt = mt.OffloadedAdamW(model.parameters(), lr=1e-5, weight_decay=0.01,
-                            volume=str(tmp_path / "llama.vol"), host_budget=4 << 30)
+                            volume=str(tmp_path / "llama.vol"), host_budget=8 << 30)
     offload = mt.offload_parameters(model, opt)
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     losses, rss, pinned_cache = [], [], []
@@ -206,7 +206,7 @@ def test_a_transformers_llama_fine_tunes_offloaded_as_on_the_gpu(tmp_path, check
     assert stats["device_parameters"]["read_ahead"] > 0
     assert stats["device_gradients"]["groups"] == LLAMA_STEPS * len(list(model.parameters()))
     # Page-locked memory stays within the store's budget.
-    assert stats["store"]["pinned_peak_bytes"] <= 4 << 30
+    assert stats["store"]["pinned_peak_bytes"] <= 8 << 30
     offload.remove()
     opt.close()
 
