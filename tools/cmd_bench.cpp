@@ -153,7 +153,7 @@ int RunTune(std::span<char* const> argv) {
   for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
     for (std::size_t block : {std::size_t{128} << 10, std::size_t{1} << 20, std::size_t{8} << 20}) {
       for (unsigned qd : {8u, 32u, 128u}) {
-        IoBenchConfig c{args->Get("target"), op, block, qd, *size, *backend,
+        IoBenchConfig c{args->Get("target"),      op, block, qd, *size, *backend,
                         args->Has("destroy-data")};
         auto r = RunIoBench(c);
         if (!r.ok()) return Fail("tune", r.status(), false);
@@ -434,10 +434,11 @@ int RunBench(std::span<char* const> argv) {
   if (sub == "kernels") return RunKernels(argv.subspan(1));
   if (sub == "store") return RunStore(argv.subspan(1));
   if (sub == "pcie") return RunPcie(argv.subspan(1));
-  fmt::print(sub == "--help" ? stdout : stderr,
-             "usage: memascend bench io|tune|kernels|store|pcie [options]\n  io       {}\n  tune     "
-             "{}\n  kernels  {}\n  store    {}\n  pcie     {}\n",
-             kIoSummary, kTuneSummary, kKernelsSummary, kStoreSummary, kPcieSummary);
+  fmt::print(
+      sub == "--help" ? stdout : stderr,
+      "usage: memascend bench io|tune|kernels|store|pcie [options]\n  io       {}\n  tune     "
+      "{}\n  kernels  {}\n  store    {}\n  pcie     {}\n",
+      kIoSummary, kTuneSummary, kKernelsSummary, kStoreSummary, kPcieSummary);
   return sub == "--help" ? kExitOk : kExitUsage;
 }
 

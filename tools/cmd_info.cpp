@@ -36,9 +36,10 @@ void PrintTable(const SystemInfo& info) {
              Limit(info.memory.memlock_soft_bytes), Limit(info.memory.memlock_hard_bytes),
              info.memory.cap_ipc_lock ? "yes" : "no", Limit(info.memory.lockable_bytes()));
   if (info.io_uring.available) {
-    fmt::print("  {:<10} available (features {:#x}; read, write, registered files and buffers, "
-               "fixed reads and writes{} all worked)\n",
-               "io_uring", info.io_uring.features, info.io_uring.direct_io ? " with O_DIRECT" : "");
+    fmt::print(
+        "  {:<10} available (features {:#x}; read, write, registered files and buffers, "
+        "fixed reads and writes{} all worked)\n",
+        "io_uring", info.io_uring.features, info.io_uring.direct_io ? " with O_DIRECT" : "");
   } else {
     fmt::print("  {:<10} unavailable: {}\n", "io_uring", info.io_uring.unavailable_reason);
   }

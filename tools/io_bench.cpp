@@ -94,8 +94,8 @@ bool HoldsOnlyThePattern(int fd, std::uint64_t size, std::size_t block) {
   std::unique_ptr<std::byte, decltype(&std::free)> buf(
       static_cast<std::byte*>(std::aligned_alloc(block, block)), &std::free);
   if (buf == nullptr) return false;
-  for (const std::uint64_t at : {std::uint64_t{0}, size / 2 / block * block,
-                                 (size - 1) / block * block}) {
+  for (const std::uint64_t at :
+       {std::uint64_t{0}, size / 2 / block * block, (size - 1) / block * block}) {
     if (prim::PreadOnce(fd, buf.get(), block, at) != static_cast<std::int64_t>(block)) return false;
     if (!std::all_of(buf.get(), buf.get() + block, [](std::byte b) { return b == kPattern; }))
       return false;
@@ -139,7 +139,6 @@ absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
       if (fd >= 0) ::flock(fd, LOCK_UN);
     }
   } unlock;
-  int& locked = unlock.fd;
   if (writes && (device || facts.size > 0)) {
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
       return absl::UnavailableError(fmt::format(
@@ -149,7 +148,7 @@ absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
     }
     // Released explicitly on the way out: a ring that registered the file lets go of it
     // only when the kernel gets to it, and the lock with it.
-    locked = fd.get();
+    unlock.fd = fd.get();
     if (!c.destroy &&
         !HoldsOnlyThePattern(fd.get(), facts.size, std::max<std::size_t>(4096, facts.dio_align))) {
       BlockTargetOptions check;

@@ -323,31 +323,50 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// Device 0 made current, its properties; kFailedPrecondition (saying why) without one.
+absl::StatusOr<cudaDeviceProp> OpenDevice0(std::string_view what) {
+  if (prim::CudaDeviceCount() == 0) {
+    const CudaInfo cuda = prim::ProbeCuda(prim::CudaDisabledByEnvironment());
+    return absl::FailedPreconditionError(fmt::format("{}: no CUDA device ({})", what, cuda.status));
+  }
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
+  cudaDeviceProp prop{};
+  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties"));
+  return prop;
+}
+
+// A non-blocking stream of the benchmark's own, destroyed with it.
+class OwnStream {
+ public:
+  static absl::StatusOr<std::unique_ptr<OwnStream>> Create() {
+    cudaStream_t s = nullptr;
+    MEMASCEND_RETURN_IF_ERROR(
+        Cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+    return std::unique_ptr<OwnStream>(new OwnStream(s));
+  }
+  ~OwnStream() { cudaStreamDestroy(stream_); }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  cudaStream_t get() const noexcept { return stream_; }
+
+ private:
+  explicit OwnStream(cudaStream_t s) : stream_(s) {}
+  cudaStream_t stream_;
+};
+
 }  // namespace
 
 absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
   n -= n % 16;
   if (n < (1u << 16)) return absl::InvalidArgumentError("--elements must be at least 65536");
-  if (prim::CudaDeviceCount() == 0) {
-    const CudaInfo cuda = prim::ProbeCuda(prim::CudaDisabledByEnvironment());
-    return absl::FailedPreconditionError(
-        fmt::format("bench kernels --device cuda: no CUDA device ({})", cuda.status));
-  }
-  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
-  cudaDeviceProp prop{};
-  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties"));
+  MEMASCEND_ASSIGN_OR_RETURN(const cudaDeviceProp prop, OpenDevice0("bench kernels --device cuda"));
   KernelBenchResult r;
   r.device = "cuda";
   r.elements = n;
   r.threads = prop.multiProcessorCount;
   r.simd = fmt::format("{} sm_{}{}", prop.name, prop.major, prop.minor);
-  cudaStream_t stream = nullptr;
-  MEMASCEND_RETURN_IF_ERROR(
-      Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } stream_guard{stream};
+  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<OwnStream> own_stream, OwnStream::Create());
+  cudaStream_t stream = own_stream->get();
   const CudaStreamView view(stream);
 
   // The same values as the CPU benchmark.
@@ -463,16 +482,10 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
 
 absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps) {
   bytes -= bytes % kHostBlockBytes;
-  if (bytes < (std::size_t{1} << 20)) return absl::InvalidArgumentError("--size must be at least 1M");
+  if (bytes < (std::size_t{1} << 20))
+    return absl::InvalidArgumentError("--size must be at least 1M");
   if (reps < 1) return absl::InvalidArgumentError("--reps must be positive");
-  if (prim::CudaDeviceCount() == 0) {
-    const CudaInfo cuda = prim::ProbeCuda(prim::CudaDisabledByEnvironment());
-    return absl::FailedPreconditionError(
-        fmt::format("bench pcie: no CUDA device ({})", cuda.status));
-  }
-  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
-  cudaDeviceProp prop{};
-  MEMASCEND_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties"));
+  MEMASCEND_ASSIGN_OR_RETURN(const cudaDeviceProp prop, OpenDevice0("bench pcie"));
   PcieBenchResult r;
   r.device = fmt::format("{} sm_{}{}", prop.name, prop.major, prop.minor);
   r.bytes = bytes;
@@ -486,8 +499,7 @@ absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps) {
   MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<HostArena> arena, HostArena::Create(ao));
   const auto t0 = std::chrono::steady_clock::now();
   MEMASCEND_ASSIGN_OR_RETURN(ArenaAllocation host, arena->Allocate(bytes));
-  r.register_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.register_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.host_backing = std::string(ToString(arena->backing()));
   // Not zeros: a pattern that is checked after the round trip.
   auto* words = reinterpret_cast<std::uint64_t*>(host.data);
@@ -495,23 +507,20 @@ absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps) {
   for (std::size_t i = 0; i < n_words; ++i) words[i] = i * 0x9e3779b97f4a7c15ULL;
   MEMASCEND_ASSIGN_OR_RETURN(auto device, prim::DeviceAllocation::Allocate(0, bytes));
 
-  cudaStream_t stream = nullptr;
-  MEMASCEND_RETURN_IF_ERROR(
-      Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } stream_guard{stream};
+  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<OwnStream> own_stream, OwnStream::Create());
+  cudaStream_t stream = own_stream->get();
   const double gib = static_cast<double>(bytes) / double(1 << 30);
-  MEMASCEND_ASSIGN_OR_RETURN(std::vector<double> h2d, DeviceSeconds(reps, stream, [&] {
-                               return static_cast<int>(cudaMemcpyAsync(
-                                   device.data(), host.data, bytes, cudaMemcpyHostToDevice, stream));
-                             }));
+  MEMASCEND_ASSIGN_OR_RETURN(
+      std::vector<double> h2d, DeviceSeconds(reps, stream, [&] {
+        return static_cast<int>(
+            cudaMemcpyAsync(device.data(), host.data, bytes, cudaMemcpyHostToDevice, stream));
+      }));
   std::memset(host.data, 0, bytes);
-  MEMASCEND_ASSIGN_OR_RETURN(std::vector<double> d2h, DeviceSeconds(reps, stream, [&] {
-                               return static_cast<int>(cudaMemcpyAsync(
-                                   host.data, device.data(), bytes, cudaMemcpyDeviceToHost, stream));
-                             }));
+  MEMASCEND_ASSIGN_OR_RETURN(
+      std::vector<double> d2h, DeviceSeconds(reps, stream, [&] {
+        return static_cast<int>(
+            cudaMemcpyAsync(host.data, device.data(), bytes, cudaMemcpyDeviceToHost, stream));
+      }));
   r.verified = true;
   for (std::size_t i = 0; i < n_words && r.verified; ++i) {
     r.verified = words[i] == i * 0x9e3779b97f4a7c15ULL;
@@ -529,13 +538,14 @@ absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps) {
   // Pageable memory, for comparison: what a copy from an unregistered buffer gets.
   std::unique_ptr<std::byte[]> pageable(new std::byte[bytes]);
   std::memset(pageable.get(), 1, bytes);
-  MEMASCEND_ASSIGN_OR_RETURN(const double t_pageable, BestDeviceSeconds(reps, stream, [&] {
-                               return static_cast<int>(cudaMemcpyAsync(device.data(), pageable.get(),
-                                                                       bytes, cudaMemcpyHostToDevice,
-                                                                       stream));
-                             }));
+  MEMASCEND_ASSIGN_OR_RETURN(
+      const double t_pageable, BestDeviceSeconds(reps, stream, [&] {
+        return static_cast<int>(
+            cudaMemcpyAsync(device.data(), pageable.get(), bytes, cudaMemcpyHostToDevice, stream));
+      }));
   r.h2d_pageable_gib_per_s = gib / t_pageable;
-  if (!r.verified) return absl::DataLossError("bench pcie: the bytes did not come back as they went");
+  if (!r.verified)
+    return absl::DataLossError("bench pcie: the bytes did not come back as they went");
   return r;
 }
 #else

@@ -447,9 +447,10 @@ int Main(int argc, char** argv) {
       return Fail(fmt::format("--timeline {} is the volume or the training text: give another file",
                               timeline_path));
     if (same(timeline_path, tokens_path) || same(timeline_path, eval_path))
-      return Fail(fmt::format("--timeline {} is a token file of this run (--tokens or --eval): "
-                              "give another file",
-                              timeline_path));
+      return Fail(
+          fmt::format("--timeline {} is a token file of this run (--tokens or --eval): "
+                      "give another file",
+                      timeline_path));
     for (const std::string* input : {&data_path, &tokens_path, &eval_path}) {
       if (same(o.volume_path, *input)) {
         return Fail(fmt::format("--volume {} is the training or evaluation data: give another file",
@@ -459,16 +460,17 @@ int Main(int argc, char** argv) {
     // Nothing is written into the checkpoint being imported: neither the timeline nor the
     // volume (which --force would format) may be a file of --init-from's directory.
     if (!o.init_from.empty()) {
-      for (const auto& [flag, path] : {std::pair{"--timeline", &timeline_path},
-                                       std::pair{"--volume", &o.volume_path}}) {
+      for (const auto& [flag, path] :
+           {std::pair{"--timeline", &timeline_path}, std::pair{"--volume", &o.volume_path}}) {
         if (!path->empty() && fs::exists(*path, ec) &&
             same(fs::path(*path).parent_path().string().empty()
                      ? std::string(".")
                      : fs::path(*path).parent_path().string(),
                  o.init_from)) {
-          return Fail(fmt::format("{} {} is a file of the checkpoint --init-from {} imports: give "
-                                  "another file",
-                                  flag, *path, o.init_from));
+          return Fail(
+              fmt::format("{} {} is a file of the checkpoint --init-from {} imports: give "
+                          "another file",
+                          flag, *path, o.init_from));
         }
       }
     }
@@ -482,14 +484,16 @@ int Main(int argc, char** argv) {
       if (fs::exists(timeline_path, ec) && !fs::is_regular_file(timeline_path, ec))
         return Fail(fmt::format("--timeline {} is not a regular file", timeline_path));
     }
-    if (!o.export_dir.empty() && !o.export_options.overwrite && fs::is_directory(o.export_dir, ec)) {
+    if (!o.export_dir.empty() && !o.export_options.overwrite &&
+        fs::is_directory(o.export_dir, ec)) {
       for (const fs::directory_entry& e : fs::directory_iterator(o.export_dir, ec)) {
         const std::string name = e.path().filename().string();
         if (name == "config.json" ||
             (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos)) {
-          return Fail(fmt::format("--export: directory {} already holds a model ({}): give another "
-                                  "directory, or --export-overwrite to replace it",
-                                  o.export_dir, e.path().string()));
+          return Fail(
+              fmt::format("--export: directory {} already holds a model ({}): give another "
+                          "directory, or --export-overwrite to replace it",
+                          o.export_dir, e.path().string()));
         }
       }
     }
@@ -618,8 +622,8 @@ int Main(int argc, char** argv) {
       // The I/O engine's backend, as the volume's automatic choice made it, and why.
       memascend::ProbeOptions probe = memascend::ProbeOptions::FromEnvironment();
       probe.disable_cuda = true;
-      const memascend::IoBackendDecision io =
-          memascend::DecideIoBackend(memascend::IoBackendChoice::kAuto, memascend::ProbeSystem(probe));
+      const memascend::IoBackendDecision io = memascend::DecideIoBackend(
+          memascend::IoBackendChoice::kAuto, memascend::ProbeSystem(probe));
       w.Field("io_backend", memascend::ToString(io.backend)).Field("io_backend_reason", io.reason);
     }
     w.Key("losses").BeginArray();

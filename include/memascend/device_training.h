@@ -93,10 +93,10 @@ struct DeviceView {
 
 struct DeviceParametersStats {
   std::uint64_t acquires = 0;
-  std::uint64_t hits = 0;         // the group was resident or being copied when acquired
-  std::uint64_t misses = 0;       // ... its copy started at the acquire
-  std::uint64_t read_ahead = 0;   // groups whose copy the read-ahead started
-  std::uint64_t evictions = 0;    // groups dropped for room
+  std::uint64_t hits = 0;        // the group was resident or being copied when acquired
+  std::uint64_t misses = 0;      // ... its copy started at the acquire
+  std::uint64_t read_ahead = 0;  // groups whose copy the read-ahead started
+  std::uint64_t evictions = 0;   // groups dropped for room
   std::uint64_t invalidations = 0;
   std::uint64_t bytes_to_device = 0;
   std::size_t resident_bytes = 0;  // device bytes holding groups now

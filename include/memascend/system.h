@@ -85,9 +85,9 @@ struct MemoryInfo {
 
 // One step of the io_uring probe: an operation the I/O engine relies on, tried for real.
 struct IoUringCheck {
-  std::string name;    // "setup", "nop", "opcode probe", "scratch file", "write", "read",
-                       // "eventfd read", "registered files", "registered buffers",
-                       // "write_fixed", "read_fixed"
+  std::string name;  // "setup", "nop", "opcode probe", "scratch file", "write", "read",
+                     // "eventfd read", "registered files", "registered buffers",
+                     // "write_fixed", "read_fixed"
   bool ok = false;
   std::string detail;  // what failed (the error), or what was seen
 };
@@ -110,10 +110,10 @@ struct IoUringInfo {
   bool op_write = false;
   bool op_read_fixed = false;  // READ_FIXED / WRITE_FIXED through a registered buffer and file
   bool op_write_fixed = false;
-  bool registered_files = false;    // io_uring_register_files accepted the scratch file
-  bool registered_buffers = false;  // io_uring_register_buffers accepted a buffer
-  bool direct_io = false;           // the scratch file was opened with O_DIRECT
-  std::string probe_dir;            // where the scratch file was made
+  bool registered_files = false;     // io_uring_register_files accepted the scratch file
+  bool registered_buffers = false;   // io_uring_register_buffers accepted a buffer
+  bool direct_io = false;            // the scratch file was opened with O_DIRECT
+  std::string probe_dir;             // where the scratch file was made
   std::vector<IoUringCheck> checks;  // in the order run; empty when disabled
 };
 

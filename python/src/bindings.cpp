@@ -572,7 +572,8 @@ PYBIND11_MODULE(_core, m) {
             {
               py::gil_scoped_release nogil;
               lease = Take(overwrite ? store->AcquireForOverwrite(id)
-                                     : write ? store->AcquireForWrite(id) : store->Acquire(id));
+                           : write   ? store->AcquireForWrite(id)
+                                     : store->Acquire(id));
             }
             return std::make_unique<PyLease>(self, std::move(lease), write || overwrite);
           },
@@ -677,21 +678,22 @@ PYBIND11_MODULE(_core, m) {
                     l.part_elements = part_elements;
                     return OffloadedAdam::MinimumHostBudget(l);
                   })
-      .def_static("stored_bytes",
-                  [](const std::vector<std::pair<std::string, std::size_t>>& groups,
-                     const std::string& param, const std::string& grad, std::size_t part,
-                     std::optional<bool> store_parameters) {
-                    StateLayout l;
-                    for (const auto& [name, n] : groups) l.groups.push_back({name, n, true});
-                    l.param_dtype = ParseDType(param);
-                    l.grad_dtype = ParseDType(grad);
-                    l.part_elements = part;
-                    if (!store_parameters.value_or(l.param_dtype != DType::kF32))
-                      for (StateGroup& g : l.groups) g.store_parameters = false;
-                    return VersionedTrainingState::StoredBytes(l);
-                  },
-                  py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
-                  py::arg("part_elements"), py::arg("store_parameters") = std::nullopt)
+      .def_static(
+          "stored_bytes",
+          [](const std::vector<std::pair<std::string, std::size_t>>& groups,
+             const std::string& param, const std::string& grad, std::size_t part,
+             std::optional<bool> store_parameters) {
+            StateLayout l;
+            for (const auto& [name, n] : groups) l.groups.push_back({name, n, true});
+            l.param_dtype = ParseDType(param);
+            l.grad_dtype = ParseDType(grad);
+            l.part_elements = part;
+            if (!store_parameters.value_or(l.param_dtype != DType::kF32))
+              for (StateGroup& g : l.groups) g.store_parameters = false;
+            return VersionedTrainingState::StoredBytes(l);
+          },
+          py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
+          py::arg("part_elements"), py::arg("store_parameters") = std::nullopt)
       .def("resume", &PyAdam::resume, py::arg("at_most") = std::nullopt)
       .def("initialize",
            [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,

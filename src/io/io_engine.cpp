@@ -401,8 +401,9 @@ IoBackendDecision DecideIoBackend(IoBackendChoice choice, const SystemInfo& info
       break;
   }
   if (info.io_uring.available) {
-    return {IoBackendKind::kIoUring, info.io_backend_reason.empty() ? "io_uring works on this kernel"
-                                                                    : info.io_backend_reason};
+    return {IoBackendKind::kIoUring, info.io_backend_reason.empty()
+                                         ? "io_uring works on this kernel"
+                                         : info.io_backend_reason};
   }
   return {IoBackendKind::kThreadPool,
           fmt::format("io_uring unavailable ({}); using the thread-pool backend",

@@ -99,9 +99,10 @@ SystemInfo ProbeSystem(const ProbeOptions& options) {
   info.io_backend = info.io_uring.available ? IoBackendKind::kIoUring : IoBackendKind::kThreadPool;
   info.io_backend_reason =
       info.io_uring.available
-          ? fmt::format("io_uring: every operation the engine uses worked in the probe (read, "
-                        "write, registered files and buffers, fixed reads and writes{})",
-                        info.io_uring.direct_io ? " with O_DIRECT" : "")
+          ? fmt::format(
+                "io_uring: every operation the engine uses worked in the probe (read, "
+                "write, registered files and buffers, fixed reads and writes{})",
+                info.io_uring.direct_io ? " with O_DIRECT" : "")
           : fmt::format("thread pool: {}", info.io_uring.unavailable_reason);
   info.host_backing =
       info.cuda.device_count > 0 ? HostBackingKind::kCudaRegistered : HostBackingKind::kMlock;

@@ -1,17 +1,16 @@
 #include "prim/uring.h"
 
-#include <fcntl.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <string>
+#include <sys/uio.h>
 #include <thread>
+#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -124,8 +123,7 @@ class UringProber {
     info_.checks.push_back(IoUringCheck{std::string(name), ok, std::move(detail)});
     // The opcode probe decides nothing: the operations are tried below.
     if (!ok && info_.unavailable_reason.empty() && name != "opcode probe") {
-      info_.unavailable_reason =
-          fmt::format("io_uring {}: {}", name, info_.checks.back().detail);
+      info_.unavailable_reason = fmt::format("io_uring {}: {}", name, info_.checks.back().detail);
     }
     return ok;
   }
@@ -164,8 +162,9 @@ class UringProber {
     io_uring_sqe_set_data64(sqe, kTag);
     const int rc = io_uring_submit(r);
     if (rc != 1) {
-      return Check("nop", false,
-                   fmt::format("io_uring_submit: {}", rc < 0 ? std::strerror(-rc) : "not consumed"));
+      return Check(
+          "nop", false,
+          fmt::format("io_uring_submit: {}", rc < 0 ? std::strerror(-rc) : "not consumed"));
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     io_uring_cqe* cqe = nullptr;
@@ -205,7 +204,8 @@ class UringProber {
   // that takes one; O_DIRECT where the file system allows it.
   bool OpenScratch() {
     std::vector<std::string> dirs;
-    if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') dirs.push_back(tmp);
+    if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0')
+      dirs.push_back(tmp);
     for (const char* d : {"/tmp", "/var/tmp", "."}) dirs.push_back(d);
     std::string tried;
     for (const std::string& dir : dirs) {
@@ -226,33 +226,34 @@ class UringProber {
                                    direct != 0 ? "O_DIRECT"
                                                : "buffered (the file system refuses O_DIRECT)"));
         }
-        if (direct == 0) tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", dir, std::strerror(errno));
+        if (direct == 0)
+          tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", dir, std::strerror(errno));
       }
     }
     return Check("scratch file", false, fmt::format("no directory takes a file ({})", tried));
   }
 
   bool ReadWrite(io_uring* r) {
-    buffer_owner_.reset(static_cast<std::byte*>(std::aligned_alloc(kBlock, 2 * kBlock)));
-    buffer_ = buffer_owner_.get();
+    buffer_.reset(static_cast<std::byte*>(std::aligned_alloc(kBlock, 2 * kBlock)));
     if (buffer_ == nullptr) return Check("write", false, "no memory for the probe's buffer");
-    std::memset(buffer_, 0x5a, kBlock);
+    std::memset(buffer_.get(), 0x5a, kBlock);
     std::string why;
     io_uring_sqe* sqe = io_uring_get_sqe(r);
     if (sqe == nullptr) return Check("write", false, kNoEntry);
-    io_uring_prep_write(sqe, file_.get(), buffer_, kBlock, 0);
+    io_uring_prep_write(sqe, file_.get(), buffer_.get(), kBlock, 0);
     int res = SubmitAndWait(r, &why);
     if (!Check("write", res == static_cast<int>(kBlock),
                res >= 0 && why.empty() ? fmt::format("{} of {} bytes", res, kBlock) : why)) {
       return false;
     }
-    std::memset(buffer_, 0, kBlock);
+    std::memset(buffer_.get(), 0, kBlock);
     sqe = io_uring_get_sqe(r);
     if (sqe == nullptr) return Check("read", false, kNoEntry);
-    io_uring_prep_read(sqe, file_.get(), buffer_, kBlock, 0);
+    io_uring_prep_read(sqe, file_.get(), buffer_.get(), kBlock, 0);
     res = SubmitAndWait(r, &why);
     const bool same = res == static_cast<int>(kBlock) &&
-                      std::all_of(buffer_, buffer_ + kBlock, [](std::byte b) { return b == std::byte{0x5a}; });
+                      std::all_of(buffer_.get(), buffer_.get() + kBlock,
+                                  [](std::byte b) { return b == std::byte{0x5a}; });
     info_.op_write = true;
     info_.op_read = same;
     return Check("read", same,
@@ -281,16 +282,17 @@ class UringProber {
                rc == 0 ? "" : fmt::format("io_uring_register_files: {}", std::strerror(-rc)))) {
       return false;
     }
-    iovec iov{buffer_, 2 * kBlock};
+    iovec iov{buffer_.get(), 2 * kBlock};
     rc = io_uring_register_buffers(r, &iov, 1);
     info_.registered_buffers = rc == 0;
     if (!Check("registered buffers", rc == 0,
-               rc == 0 ? ""
-                       : fmt::format("io_uring_register_buffers: {}{}", std::strerror(-rc),
-                                     rc == -ENOMEM ? " (raise RLIMIT_MEMLOCK, `ulimit -l`)" : ""))) {
+               rc == 0
+                   ? ""
+                   : fmt::format("io_uring_register_buffers: {}{}", std::strerror(-rc),
+                                 rc == -ENOMEM ? " (raise RLIMIT_MEMLOCK, `ulimit -l`)" : ""))) {
       return false;
     }
-    std::byte* second = buffer_ + kBlock;
+    std::byte* second = buffer_.get() + kBlock;
     std::memset(second, 0xa5, kBlock);
     io_uring_sqe* sqe = io_uring_get_sqe(r);
     if (sqe == nullptr) return Check("write_fixed", false, kNoEntry);
@@ -326,8 +328,7 @@ class UringProber {
   std::string_view fail_on_;
   IoUringInfo info_;
   UniqueFd file_;
-  std::unique_ptr<std::byte, Free> buffer_owner_;
-  std::byte* buffer_ = nullptr;  // buffer_owner_'s two blocks
+  std::unique_ptr<std::byte, Free> buffer_;  // two blocks
 };
 
 }  // namespace

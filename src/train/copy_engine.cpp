@@ -18,8 +18,7 @@ class CudaCopyEvent final : public CopyEvent {
   bool Ready() override { return event_.Ready(); }
   absl::Status Wait() override { return event_.Synchronize(); }
   double SecondsSince(CopyEvent& earlier) override {
-    absl::StatusOr<double> s =
-        event_.SecondsSince(static_cast<CudaCopyEvent&>(earlier).event());
+    absl::StatusOr<double> s = event_.SecondsSince(static_cast<CudaCopyEvent&>(earlier).event());
     return s.ok() ? *s : 0.0;
   }
   const prim::CudaEvent& event() const { return event_; }
@@ -41,8 +40,8 @@ class CudaCopyEngine final : public CopyEngine {
     return prim::CopyAsync(dst, src, bytes, direction, stream);
   }
   absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView stream, bool timing) override {
-    MEMASCEND_ASSIGN_OR_RETURN(prim::CudaEvent e,
-                               timing ? prim::CudaEvent::CreateTiming() : prim::CudaEvent::Create());
+    MEMASCEND_ASSIGN_OR_RETURN(
+        prim::CudaEvent e, timing ? prim::CudaEvent::CreateTiming() : prim::CudaEvent::Create());
     MEMASCEND_RETURN_IF_ERROR(e.Record(stream));
     return std::make_shared<CudaCopyEvent>(std::move(e));
   }
@@ -92,8 +91,8 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCopyEngine(int device, bool emul
   const int devices = prim::CudaDeviceCount();
   if (device < 0 || device >= devices) {
     const std::string why = prim::CudaUnusableReason();
-    return absl::FailedPreconditionError(fmt::format(
-        "no CUDA device {} ({} found{}{})", device, devices, why.empty() ? "" : ": ", why));
+    return absl::FailedPreconditionError(fmt::format("no CUDA device {} ({} found{}{})", device,
+                                                     devices, why.empty() ? "" : ": ", why));
   }
   MEMASCEND_RETURN_IF_ERROR(prim::CudaSetDevice(device));
   return std::unique_ptr<CopyEngine>(new CudaCopyEngine(device));

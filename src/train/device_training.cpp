@@ -1,6 +1,4 @@
 // Parameters to the device, gradients from it (memascend/device_training.h).
-#include <memascend/device_training.h>
-
 #include <algorithm>
 #include <deque>
 #include <utility>
@@ -9,6 +7,7 @@
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
 
+#include <memascend/device_training.h>
 #include <memascend/status.h>
 
 #include "store/device_pool.h"
@@ -46,16 +45,16 @@ struct DeviceParameters::Impl {
   struct Slot {
     std::byte* block = nullptr;  // null: not on the device
     int leases = 0;
-    bool wanted = false;                    // read ahead (or kept ahead), not yet acquired
-    std::shared_ptr<CopyEvent> ready;       // the copy into the block
+    bool wanted = false;                           // read ahead (or kept ahead), not yet acquired
+    std::shared_ptr<CopyEvent> ready;              // the copy into the block
     std::vector<std::shared_ptr<CopyEvent>> uses;  // compute work on it, since its copy
-    std::uint64_t used = 0;                 // least recently used first
+    std::uint64_t used = 0;                        // least recently used first
   };
 
   mutable absl::Mutex mu;
   std::vector<Slot> slots ABSL_GUARDED_BY(mu);
-  std::vector<std::size_t> order ABSL_GUARDED_BY(mu);          // Note [parameter read-ahead]
-  std::vector<std::ptrdiff_t> position ABSL_GUARDED_BY(mu);    // group -> index in order
+  std::vector<std::size_t> order ABSL_GUARDED_BY(mu);        // Note [parameter read-ahead]
+  std::vector<std::ptrdiff_t> position ABSL_GUARDED_BY(mu);  // group -> index in order
   std::vector<std::shared_ptr<CopyEvent>> reuse_waits ABSL_GUARDED_BY(mu);
   std::deque<InFlight> inflight ABSL_GUARDED_BY(mu);
   std::size_t wanted_bytes ABSL_GUARDED_BY(mu) = 0;
@@ -100,7 +99,6 @@ struct DeviceParameters::Impl {
       s.wanted = false;
       wanted_bytes -= GroupBytes(g);
     }
-    stats.resident_bytes = pool->allocated();
   }
 
   // A device block for `bytes`, evicting released groups least recently used first.
@@ -108,8 +106,7 @@ struct DeviceParameters::Impl {
     for (;;) {
       absl::StatusOr<std::byte*> b = pool->Allocate(bytes, Use::kParameters);
       if (b.ok()) {
-        stats.resident_bytes = pool->allocated();
-        stats.peak_resident_bytes = std::max(stats.peak_resident_bytes, stats.resident_bytes);
+        stats.peak_resident_bytes = std::max(stats.peak_resident_bytes, pool->allocated());
         return b;
       }
       std::size_t victim = slots.size();
@@ -189,11 +186,10 @@ struct DeviceParameters::Impl {
   }
 
   absl::Status LoadLocked(std::size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    MEMASCEND_ASSIGN_OR_RETURN(std::byte* block, AllocateLocked(GroupBytes(g)));
+    MEMASCEND_ASSIGN_OR_RETURN(std::byte * block, AllocateLocked(GroupBytes(g)));
     absl::StatusOr<std::shared_ptr<CopyEvent>> done = CopyGroupLocked(g, block, nullptr);
     if (!done.ok()) {
       (void)pool->Free(block);
-      stats.resident_bytes = pool->allocated();
       return done.status();
     }
     Slot& s = slots[g];
@@ -271,7 +267,7 @@ absl::StatusOr<std::unique_ptr<DeviceParameters>> DeviceParameters::Create(
   MEMASCEND_ASSIGN_OR_RETURN(impl->engine,
                              train::MakeCopyEngine(options.device, options.emulate_on_host));
   if (budget > 0) {
-    MEMASCEND_ASSIGN_OR_RETURN(std::byte* slab, impl->engine->AllocateSlab(budget));
+    MEMASCEND_ASSIGN_OR_RETURN(std::byte * slab, impl->engine->AllocateSlab(budget));
     impl->pool = std::make_unique<store::DevicePool>(slab, budget, nullptr);
   }
   {
@@ -376,7 +372,9 @@ absl::Status DeviceParameters::Synchronize() {
 
 DeviceParametersStats DeviceParameters::stats() const {
   absl::MutexLock lock(&impl_->mu);
-  return impl_->stats;
+  DeviceParametersStats s = impl_->stats;
+  s.resident_bytes = impl_->pool != nullptr ? impl_->pool->allocated() : 0;
+  return s;
 }
 
 // ---- DeviceGradients -------------------------------------------------------------------

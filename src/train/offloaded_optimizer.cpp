@@ -539,7 +539,8 @@ absl::Status OffloadedAdam::LoadParameters(std::size_t g, MutableTensorView out)
       MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({half.data, n, l.param_dtype}, to, K()));
       continue;
     }
-    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer p, storage_->Read(StateKind::kParameters, g, part, next));
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer p,
+                               storage_->Read(StateKind::kParameters, g, part, next));
     MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({p.data, n, l.param_dtype}, to, K()));
   }
   return absl::OkStatus();

@@ -58,7 +58,8 @@ TEST(ProbeIoUring, RecordsEveryStep) {
     bool found = false;
     for (const IoUringCheck& c : info.checks) {
       if (!c.ok && c.name != "opcode probe") {
-        EXPECT_NE(info.unavailable_reason.find(c.name), std::string::npos) << info.unavailable_reason;
+        EXPECT_NE(info.unavailable_reason.find(c.name), std::string::npos)
+            << info.unavailable_reason;
         found = true;
         break;
       }
@@ -73,8 +74,8 @@ TEST(ProbeIoUring, RecordsEveryStep) {
       EXPECT_TRUE(c.ok) << c.name << ": " << c.detail;
     }
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"setup", "nop", "opcode probe", "scratch file", "write",
-                                             "read", "eventfd read", "registered files",
+  EXPECT_EQ(names, (std::vector<std::string>{"setup", "nop", "opcode probe", "scratch file",
+                                             "write", "read", "eventfd read", "registered files",
                                              "registered buffers", "write_fixed", "read_fixed"}));
   EXPECT_TRUE(info.unavailable_reason.empty());
   EXPECT_TRUE(info.op_read && info.op_write && info.op_read_fixed && info.op_write_fixed);

@@ -448,9 +448,9 @@ TEST(DeviceTrainingOnGpu, ParametersArriveThroughTheCopyStreamInBothDirections) 
       ASSERT_OK(v.status());
       // What a kernel on the compute stream sees: the copy is ordered before it.
       std::vector<std::uint16_t> seen(v->elements);
-      ASSERT_EQ(cudaMemcpyAsync(seen.data(), v->data, v->elements * 2, cudaMemcpyDeviceToHost,
-                                s.compute),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpyAsync(seen.data(), v->data, v->elements * 2, cudaMemcpyDeviceToHost, s.compute),
+          cudaSuccess);
       ASSERT_OK((*params)->Release(g, compute));
       ASSERT_EQ(cudaStreamSynchronize(s.compute), cudaSuccess);
       EXPECT_EQ(seen, t.Stored(g)) << "pass " << pass << " group " << g;
@@ -487,8 +487,8 @@ TEST(DeviceTrainingOnGpu, GradientsFromTheDeviceTrainAsFromTheHost) {
       ASSERT_EQ(cudaMemcpyAsync(device[g], grad.data(), grad.size() * 2, cudaMemcpyHostToDevice,
                                 s.compute),
                 cudaSuccess);
-      auto fence = (*grads)->Offload(g, {device[g], grad.size(), DType::kBF16},
-                                     CudaStreamView(s.compute));
+      auto fence =
+          (*grads)->Offload(g, {device[g], grad.size(), DType::kBF16}, CudaStreamView(s.compute));
       ASSERT_OK(fence.status());
       fences.push_back(*fence);
       // the compute stream's pageable-source copy returned only after staging; the host

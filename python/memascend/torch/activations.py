@@ -48,7 +48,7 @@ def unpack(x):
 class _Saved:
     """One saved activation in the store; its slot is free again once the graph lets go."""
     __slots__ = ("owner", "id", "shape", "dtype", "device", "nbytes", "event", "source",
-                 "version", "__weakref__")
+                 "version", "position", "__weakref__")
 
     def __init__(self, owner, tid, t, event=None):
         self.owner, self.id = owner, tid
@@ -61,6 +61,7 @@ class _Saved:
         # one modified in place after it was saved is caught at unpack, as PyTorch does.
         self.source = weakref.ref(t)
         self.version = t._version
+        self.position = None  # on a GPU: its place in the forward's order of saves
 
     def check_version(self):
         t = self.source()
@@ -162,9 +163,8 @@ class ActivationOffload:
     def _read_ahead_from(self, saved):
         """The backward pass reads back in reverse order of saving: the next few saved
         before this one are read from the volume ahead (a hint to the store)."""
-        try:
-            k = self._order.index(saved.id)
-        except ValueError:
+        k = saved.position
+        if k is None or k >= len(self._order) or self._order[k] != saved.id:
             return
         for j in range(k - 1, max(-1, k - 1 - self._read_ahead), -1):
             self._store.prefetch(self._order[j])
@@ -198,6 +198,7 @@ class ActivationOffload:
             self._store.write_from(tid, src.data_ptr(), nbytes)
         elif t.device.type == "cuda":
             event = self._pack_cuda(t, tid, nbytes)
+            position = len(self._order)
             self._order.append(tid)
         else:
             raise errors.UnimplementedError(f"offload_activations on {t.device.type}")
@@ -206,6 +207,7 @@ class ActivationOffload:
         self.peak_bytes = max(self.peak_bytes, self._held)
         saved = _Saved(self, tid, t, event)
         if t.device.type == "cuda":
+            saved.position = position
             self._live[id(t)] = saved
         return saved
 

@@ -12,7 +12,7 @@ import collections
 import torch
 
 from memascend import _core, errors
-from memascend.torch._common import dtype_name
+from memascend.torch._common import dtype_name, offloaded
 
 _TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -195,7 +195,6 @@ class OptimizerCuda:
     def parameters_out(self):
         """After an update: each parameter kept on the GPU gets its new values; the device
         copies of offloaded ones are dropped (the next acquire brings the new ones)."""
-        from memascend.torch._common import offloaded
         for i, p in enumerate(self.opt._params):
             if offloaded(p):
                 self.params.invalidate(i)

@@ -77,7 +77,6 @@ class ParameterOffload:
         read_ahead = int(read_ahead) if read_ahead is not None else 2 * largest
         budget = int(device_budget) if device_budget is not None else 2 * largest + read_ahead
         self._cuda.use_device_budget(budget, read_ahead)
-        self._shapes = {i: opt._shapes[i] for own in self._params_of.values() for _, i in own}
 
     # -- fetch and release
     def _fetch(self, p, i):
