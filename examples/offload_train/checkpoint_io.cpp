@@ -1,8 +1,10 @@
 #include "checkpoint_io.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <filesystem>
 #include <map>
 #include <system_error>
@@ -238,33 +240,131 @@ absl::Status ForEachHfTensor(
   return absl::OkStatus();
 }
 
-absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const HfExportOptions& o,
-                           const std::function<absl::StatusOr<const float*>(std::size_t)>& group) {
-  namespace fs = std::filesystem;
-  if (!c.hf.has_value()) return absl::InvalidArgumentError("only a Hugging Face model exports");
-  if (o.dtype != "F32" && o.dtype != "F16" && o.dtype != "BF16") {
-    return absl::InvalidArgumentError(fmt::format("export dtype '{}': F32, F16 or BF16", o.dtype));
-  }
-  if (o.shard_bytes == 0) return absl::InvalidArgumentError("export shard size must be positive");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::UnavailableError(fmt::format("{}: cannot create: {}", dir, ec.message()));
-  // What an earlier export (or a downloaded model) left: refused unless replacing it.
-  std::vector<std::string> ours;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name == "config.json" ||
-        (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos))
-      ours.push_back(e.path().string());
-  }
-  if (ec) return absl::UnavailableError(fmt::format("{}: cannot list: {}", dir, ec.message()));
-  if (!ours.empty() && !o.overwrite) {
-    return absl::AlreadyExistsError(
-        fmt::format("export directory {} already holds a model ({}): give another directory, or "
-                    "--export-overwrite to replace it",
-                    dir, ours.front()));
-  }
+namespace {
 
+namespace fs = std::filesystem;
+
+// The file that marks a staging directory as an export's own (Note [atomic export]).
+constexpr const char* kStagingMarker = ".memascend-export";
+
+// A file or folder of a model export (ours to replace), as opposed to what else a model
+// directory holds (a tokenizer, a README).
+bool IsModelFile(const std::string& name) {
+  return name == "config.json" || name == kStagingMarker ||
+         (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos);
+}
+
+absl::Status SyncDirectory(const fs::path& dir) {
+  memascend::prim::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) {
+    return absl::UnavailableError(
+        fmt::format("{}: cannot open to sync: {}", dir.string(), std::strerror(errno)));
+  }
+  return memascend::prim::Fsync(fd.get());
+}
+
+// Whether `a` and `b` are the same file, or files with the same bytes.
+bool SameFile(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  if (fs::equivalent(a, b, ec)) return true;
+  if (ec || fs::file_size(a, ec) != fs::file_size(b, ec) || ec) return false;
+  std::FILE* fa = std::fopen(a.c_str(), "rb");
+  std::FILE* fb = std::fopen(b.c_str(), "rb");
+  bool same = fa != nullptr && fb != nullptr;
+  std::vector<char> ba(1 << 16), bb(1 << 16);
+  while (same) {
+    const std::size_t na = std::fread(ba.data(), 1, ba.size(), fa);
+    const std::size_t nb = std::fread(bb.data(), 1, bb.size(), fb);
+    same = na == nb && std::memcmp(ba.data(), bb.data(), na) == 0;
+    if (na == 0) break;
+  }
+  if (fa != nullptr) std::fclose(fa);
+  if (fb != nullptr) std::fclose(fb);
+  return same;
+}
+
+// A staging directory an earlier export left (killed before its swap, or after it, holding
+// the old model): removed when it holds nothing but model files and files the target holds
+// too (carried over); refused, naming what it holds, otherwise (a folder of the target's,
+// moved in just before a crash, is never removed).
+absl::Status ClearStaging(const fs::path& stage, const fs::path& target) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(stage, ec))) return absl::OkStatus();
+  if (!fs::is_directory(fs::symlink_status(stage, ec))) {
+    return absl::AlreadyExistsError(fmt::format(
+        "{} exists and is not an export's staging directory: move it away to export to {}",
+        stage.string(), target.string()));
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(stage, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool regular = e.is_regular_file(ec) && !e.is_symlink(ec);
+    if (regular && (IsModelFile(name) || SameFile(e.path(), target / name))) continue;
+    return absl::AlreadyExistsError(fmt::format(
+        "{} is an interrupted export's staging directory and holds {}, which is neither a "
+        "model file nor in {}: move it away, then export again",
+        stage.string(), e.path().string(), target.string()));
+  }
+  fs::remove_all(stage, ec);
+  if (ec) {
+    return absl::UnavailableError(fmt::format("{}: cannot remove an earlier export's staging: {}",
+                                              stage.string(), ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// What the target holds beside its model (a tokenizer, a README, folders) into `stage`,
+// so it stays with the new export: regular files hard-linked (copied where links fail),
+// anything else moved (Note [atomic export]).
+absl::Status CarryOver(const fs::path& target, const fs::path& stage) {
+  std::error_code ec;
+  std::vector<fs::path> moved;
+  for (const fs::directory_entry& e : fs::directory_iterator(target, ec)) {
+    const std::string name = e.path().filename().string();
+    if (IsModelFile(name)) continue;
+    if (e.is_regular_file(ec) && !e.is_symlink(ec)) {
+      fs::create_hard_link(e.path(), stage / name, ec);
+      if (ec) fs::copy_file(e.path(), stage / name, ec);
+      if (ec) {
+        return absl::UnavailableError(fmt::format("{}: cannot carry into the new export: {}",
+                                                  e.path().string(), ec.message()));
+      }
+    } else {
+      moved.push_back(e.path());
+    }
+  }
+  if (ec) {
+    return absl::UnavailableError(fmt::format("{}: cannot list: {}", target.string(), ec.message()));
+  }
+  for (const fs::path& p : moved) {  // last: the moment before the swap is short
+    MEMASCEND_RETURN_IF_ERROR(
+        memascend::prim::Rename(p.string(), (stage / p.filename()).string()));
+  }
+  return absl::OkStatus();
+}
+
+// `stage` takes `target`'s place; what was there ends up under `stage`'s name.
+absl::Status Swap(const fs::path& stage, const fs::path& target, bool target_exists) {
+  if (!target_exists) return memascend::prim::Rename(stage.string(), target.string());
+  if (::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0)
+    return absl::OkStatus();
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+    return absl::ErrnoToStatus(errno, fmt::format("renameat2({}, {}, RENAME_EXCHANGE)",
+                                                  stage.string(), target.string()));
+  }
+  // A file system without the exchange: the target is absent for a moment, never mixed.
+  const fs::path old = stage.string() + ".old";
+  MEMASCEND_RETURN_IF_ERROR(memascend::prim::Rename(target.string(), old.string()));
+  if (absl::Status s = memascend::prim::Rename(stage.string(), target.string()); !s.ok()) {
+    (void)memascend::prim::Rename(old.string(), target.string());
+    return s;
+  }
+  return memascend::prim::Rename(old.string(), stage.string());
+}
+
+// The export's files into `dir` (the staging directory), each fsynced.
+absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExportOptions& o,
+                         const std::function<absl::StatusOr<const float*>(std::size_t)>& group,
+                         std::uint64_t* written) {
   // The shards: tensors in order, a new file when the next would pass shard_bytes.
   std::vector<memascend::SafetensorsTensor> tensors = HfTensors(c, o.dtype);
   const std::uint64_t esize = memascend::SafetensorsElementBytes(o.dtype);
@@ -284,8 +384,7 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const H
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   std::size_t shard = 0, left = shards[0].size();  // tensors still to write in `shard`
   auto writer = memascend::SafetensorsWriter::Create(
-      fs::path(dir) / (n == 1 ? "model.safetensors" : ShardName(0, n)), shards[0], metadata,
-      /*overwrite=*/true);
+      dir / (n == 1 ? "model.safetensors" : ShardName(0, n)), shards[0], metadata);
   MEMASCEND_RETURN_IF_ERROR(writer.status());
   // Each tensor to the current file; a file whole, the next one.
   const auto append = [&](const HfTensorSlice& t, const float* data) -> absl::Status {
@@ -294,15 +393,14 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const H
     MEMASCEND_RETURN_IF_ERROR((*writer)->Finish());
     if (++shard == n) return absl::OkStatus();  // the last tensor
     left = shards[shard].size();
-    writer = memascend::SafetensorsWriter::Create(fs::path(dir) / ShardName(shard, n),
-                                                  shards[shard], metadata, /*overwrite=*/true);
+    writer = memascend::SafetensorsWriter::Create(dir / ShardName(shard, n), shards[shard],
+                                                  metadata);
     return writer.status();
   };
   for (std::size_t g = 0; g < GroupCount(c); ++g) {
     MEMASCEND_ASSIGN_OR_RETURN(const float* params, group(g));
     MEMASCEND_RETURN_IF_ERROR(ForEachHfTensor(c, g, params, append));
   }
-  const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
   if (n > 1) {
     memascend::util::JsonWriter j;
     j.BeginObject().Key("metadata").BeginObject().Field("total_size", total).EndObject();
@@ -311,13 +409,97 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const H
       for (const memascend::SafetensorsTensor& t : shards[i]) j.Field(t.name, ShardName(i, n));
     }
     j.EndObject().EndObject();
-    MEMASCEND_RETURN_IF_ERROR(WriteFileAtomically(index, j.str() + "\n"));
-    memascend::prim::RemoveQuietly((fs::path(dir) / "model.safetensors").string());
-  } else {
-    memascend::prim::RemoveQuietly(index);  // an earlier sharded export's
+    MEMASCEND_RETURN_IF_ERROR(
+        WriteFileAtomically((dir / "model.safetensors.index.json").string(), j.str() + "\n"));
   }
-  return WriteFileAtomically((fs::path(dir) / "config.json").string(),
-                             HfConfigJson(*c.hf, TorchDtypeName(o.dtype)) + "\n");
+  MEMASCEND_RETURN_IF_ERROR(WriteFileAtomically(
+      (dir / "config.json").string(), HfConfigJson(*c.hf, TorchDtypeName(o.dtype)) + "\n"));
+  if (written != nullptr) *written = total;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
+                           const HfExportOptions& o,
+                           const std::function<absl::StatusOr<const float*>(std::size_t)>& group) {
+  if (!c.hf.has_value()) return absl::InvalidArgumentError("only a Hugging Face model exports");
+  if (o.dtype != "F32" && o.dtype != "F16" && o.dtype != "BF16") {
+    return absl::InvalidArgumentError(fmt::format("export dtype '{}': F32, F16 or BF16", o.dtype));
+  }
+  if (o.shard_bytes == 0) return absl::InvalidArgumentError("export shard size must be positive");
+  if (dir_arg.empty()) return absl::InvalidArgumentError("export directory: empty path");
+  std::error_code ec;
+  // The directory itself (through a link to it), absolute, so that its parent and name are
+  // real: the staging directory is its sibling on the same file system.
+  fs::path target = fs::weakly_canonical(fs::absolute(dir_arg, ec), ec);
+  if (ec || !target.has_filename() || !target.has_parent_path() ||
+      target == target.root_path()) {
+    return absl::InvalidArgumentError(fmt::format("export directory {}: not a usable path{}",
+                                                  dir_arg, ec ? ": " + ec.message() : ""));
+  }
+  const bool exists = fs::exists(target, ec);
+  if (exists && !fs::is_directory(target, ec)) {
+    return absl::InvalidArgumentError(
+        fmt::format("export directory {} exists and is not a directory", dir_arg));
+  }
+  const fs::path parent = target.parent_path();
+  fs::create_directories(parent, ec);
+  if (ec) return absl::UnavailableError(fmt::format("{}: cannot create: {}", parent.string(), ec.message()));
+  // What an earlier export (or a downloaded model) left: refused unless replacing it.
+  if (exists) {
+    for (const fs::directory_entry& e : fs::directory_iterator(target, ec)) {
+      const std::string name = e.path().filename().string();
+      if (IsModelFile(name) && name != kStagingMarker && !o.overwrite) {
+        return absl::AlreadyExistsError(fmt::format(
+            "export directory {} already holds a model ({}): give another directory, or "
+            "--export-overwrite to replace it",
+            dir_arg, e.path().string()));
+      }
+    }
+    if (ec) return absl::UnavailableError(fmt::format("{}: cannot list: {}", dir_arg, ec.message()));
+  }
+
+  // Note [atomic export]: staged beside the target, swapped in whole.
+  const fs::path stage = parent / ("." + target.filename().string() + ".memascend-export");
+  MEMASCEND_RETURN_IF_ERROR(ClearStaging(stage, target));
+  fs::create_directory(stage, ec);
+  if (ec) return absl::UnavailableError(fmt::format("{}: cannot create: {}", stage.string(), ec.message()));
+  absl::Status s = WriteFileAtomically((stage / kStagingMarker).string(),
+                                       "an export to " + target.string() + " in progress\n");
+  std::uint64_t total = 0;
+  if (s.ok()) s = WriteExport(c, stage, o, group, &total);
+  if (s.ok() && exists) {
+    fs::permissions(stage, fs::status(target, ec).permissions(), ec);
+    s = CarryOver(target, stage);
+  }
+  if (s.ok()) s = SyncDirectory(stage);
+  if (!s.ok()) {
+    // Nothing of the target was touched unless folders were carried: those go back.
+    if (exists) {
+      for (const fs::directory_entry& e : fs::directory_iterator(stage, ec)) {
+        if (!e.is_regular_file(ec) && !IsModelFile(e.path().filename().string())) {
+          (void)memascend::prim::Rename(e.path().string(),
+                                        (target / e.path().filename()).string());
+        }
+      }
+    }
+    fs::remove_all(stage, ec);  // our files, and links to (copies of) the target's
+    return s;
+  }
+  MEMASCEND_RETURN_IF_ERROR(Swap(stage, target, exists));
+  memascend::prim::RemoveQuietly((target / kStagingMarker).string());
+  MEMASCEND_RETURN_IF_ERROR(SyncDirectory(parent));
+  // The old model (and links to what was carried over), now under the staging name.
+  if (exists) {
+    fs::remove_all(stage, ec);
+    if (ec) {
+      return absl::UnavailableError(fmt::format(
+          "the export is in {}; the model it replaced is left in {}: {}", target.string(),
+          stage.string(), ec.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace offload_train

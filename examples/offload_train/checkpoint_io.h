@@ -74,9 +74,19 @@ std::string TorchDtypeName(std::string_view safetensors_dtype);
 // names and layouts, in group order, `group(g)` giving group g's parameters in fp32 (valid
 // until the next call), so one group is in memory at a time. `dir` is created if missing.
 // Without `overwrite`, a directory holding config.json or model*.safetensors* is refused
-// (kAlreadyExists, naming the file). Each file is written under a temporary name and
-// renamed when whole (SafetensorsWriter); config.json comes last, so a directory with a
-// config.json holds a whole export.
+// (kAlreadyExists, naming the file).
+//
+// Note [atomic export]: the export becomes visible whole or not at all. It is written into
+// a staging directory beside `dir` (".<name>.memascend-export", same file system), every
+// file fsynced; what else `dir` holds (a tokenizer, a README: regular files hard-linked,
+// copied where links fail; folders moved, last) is carried into it; then one
+// renameat2(RENAME_EXCHANGE) puts it in `dir`'s place (a file system without the exchange:
+// two renames, `dir` absent for a moment, never mixed), and the old model, now under the
+// staging name, is removed, its stale shards with it. A failure before the swap removes
+// the staging and moves any folder back. A kill -9 leaves `dir` old or new, whole; the
+// next export removes the staging left behind when it holds only model files and files
+// `dir` holds too, and refuses, naming it, when it holds anything else (a folder moved in
+// just before the kill). Through a symbolic link, the linked directory is replaced.
 absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const HfExportOptions& o,
                            const std::function<absl::StatusOr<const float*>(std::size_t)>& group);
 
