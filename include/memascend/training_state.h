@@ -38,6 +38,14 @@
 // master weights by rounding (the optimizer's update writes them only to the caller's
 // buffer), which saves their writes when the caller needs them only after an update.
 //
+// Note [state ownership]: a volume holds one training state (its records, named by
+// record_name, and its tensors) unless states share it on purpose (share_volume, each with
+// its own record name and tensor prefix). Open refuses (kFailedPrecondition, naming what
+// it found, and the override) a volume that holds another state's record or tensors, or
+// this record's state of another layout (a changed model or part size), and a volume a
+// state open in this process already uses: two owners would overwrite each other's
+// objects. replace_existing deletes what was found first (records first, then tensors).
+//
 // Thread-safety: one thread drives a state; Commit's background work is internal.
 // Lifetime: the store and the volume must outlive the state; a StateBuffer must be
 // released before the state is destroyed.
@@ -229,6 +237,12 @@ struct VersionedTrainingStateOptions {
   std::string record_name = "memascend.train_state";
   // Prefixed to every tensor's name ("<prefix><group>.<kind>.p<part>.v<version>").
   std::string tensor_prefix;
+  // Note [state ownership]. Several states on one volume, each with its own record name
+  // and tensor prefix (none a prefix of another's).
+  bool share_volume = false;
+  // Deletes what another state left on the volume (and this record's state of another
+  // layout) instead of refusing it: that state is lost.
+  bool replace_existing = false;
 };
 
 // Two versions in a TensorStore (Note [train state versions], [background commit]).

@@ -233,7 +233,7 @@ class PyAdam {
          const std::vector<float>& lrs, const std::vector<float>& weight_decays, float beta1,
          float beta2, float eps, float max_grad_norm, bool dynamic_loss_scale, float initial_scale,
          std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads,
-         std::optional<bool> store_parameters)
+         std::optional<bool> store_parameters, bool replace_existing)
       : store_obj_(std::move(store)) {
     store_ = store_obj_.cast<PyStore*>();
     StateLayout layout;
@@ -278,7 +278,9 @@ class PyAdam {
     {
       py::gil_scoped_release nogil;
       threads_ = std::make_unique<KernelThreads>(threads);
-      state_ = Take(VersionedTrainingState::Open(s, v, layout));
+      VersionedTrainingStateOptions vo;  // Note [state ownership]
+      vo.replace_existing = replace_existing;
+      state_ = Take(VersionedTrainingState::Open(s, v, layout, vo));
       adam_ = Take(OffloadedAdam::Create(state_.get(), o, threads_.get()));
     }
     ++store_->users_;
@@ -661,13 +663,13 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<py::object, const std::vector<std::pair<std::string, std::size_t>>&,
                     const std::string&, const std::string&, std::size_t, const std::vector<float>&,
                     const std::vector<float>&, float, float, float, float, bool, float,
-                    std::uint64_t, std::size_t, int, std::optional<bool>>(),
+                    std::uint64_t, std::size_t, int, std::optional<bool>, bool>(),
            py::arg("store"), py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
            py::arg("part_elements"), py::arg("lrs"), py::arg("weight_decays"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("max_grad_norm"),
            py::arg("dynamic_loss_scale"), py::arg("initial_scale"), py::arg("fingerprint"),
            py::arg("read_ahead_bytes"), py::arg("threads"),
-           py::arg("store_parameters") = std::nullopt)
+           py::arg("store_parameters") = std::nullopt, py::arg("replace_existing") = false)
       .def_static("minimum_host_budget",
                   [](std::size_t max_group_elements, std::size_t part_elements,
                      const std::string& param, const std::string& grad) {

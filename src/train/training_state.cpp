@@ -1,6 +1,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -321,6 +324,42 @@ absl::StatusOr<std::optional<CommitRecord>> InMemoryTrainingState::Resume(
 
 // ---- VersionedTrainingState -------------------------------------------------------------
 
+namespace {
+
+constexpr const char* kRecordMetadata = "memascend training state";
+
+// Note [state ownership]: the training states open in this process, by volume.
+struct OpenStates {
+  std::mutex mu;
+  // volume -> (record_name, share_volume)
+  std::multimap<const ObjectStore*, std::pair<std::string, bool>> records;
+};
+OpenStates& Registry() {
+  static OpenStates* r = new OpenStates();  // never destroyed: states may outlive statics
+  return *r;
+}
+
+// Whether `name` is a tensor of some training state: "<anything>.<kind>.p<N>[.v0|.v1]".
+bool IsStateTensorName(std::string_view name) {
+  std::size_t end = name.size();
+  if (end > 3 && name[end - 3] == '.' && name[end - 2] == 'v' &&
+      (name[end - 1] == '0' || name[end - 1] == '1'))
+    end -= 3;
+  std::size_t digits = end;
+  while (digits > 0 && name[digits - 1] >= '0' && name[digits - 1] <= '9') --digits;
+  if (digits == end || digits < 2 || name[digits - 1] != 'p' || name[digits - 2] != '.') return false;
+  const std::string_view head = name.substr(0, digits - 2);
+  for (StateKind k : kKinds) {
+    const std::string suffix = "." + std::string(ToString(k));
+    if (head.size() > suffix.size() && head.substr(head.size() - suffix.size()) == suffix)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+
 struct VersionedTrainingState::Impl {
   TensorStore* store = nullptr;
   ObjectStore* volume = nullptr;
@@ -330,12 +369,26 @@ struct VersionedTrainingState::Impl {
   std::thread committer;       // the commit in progress (Note [background commit])
   absl::Status commit_status;  // the last commit's; written by committer before it ends
   std::string last_record;     // as stored: the one a commit keeps as the previous
+  bool registered = false;     // in Registry() (Note [state ownership])
 };
 
 VersionedTrainingState::VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout)
     : layout_(std::move(layout)), impl_(std::move(impl)) {}
 
-VersionedTrainingState::~VersionedTrainingState() { (void)Settle(); }
+VersionedTrainingState::~VersionedTrainingState() {
+  (void)Settle();
+  if (impl_ != nullptr && impl_->registered) {
+    OpenStates& r = Registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto [first, last] = r.records.equal_range(impl_->volume);
+    for (auto it = first; it != last; ++it) {
+      if (it->second.first == impl_->options.record_name) {
+        r.records.erase(it);
+        break;
+      }
+    }
+  }
+}
 
 std::uint64_t VersionedTrainingState::StoredBytes(const StateLayout& layout) {
   constexpr std::uint64_t kUnit = 64 * 1024;
@@ -363,6 +416,87 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
   impl->store = store;
   impl->volume = volume;
   impl->options = options;
+  if (options.record_name.empty())
+    return absl::InvalidArgumentError("versioned training state: empty record name");
+  // Note [state ownership]: one state of a record name per volume in this process, and,
+  // unless shared, no other state's record or tensors on the volume.
+  OpenStates& registry = Registry();
+  std::unique_lock<std::mutex> lock(registry.mu);
+  const std::string volume_name = "the volume";
+  {
+    auto [first, last] = registry.records.equal_range(volume);
+    for (auto it = first; it != last; ++it) {
+      if (it->second.first == options.record_name || !options.share_volume ||
+          !it->second.second) {
+        return absl::FailedPreconditionError(fmt::format(
+            "{} is already in use by a training state open in this process (record '{}'): "
+            "close it first, or give each state a volume of its own",
+            volume_name, it->second.first));
+      }
+    }
+  }
+  std::set<std::string> ours;
+  const auto tensor_name = [&](StateKind k, std::size_t g, std::size_t part, int v) {
+    return fmt::format("{}{}.{}.p{}{}", options.tensor_prefix, layout.groups[g].name, ToString(k),
+                       part, Versioned(k) ? fmt::format(".v{}", v) : "");
+  };
+  for (StateKind k : kKinds) {
+    for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+      if (!layout.Stored(k, g)) continue;
+      for (std::size_t part = 0; part < layout.Parts(g); ++part) {
+        for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) ours.insert(tensor_name(k, g, part, v));
+      }
+    }
+  }
+  {
+    const std::string previous = options.record_name + ".previous";
+    std::vector<std::string> foreign;  // what another state left: records, then tensors
+    std::string why, tensors_why;
+    for (const ObjectInfo& o : volume->List()) {
+      if (o.metadata == kRecordMetadata) {
+        if (o.name == options.record_name || o.name == previous) {
+          // Ours by name: of this layout, or another one (a changed model or part size).
+          std::string bytes(o.size, '\0');
+          auto got = volume->Get(o.name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
+          auto r = got.ok() ? DecodeCommitRecord(bytes) : absl::StatusOr<CommitRecord>(got.status());
+          if (r.ok() && r->layout == layout.Fingerprint()) continue;
+          if (why.empty()) {
+            why = r.ok() ? fmt::format("the training state '{}' of another layout (groups, sizes, "
+                                       "dtypes or part size), at step {}", o.name, r->step)
+                         : fmt::format("the training state '{}', unreadable: {}", o.name,
+                                       std::string(r.status().message()));
+          }
+          foreign.insert(foreign.begin(), o.name);
+        } else if (!options.share_volume) {
+          if (why.empty()) why = fmt::format("another training state, '{}'", o.name);
+          foreign.insert(foreign.begin(), o.name);
+        }
+      } else if (!options.share_volume && IsStateTensorName(o.name) && !ours.count(o.name)) {
+        if (tensors_why.empty())
+          tensors_why = fmt::format("another training state's tensors ('{}')", o.name);
+        foreign.push_back(o.name);
+      }
+    }
+    if (why.empty()) why = tensors_why;  // a record says more than a tensor
+    if (!foreign.empty() && !options.replace_existing) {
+      return absl::FailedPreconditionError(fmt::format(
+          "{} holds {} ({} object{} in all): give this training state a volume of its own, or "
+          "replace what it holds (Python: overwrite=True; C++: "
+          "VersionedTrainingStateOptions::replace_existing; memascend-train: --force)",
+          volume_name, why, foreign.size(), foreign.size() == 1 ? "" : "s"));
+    }
+    if (!foreign.empty()) {
+      // Replacing: what was found goes, records first (no record ever names a tensor that
+      // is gone); this record's state of another layout takes its tensors with it.
+      if (std::find(foreign.begin(), foreign.end(), options.record_name) != foreign.end()) {
+        for (const ObjectInfo& o : volume->List()) {
+          if (ours.count(o.name)) foreign.push_back(o.name);
+        }
+      }
+      for (const std::string& name : foreign) MEMASCEND_RETURN_IF_ERROR(volume->Delete(name));
+      MEMASCEND_RETURN_IF_ERROR(volume->Sync());
+    }
+  }
   for (StateKind k : kKinds) {
     auto& ids = impl->ids[static_cast<int>(k)];
     ids.resize(layout.groups.size());
@@ -372,8 +506,7 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
         for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
           const auto [begin, end] = layout.PartRange(g, part);
           TensorSpec spec;
-          spec.name = fmt::format("{}{}.{}.p{}{}", options.tensor_prefix, layout.groups[g].name,
-                                  ToString(k), part, Versioned(k) ? fmt::format(".v{}", v) : "");
+          spec.name = tensor_name(k, g, part, v);
           spec.dtype = k == StateKind::kParameters ? layout.param_dtype
                        : k == StateKind::kGradient ? layout.grad_dtype
                                                    : DType::kF32;
@@ -387,6 +520,8 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
       }
     }
   }
+  registry.records.emplace(volume, std::make_pair(options.record_name, options.share_volume));
+  impl->registered = true;
   return std::unique_ptr<VersionedTrainingState>(
       new VersionedTrainingState(std::move(impl), layout));
 }
@@ -497,7 +632,7 @@ std::string VersionedTrainingState::PreviousName() const {
 
 absl::Status VersionedTrainingState::PutRecord(const std::string& name, const std::string& bytes) {
   return impl_->volume->Put(name, {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},
-                            Durability::kDurable, "memascend training state");
+                            Durability::kDurable, kRecordMetadata);
 }
 
 // The record stored under `name` (nullopt when there is none), checked as Resume checks.

@@ -163,3 +163,37 @@ def test_a_model_changed_under_the_hooks_is_refused_not_undone(tmp_path):
     opt.step()
     opt.close()
     assert copy.deepcopy(model) is not model  # the model given back copies as any module
+
+
+def test_a_volume_has_one_owner_at_a_time(tmp_path):
+    # Two optimizers on one volume object would overwrite each other's objects.
+    first = make(tmp_path, gpt.make(seed=0))
+    with pytest.raises(errors.FailedPreconditionError, match="already in use"):
+        mt.OffloadedAdamW(gpt.make(seed=1).parameters(), volume=first._volume,
+                          host_budget=1 << 20, part_elements=1 << 18)
+    first.step()
+    first.close()
+    before = _names(tmp_path / "o.vol")
+    # Another model (or another part size) on the volume of this one: refused, untouched.
+    other = torch.nn.Linear(8, 8)
+    with pytest.raises(errors.FailedPreconditionError, match="overwrite=True"):
+        make(tmp_path, other)
+    with pytest.raises(errors.FailedPreconditionError, match="another layout"):
+        make(tmp_path, gpt.make(seed=0), part_elements=1 << 17)
+    assert _names(tmp_path / "o.vol") == before
+    # overwrite=True names the loss: the old state goes, nothing of it left behind.
+    opt = make(tmp_path, other, overwrite=True)
+    opt.close()
+    left = _names(tmp_path / "o.vol")
+    assert left and all(n.startswith("p0.") or n.startswith("p1.") or n.startswith("memascend.")
+                        for n in left), left
+    assert len(left) < len(before)
+
+
+def _names(path):
+    from memascend import _core
+    v = _core.Volume.open(str(path))
+    try:
+        return sorted(o["name"] for o in v.objects())
+    finally:
+        v.close()

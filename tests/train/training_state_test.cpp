@@ -18,6 +18,7 @@ namespace {
 
 using ::memascend::testing::ScratchPath;
 using ::memascend::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 StateLayout Layout() {
@@ -270,15 +271,20 @@ TEST(VersionedTrainingState, AnotherRunsOrAnotherLayoutsStateIsRefusedAndLeftAlo
     TensorStoreOptions so;
     so.host_budget_bytes = 64 * 1024;
     ASSERT_OK_AND_ASSIGN(o.store, TensorStore::Open(o.volume.get(), so));
-    // The stored tensors of the old layout do not fit the new sizes: refused at Open.
-    EXPECT_FALSE(VersionedTrainingState::Open(o.store.get(), o.volume.get(), other).ok());
+    // Refused at Open as another layout (Note [state ownership]), not as a size mismatch.
+    EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), other),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("another layout"), HasSubstr("replace_existing"))));
   }
   {
     StateLayout other = Layout();
     other.groups[0].store_parameters = true;  // same sizes, another layout
     Opened o;
-    Open(path.path(), other, &o, false);
-    EXPECT_THAT(o.state->Resume(1),
+    o.volume = *Volume::Open(path.path(), {});
+    TensorStoreOptions so;
+    so.host_budget_bytes = 64 * 1024;
+    ASSERT_OK_AND_ASSIGN(o.store, TensorStore::Open(o.volume.get(), so));
+    EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), other),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another layout")));
   }
   {
@@ -302,16 +308,67 @@ TEST(VersionedTrainingState, BadArgumentsAreRefused) {
   EXPECT_THAT(o.state->Commit(r), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(VersionedTrainingState::Open(nullptr, o.volume.get(), Layout()),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  // The same names twice in one store.
+  // A second owner of the volume in this process (Note [state ownership]), whatever its
+  // names, unless both share it on purpose.
   EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout()),
-              StatusIs(absl::StatusCode::kAlreadyExists));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already in use")));
   VersionedTrainingStateOptions prefixed;
   prefixed.tensor_prefix = "second.";
   prefixed.record_name = "second.record";
-  EXPECT_OK(
-      VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed).status());
+  prefixed.share_volume = true;
+  EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already in use")));
   EXPECT_THAT(o.state->ReadOnDevice(StateKind::kParameters, 1, 0, {}),
               StatusIs(absl::StatusCode::kFailedPrecondition));
+  o.state.reset();
+  o.store.reset();
+  TensorStoreOptions so;
+  so.host_budget_bytes = 64 * 1024;
+  ASSERT_OK_AND_ASSIGN(o.store, TensorStore::Open(o.volume.get(), so));
+  VersionedTrainingStateOptions first;
+  first.share_volume = true;
+  ASSERT_OK_AND_ASSIGN(auto a, VersionedTrainingState::Open(o.store.get(), o.volume.get(),
+                                                            Layout(), first));
+  ASSERT_OK_AND_ASSIGN(auto b, VersionedTrainingState::Open(o.store.get(), o.volume.get(),
+                                                            Layout(), prefixed));
+  // The same names twice in one store.
+  EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("second.record")));
+}
+
+TEST(VersionedTrainingState, AVolumeHoldingAnotherStateIsRefusedUnlessReplaced) {
+  ScratchPath path("train_state_owner");
+  {
+    Opened o;
+    Open(path.path(), Layout(), &o, true);
+    Fill(o.state.get(), StateKind::kMaster, 5.0f, false);
+    ASSERT_OK(o.state->Commit(CommitRecord{}));
+  }
+  StateLayout mine;
+  mine.groups = {{"w", 1000}};
+  mine.param_dtype = mine.grad_dtype = DType::kBF16;
+  VersionedTrainingStateOptions theirs;
+  theirs.record_name = "train.checkpoint";  // another program's record on the same volume
+  for (bool replace : {false, true}) {
+    auto volume = Volume::Open(path.path(), {});
+    ASSERT_OK(volume.status());
+    TensorStoreOptions so;
+    so.host_budget_bytes = 64 * 1024;
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume->get(), so));
+    const std::size_t objects = (*volume)->List().size();
+    theirs.replace_existing = replace;
+    auto s = VersionedTrainingState::Open(store.get(), volume->get(), mine, theirs);
+    if (!replace) {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              AllOf(HasSubstr("'memascend.train_state'"),
+                                    HasSubstr("overwrite=True"), HasSubstr("--force"))));
+      EXPECT_EQ((*volume)->List().size(), objects);  // nothing added, nothing removed
+      continue;
+    }
+    ASSERT_OK(s.status());
+    for (const ObjectInfo& info : (*volume)->List())
+      EXPECT_EQ(info.name.rfind("w.", 0), 0u) << info.name << " left behind";
+  }
 }
 
 TEST(InMemoryTrainingState, OneVersionUpdatedInPlace) {

@@ -29,7 +29,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
         A torch GradScaler works too, with this off.
       resume: continue from the volume's last committed step (``resumed_step`` tells
         which); without it, a volume holding a state is refused.
-      overwrite: start over on a volume holding this model's state (that state is lost).
+      overwrite: start over on a volume holding this or another model's training state
+        (that state is lost); a volume has one owner at a time (Note [state ownership]).
       threads: CPU threads of the update (default torch.get_num_threads()).
       read_ahead: bytes of state read ahead of the update (default: three parts).
       run_id: a number of the caller's, committed with the state; a volume holding
@@ -154,9 +155,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
                                                 store_parameters)
         # A budget beyond every stored tensor (both versions, the gradients) would be
         # page-locked for nothing: capped there (never below what one part needs).
-        largest = max(n for _, n in layout)
-        least = _core.OffloadedAdam.minimum_host_budget(largest, self._part_elements, self._dt,
-                                                        self._dt)
+        least = _core.OffloadedAdam.minimum_host_budget(max(n for _, n in layout),
+                                                        self._part_elements, self._dt, self._dt)
         self.host_budget = min(host_budget, max(need, least))
         try:
             if isinstance(volume, (str, os.PathLike)):
@@ -179,7 +179,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 float(betas[0]), float(betas[1]), float(eps),
                 float(max_grad_norm) if self._world == 1 else 0.0,  # sharded: clipped here
                 bool(dynamic_loss_scale), float(initial_scale), int(run_id),
-                int(read_ahead or 0), int(threads or torch.get_num_threads()), store_parameters)
+                int(read_ahead or 0), int(threads or torch.get_num_threads()),
+                store_parameters, bool(overwrite))
             self._applied = {i: (float(self.param_groups[self._group_of[i]]["lr"]),
                                  float(self.param_groups[self._group_of[i]]["weight_decay"]))
                              for i in self._owned()}
