@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sys/resource.h>
@@ -71,6 +72,86 @@ std::uint64_t Fingerprint(const TrainOptions& o, std::uint64_t data, std::size_t
   mix(corpus_tokens);
   mix(kLayoutVersion);
   return h;
+}
+
+// Note [run identity]: what the fingerprint digests, as "key=value" lines, kept in each
+// commit record's caller bytes, so that a refused --resume says what differs rather than
+// that a digest does.
+std::string RunIdentity(const TrainOptions& o, std::uint64_t data, std::size_t corpus_tokens,
+                        int world) {
+  std::string out;
+  const auto add = [&out](std::string_view key, const auto& value) {
+    out += fmt::format("{}={}\n", key, value);
+  };
+  if (o.model.hf.has_value()) {
+    const HfConfig& h = *o.model.hf;
+    add("model", h.arch == Arch::kLlama ? "llama" : "gpt2");
+    add("hidden_size", h.hidden);
+    add("num_hidden_layers", h.layers);
+    add("num_attention_heads", h.heads);
+    add("vocab_size", h.vocab);
+    add("parameters", h.ParameterCount());
+  } else {
+    add("vocab", o.model.vocab);
+    add("channels", o.model.channels);
+    add("layers", o.model.layers);
+    add("heads", o.model.heads);
+  }
+  add("seq", o.model.seq);
+  add("batch", o.model.batch);
+  add("dtype", o.dtype == memascend::DType::kBF16 ? "bf16" : "fp16");
+  add("seed", o.seed);
+  add("lr", o.lr);
+  add("warmup", o.warmup);
+  add("weight_decay", o.weight_decay);
+  add("clip", o.clip);
+  add("loss_scale", o.initial_loss_scale);
+  add("optimizer_chunk", o.optimizer_chunk);
+  add("data", fmt::format("{} tokens, digest {:#x}", corpus_tokens, data));
+  add("ranks", world);
+  return out;
+}
+
+// "layers: 1 on the volume, 2 in this run; ..." from the record `name` on the volume and
+// this run's identity; empty when the record is missing or carries none.
+std::string RunDifference(memascend::ObjectStore* volume, const std::string& name,
+                          const std::string& ours) {
+  if (volume == nullptr) return {};
+  auto info = volume->Stat(name);
+  if (!info.ok()) return {};
+  std::string bytes(info->size, '\0');
+  if (!volume->Get(name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}).ok())
+    return {};
+  auto record = memascend::DecodeCommitRecord(bytes);
+  if (!record.ok() || record->user.empty()) return {};
+  const auto parse = [](const std::string& text) {
+    std::map<std::string, std::string> m;
+    std::size_t at = 0;
+    while (at < text.size()) {
+      std::size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      const std::string line = text.substr(at, end - at);
+      if (const std::size_t eq = line.find('='); eq != std::string::npos)
+        m[line.substr(0, eq)] = line.substr(eq + 1);
+      at = end + 1;
+    }
+    return m;
+  };
+  const std::map<std::string, std::string> theirs = parse(record->user), mine = parse(ours);
+  std::string out;
+  for (const auto& [key, value] : mine) {
+    auto it = theirs.find(key);
+    const std::string was = it == theirs.end() ? "none" : it->second;
+    if (was == value) continue;
+    out += fmt::format("{}{}: {} on the volume, {} in this run", out.empty() ? "" : "; ", key,
+                       was, value);
+  }
+  for (const auto& [key, value] : theirs) {
+    if (!mine.count(key))
+      out += fmt::format("{}{}: {} on the volume, none in this run", out.empty() ? "" : "; ", key,
+                         value);
+  }
+  return out;
 }
 
 // Note [gradient parts]: the fp32 gradient in hand, a block's (its backward pass makes it
@@ -246,9 +327,11 @@ class Run {
     }
     raw = {};
     step_ = 0;
-    return adam_->Commit(0);
+    return adam_->Commit(0, identity_);
   }
   void Resume(std::uint64_t step) { step_ = step; }
+  // Kept with each commit (Note [run identity]).
+  void set_identity(std::string identity) { identity_ = std::move(identity); }
 
   std::uint64_t step() const { return step_; }
   const PhaseSeconds& phases() const { return phases_; }
@@ -629,7 +712,7 @@ class Run {
   // reported once durable, by Settle().
   absl::Status CommitPending(const CommitFn& on_commit) {
     MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
-    MEMASCEND_RETURN_IF_ERROR(adam_->Commit(pending_->step));
+    MEMASCEND_RETURN_IF_ERROR(adam_->Commit(pending_->step, identity_));
     step_ = pending_->step;
     committing_ = pending_;
     committing_->loss_scale = adam_->loss_scale();
@@ -732,6 +815,7 @@ class Run {
   PhaseSeconds phases_;
   Clock::time_point mark_ = Clock::now();
   std::uint64_t step_ = 0;               // the last step committed
+  std::string identity_;                 // Note [run identity]
   std::optional<Committed> pending_;     // computed, not yet committed
   std::optional<Committed> committing_;  // committed, not yet known durable nor reported
 };
@@ -799,7 +883,10 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   }
   if (tokens.size() < o.model.seq + 2) {
     return absl::InvalidArgumentError(fmt::format(
-        "the corpus has {} tokens, fewer than one window of {}", tokens.size(), o.model.seq + 1));
+        "the training text has {} tokens; batches are windows of --seq + 1 = {} tokens drawn "
+        "from at least two positions, so it needs at least {}: give more text or a smaller "
+        "--seq",
+        tokens.size(), o.model.seq + 1, o.model.seq + 2));
   }
   if (o.optimizer_chunk == 0 || o.optimizer_chunk % kOptimizerChunkQuantum != 0) {
     return absl::InvalidArgumentError(
@@ -935,7 +1022,21 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     MEMASCEND_ASSIGN_OR_RETURN(own, MakeZeroInfinityBackend(o, layout, ledger));
     backend = own.get();
   } else {
-    MEMASCEND_RETURN_IF_ERROR(OpenOffloadState(o, layout, ledger, &offload));
+    absl::Status opened = OpenOffloadState(o, layout, ledger, &offload);
+    if (opened.code() == absl::StatusCode::kFailedPrecondition && o.resume) {
+      // Another layout (Note [state ownership]): say what differs (Note [run identity]).
+      const std::string diff = RunDifference(
+          offload.objects(), "train.checkpoint",
+          RunIdentity(o, tokenizer != nullptr ? tokenizer->Fingerprint() : TokensFingerprint(tokens),
+                      tokens.size(), world));
+      if (!diff.empty()) {
+        opened = absl::FailedPreconditionError(fmt::format(
+            "--resume: the volume holds another model's training state ({}); start over with "
+            "--force (its state is then lost) or give another --volume",
+            diff));
+      }
+    }
+    MEMASCEND_RETURN_IF_ERROR(opened);
     backend = offload.state.get();
   }
   memascend::OffloadedAdamOptions ao;
@@ -977,12 +1078,20 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   }
   Run run(mine, adam.get(), &threads, ledger, stash ? &*stash : nullptr, shard ? &*shard : nullptr,
           shard ? &whole : nullptr);
+  const std::string identity = RunIdentity(
+      o, tokenizer != nullptr ? tokenizer->Fingerprint() : TokensFingerprint(tokens), tokens.size(),
+      world);
+  run.set_identity(identity);
   if (o.resume) {
     auto last = adam->Resume();
     if (!last.ok() && last.status().code() == absl::StatusCode::kFailedPrecondition) {
-      last = absl::FailedPreconditionError(fmt::format(
-          "--resume: the volume's run had another model, data, seed, hyper-parameters{} ({})",
-          comm != nullptr ? " or ranks" : "", std::string(last.status().message())));
+      const std::string diff = RunDifference(offload.objects(), "train.checkpoint", identity);
+      last = absl::FailedPreconditionError(
+          diff.empty() ? fmt::format("--resume: the volume's run had another model, data, seed, "
+                                     "hyper-parameters{} ({})",
+                                     comm != nullptr ? " or ranks" : "",
+                                     std::string(last.status().message()))
+                       : fmt::format("--resume: the volume's run differs from this one: {}", diff));
     } else if (last.ok() && !last->has_value()) {
       last = absl::NotFoundError(
           fmt::format("--resume: the volume '{}' holds no committed step; start without --resume",

@@ -1,0 +1,47 @@
+# memascend-train's refusals say what differs (Note [run identity] in trainer.cpp) and what
+# a corpus too short needs, in the user's terms rather than tensor sizes or digests.
+#   cmake -DTRAIN=<memascend-train> -DDIR=<scratch dir> -P train_messages.cmake
+set(vol "${DIR}/messages.vol")
+file(REMOVE_RECURSE "${DIR}")
+file(MAKE_DIRECTORY "${DIR}")
+set(tiny --vocab 256 --channels 32 --heads 2 --seq 16 --batch 2 --sample 0 --volume "${vol}")
+
+function(expect_refusal want)
+  execute_process(COMMAND "${TRAIN}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "accepted: ${ARGN}\n${out}")
+  endif()
+  string(FIND "${err}" "${want}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "want '${want}' in the refusal of ${ARGN}, got:\n${err}")
+  endif()
+endfunction()
+
+execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 2 RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the first run failed (${rc})")
+endif()
+# Another architecture: the model's difference, not "another layout".
+expect_refusal("layers: 1 on the volume, 2 in this run" ${tiny} --layers 2 --steps 3 --resume)
+# Another hyper-parameter: named with both values.
+expect_refusal("lr: 0.003 on the volume, 0.01 in this run" ${tiny} --layers 1 --steps 3 --resume
+               --lr 1e-2)
+# Untouched by the refusals: the same run resumes.
+execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 3 --resume RESULT_VARIABLE rc
+                OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the same run did not resume after the refusals (${rc})")
+endif()
+
+# 17 tokens for --seq 16: what is needed, and why.
+execute_process(COMMAND python3 -c "import sys; open(sys.argv[1], 'wb').write(bytes([1, 0, 0, 0]) * 17)"
+                        "${DIR}/short.u32" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "could not write the token file")
+endif()
+expect_refusal("the training text has 17 tokens; batches are windows of --seq + 1 = 17 tokens"
+               --vocab 256 --channels 32 --heads 2 --layers 1 --seq 16 --batch 2 --sample 0
+               --steps 1 --force --volume "${DIR}/short.vol" --tokens "${DIR}/short.u32")
+file(REMOVE_RECURSE "${DIR}")
+message(STATUS "memascend-train's messages: OK")
