@@ -37,9 +37,32 @@ std::string store::Metadata(const TensorSpec& s) {
   return fmt::format("dtype={};shape={};use={}", ToString(s.dtype), shape, ToString(s.use));
 }
 
+namespace {
+// Note [one store per name]: the tensor names each volume's open stores registered, across
+// the process: two stores registering one name would write one object, each over the
+// other's. Released when the registering store is destroyed.
+struct Claims {
+  absl::Mutex mu;
+  std::map<std::pair<const ObjectStore*, std::string>, const void*> owner;
+};
+Claims& VolumeClaims() {
+  static Claims* c = new Claims();  // never destroyed: stores may outlive statics
+  return *c;
+}
+void ReleaseClaims(const ObjectStore* volume, const void* store) {
+  Claims& c = VolumeClaims();
+  absl::MutexLock lock(&c.mu);
+  for (auto it = c.owner.lower_bound({volume, std::string()});
+       it != c.owner.end() && it->first.first == volume;) {
+    it = it->second == store ? c.owner.erase(it) : std::next(it);
+  }
+}
+}  // namespace
+
 TensorStore::TensorStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TensorStore::~TensorStore() {
+  ReleaseClaims(impl_->volume, impl_.get());
   if (!impl_->closed) {
     const absl::Status s = Close();
     if (!s.ok()) {
@@ -142,6 +165,18 @@ absl::StatusOr<TensorId> TensorStore::Register(const TensorSpec& spec) {
   absl::MutexLock lock(&m.mu);
   if (m.names.contains(spec.name)) {
     return absl::AlreadyExistsError(fmt::format("tensor '{}' is registered already", spec.name));
+  }
+  {
+    Claims& c = VolumeClaims();
+    absl::MutexLock claims(&c.mu);
+    auto [it, fresh] = c.owner.emplace(std::make_pair(m.volume, spec.name), &m);
+    if (!fresh && it->second != &m) {
+      return absl::AlreadyExistsError(fmt::format(
+          "tensor '{}' is registered by another tensor store open on this volume: the two "
+          "would overwrite each other's object; close that store, or give the tensor another "
+          "name",
+          spec.name));
+    }
   }
   auto t = std::make_unique<Impl::Tensor>();
   t->spec = spec;

@@ -84,6 +84,21 @@ TEST(TensorStore, EvictsLeastRecentlyUsedAndWritesDirtyTensorsBack) {
 // The pool's policy under one budget: the adaptive classes hold three tensors of 300 KiB
 // in 900 KiB; powers of two give each a 512 KiB block, so only one is resident at a time
 // and the same walk reads more.
+// Note [one store per name]: two stores on one volume never write one object.
+TEST(TensorStore, TwoStoresOnOneVolumeCannotRegisterOneName) {
+  ScratchPath path("store_two");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto a, TensorStore::Open(volume.get(), Budget(4 * kMiB)));
+  ASSERT_OK_AND_ASSIGN(auto b, TensorStore::Open(volume.get(), Budget(4 * kMiB)));
+  ASSERT_OK(a->Register(Spec("w", 64 * kKiB)).status());
+  EXPECT_THAT(b->Register(Spec("w", 64 * kKiB)),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("another tensor store")));
+  EXPECT_OK(b->Register(Spec("v", 64 * kKiB)).status());  // names of its own are fine
+  ASSERT_OK(a->Close());
+  a.reset();  // its names are free again
+  EXPECT_OK(b->Register(Spec("w", 64 * kKiB)).status());
+}
+
 TEST(TensorStore, APowerOfTwoPoolHoldsFewerTensorsUnderTheSameBudget) {
   std::uint64_t read[2] = {0, 0};
   std::size_t most_resident[2] = {0, 0};
