@@ -1,5 +1,6 @@
 """OffloadedAdamW: torch.optim.AdamW with its state on a MemAscend volume."""
 import os
+import warnings
 
 import torch
 
@@ -20,6 +21,13 @@ class OffloadedAdamW(torch.optim.Optimizer):
       host_budget: pinned host bytes for the state in flight (at least one part's
         gradient, parameters, master weights and moments: see min_host_budget()); capped
         at what the state can ever hold (``host_budget`` then says the budget in use).
+        None (the default): what the machine leaves (the memory cgroup's limit less its
+        usage, or MemAvailable), less an eighth and an estimate of the process's other
+        needs (the parameters and gradients in torch, as much again for activations,
+        256 MiB of heap); ``host_budget_reason`` says which limit decided. When
+        RLIMIT_MEMLOCK is below it, the budget is ordinary unlocked memory and one
+        MemlockWarning says what to raise. A given budget above the memory limit (or,
+        page-locked, above RLIMIT_MEMLOCK) raises ResourceExhaustedError.
       volume_size: bytes of a new volume file (default: the state's need plus margin).
       part_elements: elements updated at once (a multiple of 2^18 keeps results
         independent of it).
@@ -44,7 +52,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-                 volume, host_budget, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
+                 volume, host_budget=None, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
                  max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None):
@@ -68,7 +76,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
             raise errors.InvalidArgumentError("resume and overwrite exclude each other")
         # Integers the SDK takes, checked here: a clear message rather than a crash (a part
         # of 0 elements divides by zero) or pybind's list of signatures.
-        host_budget = whole("host_budget", host_budget, 1, 1 << 50)
+        if host_budget is not None:
+            host_budget = whole("host_budget", host_budget, 1, 1 << 50)
         part_elements = whole("part_elements", part_elements, 1, 1 << 34)
         if volume_size is not None:
             volume_size = whole("volume_size", volume_size, 1, 1 << 56)
@@ -157,7 +166,19 @@ class OffloadedAdamW(torch.optim.Optimizer):
         largest = max(n for _, n in layout)
         least = _core.OffloadedAdam.minimum_host_budget(largest, self._part_elements, self._dt,
                                                         self._dt)
-        self.host_budget = min(host_budget, max(need, least))
+        # memascend Note [default host budget]: given (capped as above; refused past the
+        # memory limit or RLIMIT_MEMLOCK), or chosen from what the machine leaves beyond
+        # the process's other needs: on the CPU, the parameters and gradients in torch and
+        # as much again for activations, and 256 MiB of heap.
+        on_host = 0 if cuda else sum(n * p.element_size() for n, p in zip(self._numels,
+                                                                         self._params))
+        choice = _core.choose_host_budget(least, max(need, least), 3 * on_host + (256 << 20),
+                                          cuda=bool(cuda), given=host_budget or 0)
+        self.host_budget = int(choice["bytes"])
+        self.host_budget_reason = choice["reason"]
+        self.host_budget_locked = bool(choice["locked"])
+        if choice["warning"]:
+            warnings.warn(choice["warning"], errors.MemlockWarning, stacklevel=2)
         try:
             if isinstance(volume, (str, os.PathLike)):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
@@ -170,7 +191,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
             # CUDA-registered on a GPU: copies to and from the device are true DMA.
             self._store = _core.TensorStore(self._volume, host_budget=self.host_budget,
                                             defer_prefetches=True,
-                                            host_backing="cuda" if cuda else "auto")
+                                            host_backing="cuda" if cuda else
+                                            "auto" if self.host_budget_locked else "unlocked")
             self._core = _core.OffloadedAdam(
                 self._store, layout, self._dt, self._dt, self._part_elements,
                 [float(self.param_groups[self._group_of[i]]["lr"]) for i in self._owned()],
