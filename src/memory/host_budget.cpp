@@ -66,28 +66,28 @@ absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& r, const Me
   const std::uint64_t headroom = limit.headroom_bytes();
   const std::uint64_t margin = headroom == kUnlimited ? 0 : headroom / 8;
   const std::uint64_t after_margin = headroom == kUnlimited ? kUnlimited : headroom - margin;
-  const std::uint64_t free =
+  const std::uint64_t spare =
       after_margin == kUnlimited ? kUnlimited : after_margin - std::min(after_margin, r.other_bytes);
   const std::string source = limit.headroom_source();
-  if (free < r.minimum_bytes) {
+  if (spare < r.minimum_bytes) {
     return absl::ResourceExhaustedError(fmt::format(
         "the least host budget this run trains with, {} ({} bytes), does not fit: {} leaves "
         "{}, less an eighth kept free ({}) and the run's other needs ({}: activations, "
-        "working buffers, heap), {}; raise the limit or free memory, train a smaller part at "
+        "working buffers, heap): {} left; raise the limit or free memory, train a smaller part at "
         "once (part size, batch or sequence), or give a budget explicitly",
         Show(r.minimum_bytes), r.minimum_bytes, source, Show(headroom), Show(margin),
-        Show(r.other_bytes), Show(free)));
+        Show(r.other_bytes), Show(spare)));
   }
-  if (free >= r.maximum_bytes) {
+  if (spare >= r.maximum_bytes) {
     b.bytes = r.maximum_bytes;
     b.reason = fmt::format(
         "all the training state can hold ({}), which fits: {} leaves {} after an eighth kept "
         "free and the run's other needs of {}",
-        Show(r.maximum_bytes), source, Show(free), Show(r.other_bytes));
+        Show(r.maximum_bytes), source, Show(spare), Show(r.other_bytes));
   } else {
-    b.bytes = std::max(free / page * page, r.minimum_bytes);
+    b.bytes = std::max(spare / page * page, r.minimum_bytes);
     b.reason = fmt::format(
-        "{} less an eighth kept free ({}) and the run's other needs ({}: activations, "
+        "{}; less an eighth kept free ({}) and the run's other needs ({}: activations, "
         "working buffers, heap)",
         source, Show(margin), Show(r.other_bytes));
   }
