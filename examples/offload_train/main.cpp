@@ -576,8 +576,7 @@ int Main(int argc, char** argv) {
           "each rank offloads its shard of the {} training state to {} through a pinned host "
           "budget of {}\n",
           world, o.model.batch / static_cast<std::size_t>(world), o.model.batch,
-          Gib(static_cast<double>(state)), o.volume_path,
-          Gib(static_cast<double>(budget)));
+          Gib(static_cast<double>(state)), o.volume_path, Gib(static_cast<double>(budget)));
     } else if (o.mode == Mode::kOffload) {
       fmt::print(
           "  training state {} offloaded to {} through a pinned host budget of {} ({:.0f}%)\n",

@@ -758,8 +758,8 @@ std::uint64_t ModelStateBytes(const ModelConfig& c, DType dtype) {
 std::uint64_t WorkingMemoryBytes(const ModelConfig& c, std::size_t batch,
                                  bool checkpoint_activations) {
   // The trainer's working buffers (Run: wf_, we_, df_), fp32.
-  std::uint64_t floats = WorkingParams(c) + (TiedHead(c) ? GroupParams(c, 0) : 0) +
-                         GradientScratchParams(c);
+  std::uint64_t floats =
+      WorkingParams(c) + (TiedHead(c) ? GroupParams(c, 0) : 0) + GradientScratchParams(c);
   // The network's activations (model.cpp, llama.cpp: what their constructors allocate).
   const std::uint64_t rows = batch * c.seq;
   const std::uint64_t kept = checkpoint_activations ? 1 : c.layers;

@@ -149,7 +149,7 @@ struct TrainOptions {
   // The budget as ChooseTrainHostBudget() chose it (main prints it before training);
   // unset: Train() chooses it. Its `locked` false holds the budget unlocked.
   std::optional<memascend::HostBudget> host_budget_choice;
-  std::size_t window = 1;          // groups prefetched ahead
+  std::size_t window = 1;  // groups prefetched ahead
   // Optimizer state (gradients, master weights, moments) read ahead of the part being
   // updated, in bytes; 0: the host budget less MinimumHostBudget() and keep_bytes, at
   // least 3 parts.

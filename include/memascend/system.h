@@ -96,8 +96,8 @@ struct MemoryInfo {
 // cannot be read is no limit, said in `detail`. RLIMIT_MEMLOCK (MemoryInfo) bounds only
 // what may be page-locked.
 struct MemoryLimit {
-  int cgroup_version = 0;   // 1 or 2; 0 when the process is in no memory cgroup found
-  std::string cgroup_dir;   // the process's own memory cgroup directory; empty when none
+  int cgroup_version = 0;  // 1 or 2; 0 when the process is in no memory cgroup found
+  std::string cgroup_dir;  // the process's own memory cgroup directory; empty when none
   std::uint64_t cgroup_limit_bytes = kUnlimited;  // the smallest limit on the path
   std::string cgroup_limit_file;                  // the file that holds it; empty when none
   std::uint64_t cgroup_usage_bytes = 0;           // the own cgroup's charge now

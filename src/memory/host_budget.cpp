@@ -1,10 +1,10 @@
 // Note [default host budget] (memascend/host_budget.h).
-#include <memascend/host_budget.h>
-
 #include <algorithm>
 #include <string>
 
 #include <fmt/format.h>
+
+#include <memascend/host_budget.h>
 
 #include "prim/os.h"
 #include "util/units.h"
@@ -66,8 +66,9 @@ absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& r, const Me
   const std::uint64_t headroom = limit.headroom_bytes();
   const std::uint64_t margin = headroom == kUnlimited ? 0 : headroom / 8;
   const std::uint64_t after_margin = headroom == kUnlimited ? kUnlimited : headroom - margin;
-  const std::uint64_t spare =
-      after_margin == kUnlimited ? kUnlimited : after_margin - std::min(after_margin, r.other_bytes);
+  const std::uint64_t spare = after_margin == kUnlimited
+                                  ? kUnlimited
+                                  : after_margin - std::min(after_margin, r.other_bytes);
   const std::string source = limit.headroom_source();
   if (spare < r.minimum_bytes) {
     return absl::ResourceExhaustedError(fmt::format(
@@ -93,7 +94,8 @@ absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& r, const Me
   }
   if (MemlockBinds(r, memory, b.bytes)) {
     b.locked = false;
-    b.reason += fmt::format("; unlocked memory: RLIMIT_MEMLOCK is {}", Show(memory.memlock_soft_bytes));
+    b.reason +=
+        fmt::format("; unlocked memory: RLIMIT_MEMLOCK is {}", Show(memory.memlock_soft_bytes));
     b.warning = fmt::format(
         "memascend: warning: RLIMIT_MEMLOCK ({}) is below the host budget of {}: the budget is "
         "ordinary unlocked memory, which the kernel may swap out; for page-locked memory "

@@ -57,7 +57,8 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
   for (std::size_t at = 0;;) {
     const std::size_t next = s.find(sep, at);
-    out.push_back(s.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at));
+    out.push_back(
+        s.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at));
     if (next == std::string_view::npos) return out;
     at = next + 1;
   }
@@ -79,7 +80,8 @@ std::optional<Mount> FindMount(const std::string& mountinfo, int version) {
     const std::vector<std::string_view> left = Split(std::string_view(line).substr(0, dash), ' ');
     const std::vector<std::string_view> right = Split(std::string_view(line).substr(dash + 3), ' ');
     if (left.size() < 5 || right.empty()) continue;
-    if (version == 2 && right[0] == "cgroup2") return Mount{std::string(left[3]), std::string(left[4])};
+    if (version == 2 && right[0] == "cgroup2")
+      return Mount{std::string(left[3]), std::string(left[4])};
     if (version == 1 && right[0] == "cgroup" && right.size() >= 3) {
       for (std::string_view opt : Split(right[2], ','))
         if (opt == "memory") return Mount{std::string(left[3]), std::string(left[4])};
@@ -151,8 +153,8 @@ MemoryLimit ReadMemoryLimit(const std::string& root) {
   if (version != 0 && mountinfo) mount = FindMount(*mountinfo, version);
   if (version != 0 && !mountinfo) missing.push_back("/proc/self/mountinfo");
   if (version != 0 && mountinfo && !mount) {
-    missing.push_back(fmt::format("a cgroup{} mount in /proc/self/mountinfo",
-                                  version == 2 ? "2" : " (memory)"));
+    missing.push_back(
+        fmt::format("a cgroup{} mount in /proc/self/mountinfo", version == 2 ? "2" : " (memory)"));
   }
   if (mount) {
     // The cgroup path relative to what the mount shows; a path outside it (another
@@ -197,8 +199,7 @@ MemoryLimit ReadMemoryLimit(const std::string& root) {
   }
   if (!missing.empty()) {
     m.detail = "could not read ";
-    for (std::size_t i = 0; i < missing.size(); ++i)
-      m.detail += (i == 0 ? "" : ", ") + missing[i];
+    for (std::size_t i = 0; i < missing.size(); ++i) m.detail += (i == 0 ? "" : ", ") + missing[i];
   }
   return m;
 }
@@ -208,7 +209,8 @@ MemoryLimit ReadMemoryLimit(const std::string& root) {
 std::uint64_t MemoryLimit::headroom_bytes() const noexcept {
   std::uint64_t cgroup = kUnlimited;
   if (cgroup_limit_bytes != kUnlimited) {
-    const std::uint64_t used = cgroup_usage_bytes - std::min(cgroup_usage_bytes, cgroup_reclaimable_bytes);
+    const std::uint64_t used =
+        cgroup_usage_bytes - std::min(cgroup_usage_bytes, cgroup_reclaimable_bytes);
     cgroup = cgroup_limit_bytes - std::min(cgroup_limit_bytes, used);
   }
   return std::min(cgroup, available_bytes);
@@ -237,12 +239,13 @@ std::uint64_t MemoryLimit::limit_bytes() const noexcept {
 std::string MemoryLimit::limit_source() const {
   if (cgroup_limit_bytes != kUnlimited) {
     const std::size_t slash = cgroup_limit_file.rfind('/');
-    return fmt::format("cgroup {} of {} = {}",
-                       slash == std::string::npos ? cgroup_limit_file
-                                                  : cgroup_limit_file.substr(slash + 1),
-                       cgroup_limit_file, prim::Show(cgroup_limit_bytes));
+    return fmt::format(
+        "cgroup {} of {} = {}",
+        slash == std::string::npos ? cgroup_limit_file : cgroup_limit_file.substr(slash + 1),
+        cgroup_limit_file, prim::Show(cgroup_limit_bytes));
   }
-  if (total_bytes != 0) return fmt::format("MemTotal of /proc/meminfo = {}", prim::Show(total_bytes));
+  if (total_bytes != 0)
+    return fmt::format("MemTotal of /proc/meminfo = {}", prim::Show(total_bytes));
   return "no memory limit found";
 }
 

@@ -1,10 +1,10 @@
 // Note [default host budget]: the chooser on given figures.
-#include <memascend/host_budget.h>
-
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <memascend/host_budget.h>
 
 #include "testing/status_matchers.h"
 
@@ -110,14 +110,16 @@ TEST(ChooseHostBudget, MemlockBindsNeitherCapIpcLockNorCudaRegisteredMemory) {
   EXPECT_TRUE(cap.warning.empty());
   HostBudgetRequest r = Want(kGiB);
   r.backing = HostBackingKind::kCudaRegistered;
-  ASSERT_OK_AND_ASSIGN(HostBudget cuda, ChooseHostBudget(r, Cgroup(4 * kGiB, 0), Lockable(8 * kMiB)));
+  ASSERT_OK_AND_ASSIGN(HostBudget cuda,
+                       ChooseHostBudget(r, Cgroup(4 * kGiB, 0), Lockable(8 * kMiB)));
   EXPECT_TRUE(cuda.locked);
 }
 
 TEST(ChooseHostBudget, AGivenBudgetIsKeptCappedOrRefused) {
   HostBudgetRequest r = Want(kGiB);
   r.given_bytes = 3 * kGiB;  // more than the default would take: still the caller's
-  ASSERT_OK_AND_ASSIGN(HostBudget b, ChooseHostBudget(r, Cgroup(4 * kGiB, 0), Lockable(kUnlimited)));
+  ASSERT_OK_AND_ASSIGN(HostBudget b,
+                       ChooseHostBudget(r, Cgroup(4 * kGiB, 0), Lockable(kUnlimited)));
   EXPECT_EQ(b.bytes, 3 * kGiB);
   EXPECT_TRUE(b.given);
   EXPECT_TRUE(b.locked);

@@ -63,8 +63,8 @@ TEST_F(FakeRoot, V1TakesTheSmallestLimitAlongThePath) {
   Write(m + "/a/memory.limit_in_bytes", std::to_string(4 * kGiB) + "\n");
   Write(m + "/a/b/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "unlimited"
   Write(m + "/a/b/memory.usage_in_bytes", std::to_string(kGiB) + "\n");
-  Write(m + "/a/b/memory.stat", "cache 100\ninactive_file 7\ntotal_inactive_file " +
-                                    std::to_string(kGiB / 4) + "\n");
+  Write(m + "/a/b/memory.stat",
+        "cache 100\ninactive_file 7\ntotal_inactive_file " + std::to_string(kGiB / 4) + "\n");
   const MemoryLimit l = prim::ReadMemoryLimit(root_);
   EXPECT_EQ(l.cgroup_version, 1);
   EXPECT_EQ(l.cgroup_dir, root_ + m + "/a/b");
