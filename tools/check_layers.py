@@ -20,7 +20,7 @@ PUBLIC = {
     "workload.h": "util",
     "system.h": "prim", "cuda.h": "prim",
     "kernels.h": "kernels", "cuda_kernels.h": "kernels",
-    "memory_ledger.h": "memory", "host_arena.h": "memory", "pinned_pool.h": "memory",
+    "memory_ledger.h": "memory", "host_arena.h": "memory", "host_budget.h": "memory", "pinned_pool.h": "memory",
     "io_engine.h": "io", "io_scheduler.h": "io",
     "block_target.h": "storage", "volume.h": "storage", "object_store.h": "storage",
     "tensor_store.h": "store",

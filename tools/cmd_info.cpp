@@ -35,6 +35,16 @@ void PrintTable(const SystemInfo& info) {
   fmt::print("  {:<10} RLIMIT_MEMLOCK {} soft / {} hard; CAP_IPC_LOCK {}; may lock {}\n", "memlock",
              Limit(info.memory.memlock_soft_bytes), Limit(info.memory.memlock_hard_bytes),
              info.memory.cap_ipc_lock ? "yes" : "no", Limit(info.memory.lockable_bytes()));
+  const MemoryLimit& ml = info.memory_limit;
+  fmt::print("  {:<10} {}; may take {} ({})\n", "limit",
+             ml.cgroup_version == 0
+                 ? std::string("no memory cgroup")
+                 : fmt::format("cgroup v{} {}, {} in use ({} reclaimable cache)", ml.cgroup_version,
+                               ml.cgroup_dir, util::FormatBytes(ml.cgroup_usage_bytes),
+                               util::FormatBytes(ml.cgroup_reclaimable_bytes)),
+             Limit(ml.headroom_bytes()), ml.headroom_source());
+  fmt::print("  {:<10} {}\n", "", ml.limit_source());
+  if (!ml.detail.empty()) fmt::print("  {:<10} {}\n", "", ml.detail);
   if (info.io_uring.available) {
     fmt::print(
         "  {:<10} available (features {:#x}; read, write, registered files and buffers, "

@@ -66,7 +66,9 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
                      volume is refused: continue it with --resume
   --resume           continue from the volume's last committed step
   --host-budget B    pinned host bytes; Fx: F times the minimum; P%: P percent of the
-                     training state (default: 40% of the training state, at least 2x)
+                     training state (default: what the memory cgroup or MemAvailable
+                     leaves, less an eighth and the run's own needs; printed with its
+                     reason; unlocked with a warning when RLIMIT_MEMLOCK is below it)
   --window N         layers prefetched ahead (default 1)
   --optimizer-chunk N  elements per stored part of every tensor (default 1048576)
   --read-ahead B      optimizer state read ahead of the update (default: what the
@@ -539,9 +541,21 @@ int Main(int argc, char** argv) {
   o.comm = g_comm.get();
   const int world = g_comm != nullptr ? g_comm->size() : 1;
   const std::uint64_t state = offload_train::ModelStateBytes(o.model, o.dtype);
+  // The pinned host budget: given, or chosen from what the machine leaves (memascend
+  // Note [default host budget]); chosen here to be printed, and used by Train() as is.
+  const bool memascend_offload =
+      o.mode == Mode::kOffload && o.policy == offload_train::Policy::kMemAscend;
+  if (memascend_offload && o.optimizer_chunk != 0 &&
+      o.optimizer_chunk % offload_train::kOptimizerChunkQuantum == 0) {
+    auto chosen =
+        offload_train::ChooseTrainHostBudget(o, world, g_comm != nullptr ? g_comm->rank() : 0);
+    if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
+    o.host_budget_choice = *chosen;
+    // One warning per run (rank 0's): the memlock limit and what to raise.
+    if (!chosen->warning.empty() && Root()) std::fprintf(stderr, "%s\n", chosen->warning.c_str());
+  }
   if (!json && Root()) {
-    const std::size_t budget =
-        o.host_budget != 0 ? o.host_budget : offload_train::DefaultHostBudget(o.model, o.dtype);
+    const std::size_t budget = o.host_budget_choice ? o.host_budget_choice->bytes : o.host_budget;
     fmt::print(
         "memascend-train: {} {} layers x {} channels, {} heads, vocab {}, {:.2f} M parameters{}; "
         "{} tokens of {}\n",
@@ -562,9 +576,7 @@ int Main(int argc, char** argv) {
           "each rank offloads its shard of the {} training state to {} through a pinned host "
           "budget of {}\n",
           world, o.model.batch / static_cast<std::size_t>(world), o.model.batch,
-          Gib(static_cast<double>(state)), o.volume_path,
-          o.host_budget != 0 ? Gib(static_cast<double>(o.host_budget))
-                             : std::string("40% of its shard"));
+          Gib(static_cast<double>(state)), o.volume_path, Gib(static_cast<double>(budget)));
     } else if (o.mode == Mode::kOffload) {
       fmt::print(
           "  training state {} offloaded to {} through a pinned host budget of {} ({:.0f}%)\n",
@@ -573,6 +585,10 @@ int Main(int argc, char** argv) {
     } else {
       fmt::print("  reference mode: training state {} in ordinary memory\n",
                  Gib(static_cast<double>(state)));
+    }
+    if (o.host_budget_choice.has_value()) {
+      fmt::print("  host budget {}{}: {}\n", Gib(static_cast<double>(o.host_budget_choice->bytes)),
+                 o.host_budget_choice->locked ? "" : " (unlocked)", o.host_budget_choice->reason);
     }
     std::fflush(stdout);
   }
@@ -654,6 +670,9 @@ int Main(int argc, char** argv) {
     w.Field("params", s.params)
         .Field("model_state_bytes", s.model_state_bytes)
         .Field("host_budget_bytes", s.host_budget)
+        .Field("host_budget_default", o.host_budget_choice && !o.host_budget_choice->given)
+        .Field("host_budget_locked", !o.host_budget_choice || o.host_budget_choice->locked)
+        .Field("host_budget_reason", o.host_budget_choice ? o.host_budget_choice->reason : "")
         .Field("peak_pinned_bytes", s.peak_pinned_bytes)
         .Field("peak_rss_bytes", s.peak_rss_bytes)
         .Field("activation_bytes", s.activation_bytes)

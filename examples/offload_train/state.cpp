@@ -121,7 +121,10 @@ absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
   // gradients are resident (OffloadedAdam Note [gradient room]): its reads wait for room.
   so.defer_prefetches = true;
   so.ledger = ledger;
-  // No GPU tier: the budget is mlock'ed, not registered with CUDA (host_backing kAuto).
+  // No GPU tier: the budget is mlock'ed, not registered with CUDA (host_backing kAuto);
+  // or unlocked where RLIMIT_MEMLOCK is below it (memascend Note [default host budget]).
+  if (o.host_budget_choice.has_value() && !o.host_budget_choice->locked)
+    so.host_backing = memascend::ArenaBacking::kUnlocked;
   MEMASCEND_ASSIGN_OR_RETURN(s->store, memascend::TensorStore::Open(s->objects(), so));
   MEMASCEND_ASSIGN_OR_RETURN(
       s->state, memascend::VersionedTrainingState::Open(s->store.get(), s->objects(), layout, [] {

@@ -839,10 +839,57 @@ std::uint64_t ModelStateBytes(const ModelConfig& c, DType dtype) {
   return static_cast<std::uint64_t>(TotalParams(c)) * (2 * memascend::SizeOf(dtype) + 12);
 }
 
-std::size_t DefaultHostBudget(const ModelConfig& c, DType dtype, std::size_t optimizer_chunk) {
-  const auto forty = static_cast<std::size_t>(static_cast<double>(ModelStateBytes(c, dtype)) * 0.4);
-  const std::size_t b = std::max(forty, 2 * MinimumHostBudget(c, dtype, optimizer_chunk));
-  return (b + 4095) / 4096 * 4096;
+std::uint64_t WorkingMemoryBytes(const ModelConfig& c, std::size_t batch,
+                                 bool checkpoint_activations) {
+  // The trainer's working buffers (Run: wf_, we_, df_), fp32.
+  std::uint64_t floats =
+      WorkingParams(c) + (TiedHead(c) ? GroupParams(c, 0) : 0) + GradientScratchParams(c);
+  // The network's activations (model.cpp, llama.cpp: what their constructors allocate).
+  const std::uint64_t rows = batch * c.seq;
+  const std::uint64_t kept = checkpoint_activations ? 1 : c.layers;
+  if (IsLlama(c)) {
+    const HfConfig& h = *c.hf;
+    const std::uint64_t ch = h.hidden, qw = h.heads * h.head_dim, kw = h.kv_heads * h.head_dim,
+                        in = h.intermediate;
+    const std::uint64_t block = rows * (4 * ch + 2 * qw + 2 * kw + 3 * in + 2) +
+                                std::uint64_t{batch} * h.heads * c.seq * c.seq;
+    floats += kept * block + rows * (2 * ch + c.vocab + 4 * std::max({in, qw, ch}));
+  } else {
+    const std::uint64_t ch = c.channels;
+    const std::uint64_t block =
+        rows * (15 * ch + 4) + std::uint64_t{batch} * c.heads * c.seq * c.seq;
+    floats += kept * block + rows * (2 * ch + c.vocab + 9 * ch);
+  }
+  return floats * sizeof(float) + (std::uint64_t{256} << 20);
+}
+
+namespace {
+
+// The rank's layout in parts (Note [parts]): what its store holds.
+absl::StatusOr<StateLayout> PartedLayout(const TrainOptions& o, int world, int rank) {
+  StateLayout parted = MakeStateLayout(o.model, o.dtype, o.optimizer_chunk, true);
+  if (world > 1) {
+    MEMASCEND_ASSIGN_OR_RETURN(memascend::LayoutShard s,
+                               memascend::ShardLayout(parted, rank, world));
+    parted = std::move(s.layout);
+  }
+  return parted;
+}
+
+}  // namespace
+
+absl::StatusOr<memascend::HostBudget> ChooseTrainHostBudget(const TrainOptions& o, int world,
+                                                            int rank) {
+  MEMASCEND_ASSIGN_OR_RETURN(const StateLayout parted, PartedLayout(o, world, rank));
+  memascend::HostBudgetRequest want;
+  want.minimum_bytes = OffloadedAdam::MinimumHostBudget(parted);
+  want.maximum_bytes = memascend::VersionedTrainingState::StoredBytes(parted);
+  want.other_bytes = WorkingMemoryBytes(o.model, o.model.batch / static_cast<std::size_t>(world),
+                                        o.checkpoint_activations);
+  // The store has no GPU tier: the budget is mlock'ed (TensorStoreOptions::host_backing).
+  want.backing = memascend::HostBackingKind::kMlock;
+  want.given_bytes = o.host_budget;
+  return memascend::ChooseHostBudget(want);
 }
 
 namespace {
@@ -954,17 +1001,21 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
                                memascend::ShardLayout(parted, rank, world));
     parted = std::move(s.layout);
   }
-  if (o.host_budget == 0) {
-    // DefaultHostBudget's share: 40% of the rank's state, at least twice the minimum.
-    const auto forty = static_cast<std::size_t>(
-        static_cast<double>(ModelStateBytes(o.model, o.dtype)) * 0.4 / world);
-    o.host_budget =
-        (std::max(forty, 2 * OffloadedAdam::MinimumHostBudget(parted)) + 4095) / 4096 * 4096;
+  if (MemAscendOffload(o)) {
+    // memascend Note [default host budget]: given (capped, or refused past the machine's
+    // limits) or chosen from what the machine leaves; main chose it already to print it.
+    if (!o.host_budget_choice.has_value()) {
+      MEMASCEND_ASSIGN_OR_RETURN(o.host_budget_choice, ChooseTrainHostBudget(o, world, rank));
+    }
+    o.host_budget = o.host_budget_choice->bytes;
+  } else {
+    // Not used by the ZeRO-Infinity policy nor in reference mode: only capped below.
+    if (o.host_budget == 0) o.host_budget = 2 * OffloadedAdam::MinimumHostBudget(parted);
+    // A budget beyond what the store can ever hold (every stored tensor, both versions) is
+    // capped there: the rest would be page-locked for nothing (UsableHostBudget).
+    o.host_budget = std::min<std::size_t>(o.host_budget,
+                                          memascend::VersionedTrainingState::StoredBytes(parted));
   }
-  // A budget beyond what the store can ever hold (every stored tensor, both versions) is
-  // capped there: the rest would be page-locked for nothing (UsableHostBudget).
-  o.host_budget =
-      std::min<std::size_t>(o.host_budget, memascend::VersionedTrainingState::StoredBytes(parted));
   const std::size_t minimum = OffloadedAdam::MinimumHostBudget(parted);
   {
     // OffloadedAdam Note [kept state]: what the budget leaves beyond the minimum and the
@@ -980,18 +1031,6 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     }
     if (o.read_ahead_bytes == 0)
       o.read_ahead_bytes = std::max(OffloadedAdam::MinimumReadAhead(parted), spare - o.keep_bytes);
-  }
-  if (MemAscendOffload(o) && ::geteuid() != 0) {
-    // A budget this process may not page-lock is refused now, not at its first block.
-    struct rlimit lim {};
-    if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
-        o.host_budget > lim.rlim_cur) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "host budget of {} bytes is more than this process may page-lock (RLIMIT_MEMLOCK "
-          "{} bytes): lower --host-budget, or raise the limit (ulimit -l, or memlock in "
-          "/etc/security/limits.conf)",
-          o.host_budget, lim.rlim_cur));
-    }
   }
   if (MemAscendOffload(o) && o.host_budget < minimum) {
     return absl::ResourceExhaustedError(fmt::format(

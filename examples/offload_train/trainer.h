@@ -63,6 +63,7 @@
 
 #include <absl/status/statusor.h>
 
+#include <memascend/host_budget.h>
 #include <memascend/kernels.h>
 #include <memascend/memory_ledger.h>
 #include <memascend/tensor_store.h>
@@ -144,8 +145,11 @@ struct TrainOptions {
   std::uint64_t volume_bytes = 0;  // size of a file volume; 0: what the run needs, doubled
   bool force = false;              // format a device that holds other data
   bool resume = false;             // continue from the volume's last committed step
-  std::size_t host_budget = 0;     // pinned bytes; 0: DefaultHostBudget()
-  std::size_t window = 1;          // groups prefetched ahead
+  std::size_t host_budget = 0;     // pinned bytes; 0: ChooseTrainHostBudget()'s default
+  // The budget as ChooseTrainHostBudget() chose it (main prints it before training);
+  // unset: Train() chooses it. Its `locked` false holds the budget unlocked.
+  std::optional<memascend::HostBudget> host_budget_choice;
+  std::size_t window = 1;  // groups prefetched ahead
   // Optimizer state (gradients, master weights, moments) read ahead of the part being
   // updated, in bytes; 0: the host budget less MinimumHostBudget() and keep_bytes, at
   // least 3 parts.
@@ -252,9 +256,17 @@ struct TrainSummary {
 // budget close to it may fragment (the pool does not move blocks): twice it is safe.
 std::size_t MinimumHostBudget(const ModelConfig& c, memascend::DType dtype,
                               std::size_t optimizer_chunk = 1u << 20);
-// A budget well below the training state: 40% of it, but at least twice the minimum.
-std::size_t DefaultHostBudget(const ModelConfig& c, memascend::DType dtype,
-                              std::size_t optimizer_chunk = 1u << 20);
+// The pinned host budget of a MemAscend offload run, for rank `rank` of `world`
+// (memascend Note [default host budget]): o.host_budget when given (capped at what the
+// rank's state can hold; refused past the memory limit or, locked, RLIMIT_MEMLOCK), else
+// what the machine leaves beyond WorkingMemoryBytes(), at least the minimum.
+absl::StatusOr<memascend::HostBudget> ChooseTrainHostBudget(const TrainOptions& o, int world = 1,
+                                                            int rank = 0);
+// The run's ordinary (not pinned) memory, estimated from the model: the fp32 working
+// buffers of a group's parameters and gradient, the activations of `batch` sequences
+// (a block's input per layer with checkpoint_activations), and 256 MiB of heap.
+std::uint64_t WorkingMemoryBytes(const ModelConfig& c, std::size_t batch,
+                                 bool checkpoint_activations);
 std::size_t OptimizerParts(const ModelConfig& c, std::size_t group, std::size_t optimizer_chunk);
 // The most a MemAscend run's store can hold: every stored tensor in both versions (in
 // 64 KiB units). A larger --host-budget is capped to it.

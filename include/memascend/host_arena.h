@@ -47,6 +47,8 @@ enum class ArenaBacking {
   kAuto,            // kCudaRegistered when a CUDA device is present, else kMlock
   kCudaRegistered,  // mmap + cudaHostRegister
   kMlock,           // mmap + mlock
+  kUnlocked,        // mmap alone: ordinary memory the kernel may swap (RLIMIT_MEMLOCK too
+                    // small to lock the budget: Note [default host budget], host_budget.h)
   kAccounting,      // address space only (PROT_NONE): the allocator logic without the
                     // memory, to simulate 70B-parameter workloads on a small machine
 };

@@ -11,6 +11,7 @@
 #include <memascend/cuda_kernels.h>
 #include <memascend/device_training.h>
 #include <memascend/host_arena.h>
+#include <memascend/host_budget.h>
 #include <memascend/io_engine.h>
 #include <memascend/io_scheduler.h>
 #include <memascend/kernels.h>

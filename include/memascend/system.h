@@ -83,6 +83,46 @@ struct MemoryInfo {
   }
 };
 
+// Note [memory limit]
+// What this process may still take is the least of two figures. The memory cgroup's:
+// the smallest limit on the process's own cgroup and every cgroup above it up to the
+// root of its hierarchy (a parent's limit binds its children), cgroup v2 `memory.max`
+// ("max": none) or v1 `memory.limit_in_bytes` (none is written as a page-rounded
+// LONG_MAX, 9223372036854771712: anything at or above 2^62 reads as none), less what the
+// own cgroup holds now (`memory.current` / `memory.usage_in_bytes`) but for its inactive
+// file cache (`inactive_file` / `total_inactive_file` of memory.stat), which the kernel
+// reclaims before it kills. And the machine's: MemAvailable of /proc/meminfo. The cgroup
+// is found from /proc/self/cgroup and the mounts of /proc/self/mountinfo; a file that
+// cannot be read is no limit, said in `detail`. RLIMIT_MEMLOCK (MemoryInfo) bounds only
+// what may be page-locked.
+struct MemoryLimit {
+  int cgroup_version = 0;  // 1 or 2; 0 when the process is in no memory cgroup found
+  std::string cgroup_dir;  // the process's own memory cgroup directory; empty when none
+  std::uint64_t cgroup_limit_bytes = kUnlimited;  // the smallest limit on the path
+  std::string cgroup_limit_file;                  // the file that holds it; empty when none
+  std::uint64_t cgroup_usage_bytes = 0;           // the own cgroup's charge now
+  std::uint64_t cgroup_reclaimable_bytes = 0;     // its inactive file cache, within the usage
+  std::uint64_t total_bytes = 0;                  // MemTotal; 0 when unknown
+  std::uint64_t available_bytes = kUnlimited;     // MemAvailable; kUnlimited when unknown
+  std::string detail;  // what could not be read (empty when everything could)
+
+  // Bytes the process may still take: the least of the cgroup's limit less its usage
+  // (without the reclaimable cache) and MemAvailable; kUnlimited when neither is known.
+  std::uint64_t headroom_bytes() const noexcept;
+  // Which of the two headroom_bytes() is, with its figures, e.g. "cgroup memory.max of
+  // /sys/fs/cgroup/job/memory.max = 4.00 GiB, 120.0 MiB of it in use" or "MemAvailable
+  // of /proc/meminfo = 21.3 GiB".
+  std::string headroom_source() const;
+  // The hard limit a budget may never pass: the cgroup's limit, else MemTotal
+  // (kUnlimited when neither is known), and its description as above.
+  std::uint64_t limit_bytes() const noexcept;
+  std::string limit_source() const;
+};
+
+// Reads Note [memory limit]'s figures for this process. Never fails (see `detail`).
+// Thread-safety: any thread; each call reads afresh.
+MemoryLimit ReadMemoryLimit();
+
 // One step of the io_uring probe: an operation the I/O engine relies on, tried for real.
 struct IoUringCheck {
   std::string name;  // "setup", "nop", "opcode probe", "scratch file", "write", "read",
@@ -145,6 +185,7 @@ struct SystemInfo {
   std::string kernel_release;  // uname -r
   CpuInfo cpu;
   MemoryInfo memory;
+  MemoryLimit memory_limit;  // Note [memory limit]
   IoUringInfo io_uring;
   CudaInfo cuda;
   NumaInfo numa;
@@ -177,7 +218,9 @@ inline SystemInfo ProbeSystem() { return ProbeSystem(ProbeOptions::FromEnvironme
 // One JSON object with every field above, and at top level the keys `io_uring`
 // (bool), `cuda_devices` (int), `numa_nodes` (int), `memlock_limit_bytes` (int; -1
 // when unlimited), `page_size`, `io_backend`, `io_backend_reason`, `host_backing` and
-// `simd`. `io_uring_detail.checks` lists the probe's steps ({name, ok, detail}).
+// `simd`. `io_uring_detail.checks` lists the probe's steps ({name, ok, detail}), and
+// `memory_limit` Note [memory limit]'s figures (byte counts -1 when unlimited or unknown).
+
 std::string ToJson(const SystemInfo& info);
 
 }  // namespace memascend

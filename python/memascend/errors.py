@@ -96,6 +96,11 @@ class DataLossError(Error, OSError):
     code = StatusCode.DATA_LOSS
 
 
+class MemlockWarning(UserWarning):
+    """RLIMIT_MEMLOCK is below the host budget chosen by default: the budget is ordinary
+    unlocked memory. The message says what to raise for page-locked memory."""
+
+
 _BY_CODE = {cls.code: cls for cls in (
     CancelledError, InvalidArgumentError, NotFoundError, AlreadyExistsError,
     PermissionDeniedError, ResourceExhaustedError, FailedPreconditionError, AbortedError,

@@ -62,8 +62,9 @@ ArenaBacking ParseBacking(const std::string& name) {
   if (name == "auto") return ArenaBacking::kAuto;
   if (name == "cuda") return ArenaBacking::kCudaRegistered;
   if (name == "mlock") return ArenaBacking::kMlock;
+  if (name == "unlocked") return ArenaBacking::kUnlocked;
   throw StatusError{absl::InvalidArgumentError(
-      fmt::format("host_backing '{}' is not one of auto, cuda, mlock", name))};
+      fmt::format("host_backing '{}' is not one of auto, cuda, mlock, unlocked", name))};
 }
 
 CudaStreamView Stream(std::uintptr_t handle) {
@@ -450,6 +451,32 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     return ToJson(ProbeSystem());
   });
+  // memascend Note [default host budget]: a dict {bytes, locked, given, reason, warning}.
+  m.def(
+      "choose_host_budget",
+      [](std::uint64_t minimum, std::uint64_t maximum, std::uint64_t other, bool cuda,
+         std::uint64_t given) {
+        HostBudgetRequest r;
+        r.minimum_bytes = minimum;
+        r.maximum_bytes = maximum;
+        r.other_bytes = other;
+        r.backing = cuda ? HostBackingKind::kCudaRegistered : HostBackingKind::kMlock;
+        r.given_bytes = given;
+        HostBudget b;
+        {
+          py::gil_scoped_release nogil;
+          b = Take(ChooseHostBudget(r));
+        }
+        py::dict d;
+        d["bytes"] = b.bytes;
+        d["locked"] = b.locked;
+        d["given"] = b.given;
+        d["reason"] = b.reason;
+        d["warning"] = b.warning;
+        return d;
+      },
+      py::arg("minimum"), py::arg("maximum"), py::arg("other"), py::arg("cuda") = false,
+      py::arg("given") = 0);
   m.def("dtype_size", [](const std::string& d) { return SizeOf(ParseDType(d)); });
 
   // ---- Volume
@@ -543,7 +570,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("host_backing") = "auto",
            "host_backing: 'auto' (registered with CUDA when the store has a GPU tier and a "
            "device is present, else mlock'ed), 'cuda' (registered with CUDA: copies to and "
-           "from a GPU are true DMA) or 'mlock'.")
+           "from a GPU are true DMA), 'mlock' or 'unlocked' (ordinary memory).")
       .def_property_readonly("closed", &PyStore::closed)
       .def_property_readonly("host_budget", &PyStore::budget)
       .def(

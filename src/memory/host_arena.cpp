@@ -29,6 +29,8 @@ std::string_view ToString(ArenaBacking backing) noexcept {
       return "cuda_registered";
     case ArenaBacking::kMlock:
       return "mlock";
+    case ArenaBacking::kUnlocked:
+      return "unlocked";
     case ArenaBacking::kAccounting:
       return "accounting";
   }
@@ -45,6 +47,8 @@ prim::RegionBacking ToRegionBacking(ArenaBacking backing) {
       return prim::RegionBacking::kCudaRegistered;
     case ArenaBacking::kAccounting:
       return prim::RegionBacking::kAccounting;
+    case ArenaBacking::kUnlocked:
+      return prim::RegionBacking::kUnlocked;
     case ArenaBacking::kMlock:
     case ArenaBacking::kAuto:
       break;

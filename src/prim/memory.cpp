@@ -74,6 +74,7 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
     }
   }
 
+  if (options.backing == RegionBacking::kUnlocked) return region;
   if (options.backing == RegionBacking::kMlock) {
     if (::mlock(p, bytes) != 0) {
       // Keep the region unlocked in the destructor's eyes: Reset() munlocks only kMlock.

@@ -12,6 +12,7 @@ namespace memascend::prim {
 enum class RegionBacking {
   kCudaRegistered,  // mmap + cudaHostRegister (page-locked and known to the GPU driver)
   kMlock,           // mmap + mlock
+  kUnlocked,        // mmap alone (ordinary memory)
   kAccounting,      // address space only (PROT_NONE, MAP_NORESERVE): for simulations
 };
 

@@ -92,6 +92,7 @@ SystemInfo ProbeSystem(const ProbeOptions& options) {
   info.kernel_release = prim::KernelRelease();
   info.cpu = prim::ProbeCpu();
   info.memory = prim::ProbeMemory();
+  info.memory_limit = ReadMemoryLimit();
   info.io_uring = prim::ProbeIoUring(options.disable_io_uring);
   info.cuda = prim::ProbeCuda(options.disable_cuda);
   info.numa = prim::ProbeNuma();
@@ -145,6 +146,22 @@ std::string ToJson(const SystemInfo& info) {
   w.Field("memlock_hard_bytes", limit(info.memory.memlock_hard_bytes));
   w.Field("cap_ipc_lock", info.memory.cap_ipc_lock);
   w.Field("lockable_bytes", limit(info.memory.lockable_bytes()));
+  w.EndObject();
+
+  const MemoryLimit& ml = info.memory_limit;
+  w.Key("memory_limit").BeginObject();
+  w.Field("cgroup_version", ml.cgroup_version);
+  w.Field("cgroup_dir", ml.cgroup_dir);
+  w.Field("cgroup_limit_bytes", limit(ml.cgroup_limit_bytes));
+  w.Field("cgroup_limit_file", ml.cgroup_limit_file);
+  w.Field("cgroup_usage_bytes", ml.cgroup_usage_bytes);
+  w.Field("cgroup_reclaimable_bytes", ml.cgroup_reclaimable_bytes);
+  w.Field("available_bytes", limit(ml.available_bytes));
+  w.Field("limit_bytes", limit(ml.limit_bytes()));
+  w.Field("limit_source", ml.limit_source());
+  w.Field("headroom_bytes", limit(ml.headroom_bytes()));
+  w.Field("headroom_source", ml.headroom_source());
+  w.Field("detail", ml.detail);
   w.EndObject();
 
   w.Key("io_uring_detail").BeginObject();

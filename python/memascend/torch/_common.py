@@ -1,8 +1,10 @@
 """What the modules of memascend.torch share: dtype names, host copies, and the registry
 of parameters offloaded by offload_parameters()."""
+import warnings
+
 import torch
 
-from memascend import errors
+from memascend import _core, errors
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 DEFAULT_PART_ELEMENTS = 1 << 20
@@ -14,6 +16,20 @@ def dtype_name(dtype, what):
     except KeyError:
         raise errors.InvalidArgumentError(
             f"{what} has dtype {dtype}; MemAscend keeps float32, float16 and bfloat16") from None
+
+
+def choose_budget(least, most, on_host, cuda, given):
+    """(bytes, reason, locked): the host budget, given or from the machine.
+
+    memascend Note [default host budget]: a given budget is capped at `most` (refused past
+    the memory limit or RLIMIT_MEMLOCK); without one, what the machine leaves beyond the
+    process's other needs: on the CPU the parameters and gradients in torch (`on_host`
+    bytes) and as much again for activations, and 256 MiB of heap."""
+    choice = _core.choose_host_budget(least, most, 3 * on_host + (256 << 20), cuda=cuda,
+                                      given=given or 0)
+    if choice["warning"]:
+        warnings.warn(choice["warning"], errors.MemlockWarning, stacklevel=3)
+    return int(choice["bytes"]), choice["reason"], bool(choice["locked"])
 
 
 def is_kept_dtype(dtype):
@@ -39,8 +55,11 @@ def offloaded(p):
 MAX_THREADS = 1024
 
 
-def whole(name, value, lo, hi):
-    """`value` as an int in [lo, hi], or InvalidArgumentError saying what was wrong."""
+def whole(name, value, lo, hi, optional=False):
+    """`value` as an int in [lo, hi] (None passes when optional), or InvalidArgumentError
+    saying what was wrong."""
+    if optional and value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             as_int = int(value)

@@ -7,8 +7,8 @@ from memascend import _core, errors
 from memascend.torch import distributed as _dist
 from memascend.torch import scaling as _scaling
 from memascend.torch import state as _state
-from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, dtype_name, host,
-                                     offloaded, refuse_frozen, whole)
+from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, choose_budget,
+                                     dtype_name, host, offloaded, refuse_frozen, whole)
 
 
 class OffloadedAdamW(torch.optim.Optimizer):
@@ -20,6 +20,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
       host_budget: pinned host bytes for the state in flight (at least one part's
         gradient, parameters, master weights and moments: see min_host_budget()); capped
         at what the state can ever hold (``host_budget`` then says the budget in use).
+        None (the default): chosen from the machine (docs/python.md, "Host budget";
+        ``host_budget_reason`` says which limit decided; unlocked memory with one
+        MemlockWarning under a small RLIMIT_MEMLOCK). A given budget above the memory
+        limit (or RLIMIT_MEMLOCK, page-locked) raises ResourceExhaustedError.
       volume_size: bytes of a new volume file (default: the state's need plus margin).
       part_elements: elements updated at once (a multiple of 2^18 keeps results
         independent of it).
@@ -45,16 +49,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-                 volume, host_budget, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
+                 volume, host_budget=None, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
                  max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None):
-        self._core = None
-        self._store = None
-        self._volume = None
-        self._own_volume = False
-        self._cuda = None
-        self._offloads = []
+        self._core = self._store = self._volume = self._cuda = None
+        self._own_volume, self._offloads = False, []
         if not lr >= 0.0:
             raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
         if not eps > 0.0:
@@ -69,14 +69,11 @@ class OffloadedAdamW(torch.optim.Optimizer):
             raise errors.InvalidArgumentError("resume and overwrite exclude each other")
         # Integers the SDK takes, checked here: a clear message rather than a crash (a part
         # of 0 elements divides by zero) or pybind's list of signatures.
-        host_budget = whole("host_budget", host_budget, 1, 1 << 50)
+        host_budget = whole("host_budget", host_budget, 1, 1 << 50, optional=True)
         part_elements = whole("part_elements", part_elements, 1, 1 << 34)
-        if volume_size is not None:
-            volume_size = whole("volume_size", volume_size, 1, 1 << 56)
-        if threads is not None:
-            threads = whole("threads", threads, 1, MAX_THREADS)
-        if read_ahead is not None:
-            read_ahead = whole("read_ahead", read_ahead, 0, 1 << 50)
+        volume_size = whole("volume_size", volume_size, 1, 1 << 56, optional=True)
+        threads = whole("threads", threads, 1, MAX_THREADS, optional=True)
+        read_ahead = whole("read_ahead", read_ahead, 0, 1 << 50, optional=True)
         run_id = whole("run_id", run_id, 0, (1 << 64) - 1)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False)
@@ -138,10 +135,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._max_grad_norm = float(max_grad_norm)
         self.comm_bytes = 0  # bytes this rank sent into collectives, all steps together
         self._part_elements = int(part_elements)
-        self._step_count = 0
+        self._step_count = self.skipped_steps = 0
         self.resumed_step = None
         self.last_step = None  # what the last step() did: skipped, grad_norm, loss_scale
-        self.skipped_steps = 0
         # Note [optimizer overlap] (memascend/offloaded_optimizer.h): under
         # offload_parameters covering every parameter, step() plans the update and the next
         # forward pass runs it group by group, each just before the group is loaded.
@@ -157,7 +153,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
         # page-locked for nothing: capped there (never below what one part needs).
         least = _core.OffloadedAdam.minimum_host_budget(max(n for _, n in layout),
                                                         self._part_elements, self._dt, self._dt)
-        self.host_budget = min(host_budget, max(need, least))
+        on_host = 0 if cuda else sum(n * p.element_size()
+                                     for n, p in zip(self._numels, self._params))
+        self.host_budget, self.host_budget_reason, self.host_budget_locked = choose_budget(
+            least, max(need, least), on_host, bool(cuda), host_budget)
         try:
             if isinstance(volume, (str, os.PathLike)):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
@@ -170,7 +169,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
             # CUDA-registered on a GPU: copies to and from the device are true DMA.
             self._store = _core.TensorStore(self._volume, host_budget=self.host_budget,
                                             defer_prefetches=True,
-                                            host_backing="cuda" if cuda else "auto")
+                                            host_backing="cuda" if cuda else
+                                            "auto" if self.host_budget_locked else "unlocked")
             self._core = _core.OffloadedAdam(
                 self._store, layout, self._dt, self._dt, self._part_elements,
                 [float(self.param_groups[self._group_of[i]]["lr"]) for i in self._owned()],
