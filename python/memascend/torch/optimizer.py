@@ -1,8 +1,5 @@
 """OffloadedAdamW: torch.optim.AdamW with its state on a MemAscend volume."""
-from __future__ import annotations
-
 import os
-from typing import Any, Callable, Iterable, Literal
 
 import torch
 
@@ -46,16 +43,11 @@ class OffloadedAdamW(torch.optim.Optimizer):
     # torch's GradScaler hands the scale to step() rather than unscaling the gradients.
     _step_supports_amp_scaling = True
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-                 lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, volume: str | os.PathLike[str] | _core.Volume,
-                 host_budget: int, volume_size: int | None = None,
-                 part_elements: int = DEFAULT_PART_ELEMENTS, max_grad_norm: float = 0.0,
-                 dynamic_loss_scale: bool = False, initial_scale: float = 65536.0,
-                 resume: bool = False, overwrite: bool = False, threads: int | None = None,
-                 read_ahead: int | None = None, run_id: int = 0, amsgrad: bool = False,
-                 maximize: bool = False, process_group: Any = None,
-                 offload_gradients: bool | None = None) -> None:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
+                 volume, host_budget, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
+                 max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
+                 resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
+                 amsgrad=False, maximize=False, process_group=None, offload_gradients=None):
         self._core = None
         self._store = None
         self._volume = None
@@ -254,7 +246,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
             fill(h)
             p.data.copy_(h)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
+    def add_param_group(self, param_group):
         """Refused after construction (the state is laid out on the volume then)."""
         if getattr(self, "_frozen", False):
             raise errors.FailedPreconditionError(
@@ -262,7 +254,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 "on the volume when it is made; make a new optimizer for the new parameters")
         super().add_param_group(param_group)
 
-    def close(self) -> None:
+    def close(self):
         """Finishes an update still planned, waits for the last commit and closes the
         state, its store and (if the optimizer opened it) its volume. Raises the last
         commit's error, if any."""
@@ -302,10 +294,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
         except Exception:  # noqa: BLE001 - a destructor has nobody to tell
             pass
 
-    def __enter__(self) -> OffloadedAdamW:
+    def __enter__(self):
         return self
 
-    def __exit__(self, *exc: object) -> Literal[False]:
+    def __exit__(self, *exc):
         self.close()
         return False
 
@@ -322,8 +314,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     # ---- what torch.optim users call
 
     @staticmethod
-    def min_host_budget(max_numel: int, part_elements: int = DEFAULT_PART_ELEMENTS,
-                        dtype: torch.dtype = torch.float32) -> int:
+    def min_host_budget(max_numel, part_elements=DEFAULT_PART_ELEMENTS, dtype=torch.float32):
         """The least host_budget for parameters of at most `max_numel` elements."""
         name = dtype_name(dtype, "dtype")
         return _core.OffloadedAdam.minimum_host_budget(int(max_numel), int(part_elements), name,
@@ -336,21 +327,21 @@ class OffloadedAdamW(torch.optim.Optimizer):
         return self._core
 
     @property
-    def loss_scale(self) -> float:
+    def loss_scale(self):
         """The SDK's loss scale (1 unless dynamic_loss_scale)."""
         return self._open().loss_scale
 
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+    def scale_loss(self, loss):
         """The loss multiplied by the SDK's loss scale (dynamic_loss_scale)."""
         return loss * self._open().loss_scale
 
     @property
-    def steps(self) -> int:
+    def steps(self):
         """step() calls so far, counting those resumed from the volume."""
         return self._step_count
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+    def step(self, closure=None, **kwargs):
         """One AdamW step over the state on the volume, committed crash-consistently."""
         grad_scaler = kwargs.pop("grad_scaler", None)
         if kwargs:
@@ -461,14 +452,14 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 f"parameter {i}'s gradient has {g.numel()} elements, not {self._numels[i]}")
         return g
 
-    def settle(self) -> None:
+    def settle(self):
         """Waits until the last step's commit is durable (raising its error, if any); an
         update still planned (under offload_parameters) is run and committed first."""
         self._open()
         self._finish_update()
         self._core.settle()
 
-    def reload_parameters(self) -> None:
+    def reload_parameters(self):
         """Makes the parameters' current values the master weights (after they were
         changed outside step(), e.g. by model.load_state_dict); the moments stay."""
         _state.reload_parameters(self)
@@ -487,7 +478,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 f"{what}() under torch.distributed with offload_parameters: a rank holds only "
                 "its shard of the parameters")
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self):
         """I/O and store counters: bytes read and written, evictions, skipped steps (and,
         on a GPU, the device paths' counters)."""
         s = self._open().stats()
@@ -495,13 +486,13 @@ class OffloadedAdamW(torch.optim.Optimizer):
             s.update(self._cuda.stats())
         return s
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self):
         """The state whole, in torch.optim.AdamW's format. Under torch.distributed it is a
         collective (call it on every rank): each rank's shards are all-gathered and every
         rank returns the whole state."""
         return _state.state_dict(self)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict):
         """Loads a state_dict of this optimizer or of torch.optim.AdamW over the same
         parameters; committed to the volume at once. Under torch.distributed every rank
         loads the same whole state_dict and keeps its shard of it."""

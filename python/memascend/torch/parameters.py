@@ -210,7 +210,7 @@ class ParameterOffload:
                 state_dict[full] = h
         return state_dict
 
-    def ensure(self, i: int) -> torch.nn.Parameter:
+    def ensure(self, i: int) -> torch.Tensor:
         """Parameter i in memory (for a saved view unpacked outside the module's hooks)."""
         p = self._opt._params[i]
         if self._count.get(i, 0) == 0:
