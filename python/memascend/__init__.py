@@ -15,7 +15,10 @@ Thread-safety: a Volume and a TensorStore may be used from several threads; a Le
 one. Lifetime: a TensorStore keeps its Volume alive, a Lease its TensorStore; closing
 one that is still in use raises FailedPreconditionError.
 """
+from __future__ import annotations
+
 import json as _json
+from typing import Any, Literal, TypeVar
 
 from memascend import _core
 from memascend.errors import (  # noqa: F401
@@ -30,34 +33,42 @@ TensorStore = _core.TensorStore
 Lease = _core.Lease
 
 
-def _enter(self):
+_T = TypeVar("_T")
+
+
+def _enter(self: _T) -> _T:
     return self
 
 
-def _exit_close(self, *exc):
+def _exit_close(self: Any, *exc: object) -> Literal[False]:
     self.close()
     return False
 
 
-def _exit_release(self, *exc):
+def _exit_release(self: Any, *exc: object) -> Literal[False]:
     self.release()
     return False
 
 
+# The extension's classes get the context-manager protocol and a repr here; setattr, since
+# their stub (_core.pyi) declares these as the classes' own.
 for _cls in (Volume, TensorStore):
-    _cls.__enter__ = _enter
-    _cls.__exit__ = _exit_close
-Lease.__enter__ = _enter
-Lease.__exit__ = _exit_release
-Volume.__repr__ = lambda self: f"memascend.Volume({self.path!r}{', closed' if self.closed else ''})"
-TensorStore.__repr__ = lambda self: (
-    f"memascend.TensorStore(host_budget={self.host_budget}{', closed' if self.closed else ''})")
+    setattr(_cls, "__enter__", _enter)
+    setattr(_cls, "__exit__", _exit_close)
+setattr(Lease, "__enter__", _enter)
+setattr(Lease, "__exit__", _exit_release)
+setattr(Volume, "__repr__",
+        lambda self: f"memascend.Volume({self.path!r}{', closed' if self.closed else ''})")
+setattr(TensorStore, "__repr__", lambda self: (
+    f"memascend.TensorStore(host_budget={self.host_budget}{', closed' if self.closed else ''})"))
 
 
-def system_info():
+def system_info() -> dict[str, Any]:
     """What this machine offers and what MemAscend picks (``memascend info`` as a dict):
     CPU features, memory and memlock limits, io_uring, CUDA devices, NUMA nodes."""
     return _json.loads(_core.system_info_json())
 
 
-__all__ = ["Volume", "TensorStore", "Lease", "system_info", "Error", "StatusCode", "errors"]
+__all__ = ["Volume", "TensorStore", "Lease", "system_info", "Error", "StatusCode", "errors",
+           "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "ResourceExhaustedError",
+           "FailedPreconditionError", "OutOfRangeError", "DataLossError", "UnavailableError"]

@@ -6,6 +6,8 @@ Each also derives from the built-in exception a Python caller would expect
 (``InvalidArgumentError`` is a ``ValueError``, ``NotFoundError`` a ``LookupError``...),
 so ``except ValueError`` keeps working.
 """
+from __future__ import annotations
+
 import enum
 
 
@@ -32,15 +34,15 @@ class StatusCode(enum.IntEnum):
 class Error(Exception):
     """A failed status. ``code`` is its StatusCode, ``message`` its text."""
 
-    code = StatusCode.UNKNOWN
+    code: StatusCode = StatusCode.UNKNOWN
 
-    def __init__(self, message, code=None):
+    def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = StatusCode(code)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.code.name}: {self.message}"
 
 
@@ -101,13 +103,13 @@ class MemlockWarning(UserWarning):
     unlocked memory. The message says what to raise for page-locked memory."""
 
 
-_BY_CODE = {cls.code: cls for cls in (
+_BY_CODE: dict[int, type[Error]] = {cls.code: cls for cls in (
     CancelledError, InvalidArgumentError, NotFoundError, AlreadyExistsError,
     PermissionDeniedError, ResourceExhaustedError, FailedPreconditionError, AbortedError,
     OutOfRangeError, UnimplementedError, InternalError, UnavailableError, DataLossError)}
 
 
-def from_status(code, message):
+def from_status(code: int, message: str) -> Error:
     """The exception for a status (called by the extension)."""
     cls = _BY_CODE.get(code, Error)
     return cls(message) if cls is not Error else Error(message, code)

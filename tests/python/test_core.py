@@ -97,3 +97,48 @@ def test_each_module_of_memascend_torch_stays_readable():
     sizes = {f: sum(1 for _ in open(os.path.join(folder, f)))
              for f in os.listdir(folder) if f.endswith(".py")}
     assert len(sizes) >= 8 and max(sizes.values()) <= 500, sizes
+
+
+def _stub_classes(path):
+    """{class name: {member name: ast node}} of a stub file."""
+    import ast
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    out = {}
+    for c in tree.body:
+        if isinstance(c, ast.ClassDef):
+            out[c.name] = {n.target.id if isinstance(n, ast.AnnAssign) else n.name: n
+                           for n in c.body if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
+    return out
+
+
+def test_the_stubs_name_what_the_runtime_has():
+    """_core.pyi and torch/optimizer.pyi (the package's type hints) installed beside the
+    modules, each public name in them and the runtime alike, OffloadedAdamW's signatures
+    too: a signature changed in optimizer.py is changed in its stub."""
+    import inspect
+    import os
+    from memascend import _core
+    import memascend.torch.optimizer as optimizer
+    here = os.path.dirname(memascend.__file__)
+    assert os.path.exists(os.path.join(here, "py.typed"))
+    stubs = _stub_classes(os.path.join(here, "_core.pyi"))
+    for cls in (_core.Volume, _core.TensorStore, _core.Lease):
+        public = {n for n in dir(cls) if not n.startswith("_")}
+        assert public == {n for n in stubs[cls.__name__] if not n.startswith("_")}, cls
+
+    stub = _stub_classes(os.path.join(os.path.dirname(optimizer.__file__), "optimizer.pyi"))
+    stub = stub["OffloadedAdamW"]
+    cls = optimizer.OffloadedAdamW
+    own = {n for n in vars(cls) if not n.startswith("_") or n in ("__init__", "__exit__")}
+    assert own <= set(stub), own - set(stub)
+    for name in own:
+        runtime = inspect.signature(getattr(cls, name)) if callable(getattr(cls, name)) else None
+        node = stub[name]
+        if runtime is None or not hasattr(node, "args"):
+            continue
+        a = node.args
+        names = [x.arg for x in a.posonlyargs + a.args] + \
+                ([a.vararg.arg] if a.vararg else []) + [x.arg for x in a.kwonlyargs] + \
+                ([a.kwarg.arg] if a.kwarg else [])
+        assert names == list(runtime.parameters), (name, names, list(runtime.parameters))

@@ -129,7 +129,7 @@ def main():
         set_rpath(path, out_lib)
     python_extension = next(iter(sorted(
         f for f in os.listdir(os.path.join(out_build, "python", "memascend"))
-        if f.startswith("_core"))), "")
+        if f.startswith("_core") and f.endswith(".so"))), "")
 
     size = 0
     for root, _, files in os.walk(stage):

@@ -1,13 +1,19 @@
 """offload_activations(): the tensors autograd saves for the backward pass kept in a
 TensorStore (pinned host memory under its budget, spilled to its volume beyond it)."""
+from __future__ import annotations
+
 import itertools
 import threading
 import weakref
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from memascend import errors
 from memascend.torch._common import OFFLOADED, is_kept_dtype, dtype_name
+
+if TYPE_CHECKING:
+    from memascend import TensorStore
 
 _local = threading.local()
 _instances = itertools.count()  # each ActivationOffload names its slots apart
@@ -86,7 +92,7 @@ class _Saved:
 class ActivationOffload:
     """What offload_activations() returns: a context manager (saved_tensors_hooks)."""
 
-    def __init__(self, store, min_bytes, read_ahead):
+    def __init__(self, store: TensorStore, min_bytes: int, read_ahead: int) -> None:
         self._store = store
         self._min_bytes = int(min_bytes)
         self._read_ahead = int(read_ahead)
@@ -235,13 +241,13 @@ class ActivationOffload:
             pass  # a store closed first: nothing to free
         self._free_slots.setdefault(nbytes, []).append(tid)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Waits for every copy in flight and lets go of its lease."""
         if self._pending is not None:
             self._pending.drain()
             self._reap()
 
-    def __enter__(self):
+    def __enter__(self) -> ActivationOffload:
         stack = getattr(_local, "activations", None)
         if stack is None:
             stack = _local.activations = []
@@ -250,14 +256,15 @@ class ActivationOffload:
         self._hooks.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self._hooks.__exit__(*exc)
         self._hooks = None
         _local.activations.pop()
         return False
 
 
-def offload_activations(store, min_bytes=1 << 16, read_ahead=4):
+def offload_activations(store: TensorStore, min_bytes: int = 1 << 16,
+                        read_ahead: int = 4) -> ActivationOffload:
     """A context manager: tensors autograd saves for the backward pass while it is open
     (and at least `min_bytes` large) go to `store` (a memascend.TensorStore) as scratch
     tensors: pinned memory under its budget, spilled to its volume beyond it, read back

@@ -7,17 +7,23 @@ parameters come back from those blocks on another, each fenced by CUDA events th
 compute stream (torch's current stream) waits on; host leases are let go only once the
 copy that reads or writes them has completed.
 """
+from __future__ import annotations
+
 import collections
+from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 import torch
 
 from memascend import _core, errors
 from memascend.torch._common import dtype_name, offloaded
 
+if TYPE_CHECKING:
+    from memascend.torch.optimizer import OffloadedAdamW
+
 _TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
-def stream_handle(device):
+def stream_handle(device: torch.device) -> int:
     """torch's current stream on `device`, as the cudaStream_t the SDK takes."""
     return torch.cuda.current_stream(device).cuda_stream
 
@@ -25,12 +31,13 @@ def stream_handle(device):
 class _DeviceBytes:
     """Device memory owned by the SDK, seen by torch through __cuda_array_interface__."""
 
-    def __init__(self, address, nbytes):
+    def __init__(self, address: int, nbytes: int) -> None:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
                                          "data": (address, False), "version": 2}
 
 
-def device_tensor(address, elements, dtype_code, shape, device):
+def device_tensor(address: int, elements: int, dtype_code: str, shape: Sequence[int],
+                  device: torch.device) -> torch.Tensor:
     """A tensor over `elements` values at device `address` (SDK memory, not torch's):
     valid until the SDK's lease on it ends."""
     dtype = _TORCH_DTYPES[dtype_code]
@@ -42,17 +49,18 @@ def device_tensor(address, elements, dtype_code, shape, device):
 class PendingLeases:
     """Store leases held until the copy that uses them has completed (a CUDA event)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pending = collections.deque()  # (event, lease, nbytes, key)
         self._keys = collections.Counter()    # key -> leases pending
         self.bytes = 0
 
-    def add(self, event, lease, nbytes, key=None):
+    def add(self, event: torch.cuda.Event, lease: _core.Lease, nbytes: int,
+            key: Hashable = None) -> None:
         self._pending.append((event, lease, nbytes, key))
         self._keys[key] += 1
         self.bytes += nbytes
 
-    def holds(self, key):
+    def holds(self, key: Hashable) -> bool:
         """Whether a lease added under `key` is still pending."""
         return self._keys.get(key, 0) > 0
 
@@ -63,7 +71,7 @@ class PendingLeases:
         if not self._keys[key]:
             del self._keys[key]
 
-    def reap(self, limit=None):
+    def reap(self, limit: int | None = None) -> None:
         """Lets go of the leases whose copies are done; waits for the oldest while more
         than `limit` bytes are held."""
         while self._pending:
@@ -75,7 +83,7 @@ class PendingLeases:
             self._pending.popleft()
             self._done(lease, nbytes, key)
 
-    def drain(self):
+    def drain(self) -> None:
         while self._pending:
             event, lease, nbytes, key = self._pending.popleft()
             event.synchronize()
@@ -86,7 +94,8 @@ class OptimizerCuda:
     """An OffloadedAdamW's device paths: gradients out (DeviceGradients) and parameters in
     (DeviceParameters), each on a copy stream of its own."""
 
-    def __init__(self, opt, device, offload_gradients):
+    def __init__(self, opt: OffloadedAdamW, device: torch.device,
+                 offload_gradients: bool | None) -> None:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.opt = opt
@@ -111,7 +120,7 @@ class OptimizerCuda:
             self.hook_gradients()
 
     # -- gradients
-    def hook_gradients(self):
+    def hook_gradients(self) -> None:
         """Each gradient goes out as soon as backward has accumulated it (torch >= 2.1)."""
         if self._hooks:
             return
@@ -156,7 +165,7 @@ class OptimizerCuda:
         self._send(i, g)
         p.grad = None
 
-    def gradients_in(self, scale):
+    def gradients_in(self, scale: float) -> None:
         """At step(): the gradients not sent yet go now; then every copy is waited for
         and checked (DeviceGradients.finish); `scale` is what they carry."""
         opt = self.opt
@@ -177,14 +186,14 @@ class OptimizerCuda:
         self.sent.clear()
         self.begun = False
 
-    def drop_gradients(self):
+    def drop_gradients(self) -> None:
         """A step skipped (a GradScaler saw inf/NaN): what went out is not used."""
         self.grads.finish()
         self.sent.clear()
         self.begun = False
 
     # -- parameters
-    def copy_parameter(self, i, p):
+    def copy_parameter(self, i: int, p: torch.Tensor) -> None:
         """Parameter i's current values from the store into its own device memory."""
         if not p.data.is_contiguous():
             raise errors.FailedPreconditionError(
@@ -192,7 +201,7 @@ class OptimizerCuda:
                 "values in place")
         self.params.copy_to(i, p.data.data_ptr(), stream_handle(self.device))
 
-    def parameters_out(self):
+    def parameters_out(self) -> None:
         """After an update: each parameter kept on the GPU gets its new values; the device
         copies of offloaded ones are dropped (the next acquire brings the new ones)."""
         for i, p in enumerate(self.opt._params):
@@ -201,7 +210,7 @@ class OptimizerCuda:
             else:
                 self.copy_parameter(i, p)
 
-    def use_device_budget(self, budget, read_ahead):
+    def use_device_budget(self, budget: int, read_ahead: int) -> None:
         """Parameters acquired on the device (offload_parameters), within `budget` bytes."""
         if self.budget:
             raise errors.FailedPreconditionError(
@@ -216,10 +225,10 @@ class OptimizerCuda:
         if self.explicit is None:
             self.hook_gradients()
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         return {"device_parameters": self.params.stats(), "device_gradients": self.grads.stats()}
 
-    def close(self):
+    def close(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []

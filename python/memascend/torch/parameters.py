@@ -1,17 +1,25 @@
 """offload_parameters(): a module's parameters kept in its OffloadedAdamW's state and
 loaded just before each use (ZeRO-3 style)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 
 from memascend import errors
 from memascend.torch import activations as _activations
 from memascend.torch._common import OFFLOADED
 
+if TYPE_CHECKING:
+    from memascend.torch.optimizer import OffloadedAdamW
+
 
 class ParameterOffload:
     """What offload_parameters() returns: the hooks on a module. ``remove()`` brings the
     parameters back into memory and takes the hooks off."""
 
-    def __init__(self, module, optimizer, window, device_budget=None, read_ahead=None):
+    def __init__(self, module: torch.nn.Module, optimizer: OffloadedAdamW, window: int,
+                 device_budget: int | None = None, read_ahead: int | None = None) -> None:
         from memascend.torch.optimizer import OffloadedAdamW
         if not isinstance(optimizer, OffloadedAdamW):
             raise errors.InvalidArgumentError("offload_parameters needs an OffloadedAdamW: the "
@@ -202,7 +210,7 @@ class ParameterOffload:
                 state_dict[full] = h
         return state_dict
 
-    def ensure(self, i):
+    def ensure(self, i: int) -> torch.Tensor:
         """Parameter i in memory (for a saved view unpacked outside the module's hooks)."""
         p = self._opt._params[i]
         if self._count.get(i, 0) == 0:
@@ -212,7 +220,7 @@ class ParameterOffload:
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
         return p
 
-    def remove(self):
+    def remove(self) -> None:
         """Brings every parameter back into memory (its own, on its device) and removes
         the hooks. OffloadedAdamW.close() calls it: a closed optimizer leaves the model
         whole. A second call does nothing."""
@@ -238,7 +246,9 @@ class ParameterOffload:
                 OFFLOADED.pop(id(p), None)
 
 
-def offload_parameters(module, optimizer, window=2, device_budget=None, read_ahead=None):
+def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, window: int = 2,
+                       device_budget: int | None = None,
+                       read_ahead: int | None = None) -> ParameterOffload:
     """Keeps `module`'s parameters in `optimizer`'s state on the volume (ZeRO-3 style).
 
     Each submodule's own parameters are loaded (from the pinned pool, or the volume)

@@ -1,13 +1,20 @@
 """OffloadedAdamW's state_dict in torch.optim.AdamW's format (plus 'master' for 16-bit
 parameters), and loading one (of this optimizer or of torch.optim.AdamW)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from memascend import errors
 from memascend.torch import distributed as _dist
 from memascend.torch._common import host, offloaded
 
+if TYPE_CHECKING:
+    from memascend.torch.optimizer import OffloadedAdamW
 
-def state_dict(opt):
+
+def state_dict(opt: OffloadedAdamW) -> dict[str, Any]:
     opt._check()
     state = {}
     step = torch.tensor(float(opt._core.adam_step))
@@ -32,7 +39,7 @@ def state_dict(opt):
     return {"state": state, "param_groups": groups}
 
 
-def load_state_dict(opt, state_dict):
+def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
     opt._check()
     if opt._world > 1:
         opt._refuse_offloaded("load_state_dict")
@@ -88,7 +95,7 @@ def load_state_dict(opt, state_dict):
     opt._core.commit(opt._step_count)
 
 
-def reload_parameters(opt):
+def reload_parameters(opt: OffloadedAdamW) -> None:
     opt._check()
     if opt._world > 1:
         opt._refuse_offloaded("reload_parameters")
