@@ -501,7 +501,7 @@ TEST(Train, ResumeRefusesAnotherRunsVolume) {
   EXPECT_EQ(s.first_step, 3u);
   o.seed = 99;
   EXPECT_THAT(Train(o, d.tokens, d.tok),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("seed: 1 on the volume, 99 in this run")));
 }
 
 // Never reformat what the user did not ask to: a second run on a volume without --resume
@@ -923,7 +923,8 @@ TEST(DataParallel, WhatCannotBeSharedIsRefusedOnEveryRank) {
     TrainOptions again = four;
     again.resume = true;
     for (const Result& r : TrainRanks(2, again, d))
-      EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("or ranks")));
+      EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("ranks: 4 on the volume, 2 in this run")));
     again.steps = 3;
     for (const Result& r : TrainRanks(4, again, d)) {
       ASSERT_OK(r.status());
