@@ -60,7 +60,8 @@ constexpr const char* kUsage = R"(usage: memascend-train [options]
   --dtype fp16|bf16  working parameters and gradients (default fp16)
   --mode offload|reference   state on a volume (default) or in ordinary memory
   --volume PATH      volume file or block device (default: )" MEMASCEND_TRAIN_DEFAULT_VOLUME R"()
-  --volume-size B    size of a file volume (default: what the run needs, doubled)
+  --volume-size B    size of a file volume (default: what the run needs: the state, 256 MiB
+                     in flight, the journal and a margin of 1/64)
   --force            format a device or file that holds other data, or start over on an
                      existing volume (losing what it holds); without it an existing
                      volume is refused: continue it with --resume

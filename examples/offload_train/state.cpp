@@ -59,6 +59,15 @@ absl::Status OpenFiles(const TrainOptions& o, OffloadState* s) {
   return absl::OkStatus();
 }
 
+// The state's options: data-parallel ranks keep the previous step whole until their
+// commit (memascend Note [bounded staging]).
+memascend::VersionedTrainingStateOptions StateOptions(const TrainOptions& o) {
+  memascend::VersionedTrainingStateOptions v;
+  v.record_name = "train.checkpoint";
+  if (o.comm != nullptr && o.comm->size() > 1) v.max_staged_bytes = 0;
+  return v;
+}
+
 absl::Status OpenVolume(const TrainOptions& o, const StateLayout& layout, OffloadState* s) {
   if (o.fault_injector != nullptr && s->engine == nullptr) {
     memascend::IoEngineOptions eo;
@@ -80,10 +89,10 @@ absl::Status OpenVolume(const TrainOptions& o, const StateLayout& layout, Offloa
   memascend::VolumeFormatOptions f;
   f.force = o.force;
   if (regular) {
-    // Room to write new extents before old ones are freed.
+    // memascend Note [volume size]: the state, what is staged in flight, the journal.
     f.size = o.volume_bytes != 0
                  ? o.volume_bytes
-                 : 2 * memascend::VersionedTrainingState::StoredBytes(layout) + (64ull << 20);
+                 : memascend::VersionedTrainingState::VolumeBytes(layout, StateOptions(o));
   }
   if (exists && !o.force) {
     // Never reformat what the user did not ask to: an earlier run's volume (its
@@ -127,11 +136,8 @@ absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
     so.host_backing = memascend::ArenaBacking::kUnlocked;
   MEMASCEND_ASSIGN_OR_RETURN(s->store, memascend::TensorStore::Open(s->objects(), so));
   MEMASCEND_ASSIGN_OR_RETURN(
-      s->state, memascend::VersionedTrainingState::Open(s->store.get(), s->objects(), layout, [] {
-        memascend::VersionedTrainingStateOptions v;
-        v.record_name = "train.checkpoint";
-        return v;
-      }()));
+      s->state, memascend::VersionedTrainingState::Open(s->store.get(), s->objects(), layout,
+                                                        StateOptions(o)));
   return absl::OkStatus();
 }
 

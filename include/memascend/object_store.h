@@ -82,6 +82,9 @@ class ObjectStore {
   virtual std::vector<ObjectInfo> List() const = 0;
   // Removes an object (durably, for a durable one). kNotFound.
   virtual absl::Status Delete(std::string_view name) = 0;
+  // Bytes of storage written by PutStaged and not yet committed by Sync(), beyond the
+  // objects they replace (what a Sync would let go of). 0 for a store that stages nothing.
+  virtual std::uint64_t staged_bytes() const { return 0; }
 };
 
 struct FileObjectStoreOptions {

@@ -26,6 +26,17 @@
 // back to the previous record by rewriting it as the last, so no record ever names a
 // version that a later commit overwrites.
 //
+// Note [bounded staging]: the tensor store writes evicted dirty tensors back as staged
+// objects (Note [staged puts] in volume.h), whose extents the volume holds beside the ones
+// they replace until the next Sync; committing only at Commit would need room for a whole
+// version more. So at a step's first write of the next version the last record is written
+// as the previous one first (Note [previous commit]: then no record names the version being
+// written), and from then on the staged tensors are committed whenever more than
+// max_staged_bytes wait: a volume the size of the state plus that bound suffices. A crash
+// in between resumes from the last record as before. Data-parallel ranks, whose last
+// commits may be a step apart, set max_staged_bytes 0 and keep the previous step whole
+// until their commit.
+//
 // Note [background commit]: Commit() starts the write-backs and the journal commit on a
 // thread of its own and returns; the caller goes on computing and reading (the new
 // version is resident or staged, so reads see it at once). Settle() waits for it.
@@ -243,6 +254,10 @@ struct VersionedTrainingStateOptions {
   // Deletes what another state left on the volume (and this record's state of another
   // layout) instead of refusing it: that state is lost.
   bool replace_existing = false;
+  // Note [bounded staging]: written-back tensors of the next version are committed once
+  // more than this many bytes wait (the volume keeps the extents they replace until then);
+  // 0: only at Commit. What the volume needs beyond the state (VolumeBytes).
+  std::uint64_t max_staged_bytes = std::uint64_t{256} << 20;
 };
 
 // Two versions in a TensorStore (Note [train state versions], [background commit]).
@@ -281,14 +296,21 @@ class VersionedTrainingState final : public TrainingStateStorage {
   std::uint64_t io_write_bytes() const override;
   std::optional<TensorStoreStats> store_stats() const override;
 
-  // Volume bytes the layout needs: every stored part in both versions, rounded to the
-  // volume's 64 KiB extents (gradients once).
+  // Volume bytes the layout's tensors take: every stored part in both versions, rounded
+  // to the volume's 64 KiB extents (gradients once).
   static std::uint64_t StoredBytes(const StateLayout& layout);
+  // Note [volume size]: the size of a file volume for the layout: StoredBytes, what is
+  // staged in flight (max_staged_bytes and a part's tensors, or, with 0, a whole version),
+  // the journal Volume::Format makes for that size, and a margin of 1/64 and 64 MiB for the
+  // records, allocation units and fragmentation. Never twice the state.
+  static std::uint64_t VolumeBytes(const StateLayout& layout,
+                                   const VersionedTrainingStateOptions& options = {});
 
  private:
   struct Impl;
   explicit VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout);
   std::string PreviousName() const;
+  absl::Status WritingNext();
   absl::Status PutRecord(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(
       const std::string& name, std::uint64_t fingerprint) const;

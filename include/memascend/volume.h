@@ -137,6 +137,7 @@ class Volume final : public ObjectStore {
   absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override;
   absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override;
   std::vector<ObjectInfo> List() const override;
+  std::uint64_t staged_bytes() const override;  // whole allocation units
   // Removes an object (durably, for a durable one). kNotFound.
   absl::Status Delete(std::string_view name) override;
 

@@ -77,6 +77,10 @@ class OffloadedAdam:
     @staticmethod
     def stored_bytes(groups: list[tuple[str, int]], param_dtype: str, grad_dtype: str,
                      part_elements: int, store_parameters: bool | None = None) -> int: ...
+    @staticmethod
+    def volume_bytes(groups: list[tuple[str, int]], param_dtype: str, grad_dtype: str,
+                     part_elements: int, store_parameters: bool | None = None,
+                     data_parallel: bool = False) -> int: ...
     def __getattr__(self, name: str) -> Any: ...
 
 class DeviceParameters:

@@ -234,7 +234,7 @@ class PyAdam {
          const std::vector<float>& lrs, const std::vector<float>& weight_decays, float beta1,
          float beta2, float eps, float max_grad_norm, bool dynamic_loss_scale, float initial_scale,
          std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads,
-         std::optional<bool> store_parameters, bool replace_existing)
+         std::optional<bool> store_parameters, bool replace_existing, bool data_parallel)
       : store_obj_(std::move(store)) {
     store_ = store_obj_.cast<PyStore*>();
     StateLayout layout;
@@ -281,6 +281,7 @@ class PyAdam {
       threads_ = std::make_unique<KernelThreads>(threads);
       VersionedTrainingStateOptions vo;  // Note [state ownership]
       vo.replace_existing = replace_existing;
+      if (data_parallel) vo.max_staged_bytes = 0;  // Note [bounded staging]
       state_ = Take(VersionedTrainingState::Open(s, v, layout, vo));
       adam_ = Take(OffloadedAdam::Create(state_.get(), o, threads_.get()));
     }
@@ -690,13 +691,14 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<py::object, const std::vector<std::pair<std::string, std::size_t>>&,
                     const std::string&, const std::string&, std::size_t, const std::vector<float>&,
                     const std::vector<float>&, float, float, float, float, bool, float,
-                    std::uint64_t, std::size_t, int, std::optional<bool>, bool>(),
+                    std::uint64_t, std::size_t, int, std::optional<bool>, bool, bool>(),
            py::arg("store"), py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
            py::arg("part_elements"), py::arg("lrs"), py::arg("weight_decays"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("max_grad_norm"),
            py::arg("dynamic_loss_scale"), py::arg("initial_scale"), py::arg("fingerprint"),
            py::arg("read_ahead_bytes"), py::arg("threads"),
-           py::arg("store_parameters") = std::nullopt, py::arg("replace_existing") = false)
+           py::arg("store_parameters") = std::nullopt, py::arg("replace_existing") = false,
+           py::arg("data_parallel") = false)
       .def_static("minimum_host_budget",
                   [](std::size_t max_group_elements, std::size_t part_elements,
                      const std::string& param, const std::string& grad) {
@@ -723,6 +725,25 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
           py::arg("part_elements"), py::arg("store_parameters") = std::nullopt)
+      .def_static(
+          "volume_bytes",
+          [](const std::vector<std::pair<std::string, std::size_t>>& groups,
+             const std::string& param, const std::string& grad, std::size_t part,
+             std::optional<bool> store_parameters, bool data_parallel) {
+            StateLayout l;
+            for (const auto& [name, n] : groups) l.groups.push_back({name, n, true});
+            l.param_dtype = ParseDType(param);
+            l.grad_dtype = ParseDType(grad);
+            l.part_elements = part;
+            if (!store_parameters.value_or(l.param_dtype != DType::kF32))
+              for (StateGroup& g : l.groups) g.store_parameters = false;
+            VersionedTrainingStateOptions vo;  // Note [volume size]
+            if (data_parallel) vo.max_staged_bytes = 0;
+            return VersionedTrainingState::VolumeBytes(l, vo);
+          },
+          py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
+          py::arg("part_elements"), py::arg("store_parameters") = std::nullopt,
+          py::arg("data_parallel") = false)
       .def("resume", &PyAdam::resume, py::arg("at_most") = std::nullopt)
       .def("initialize",
            [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,

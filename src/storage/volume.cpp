@@ -562,6 +562,15 @@ absl::StatusOr<ObjectInfo> Volume::Stat(std::string_view name) const {
   return Info(std::string(name), *found, impl_->sb);
 }
 
+std::uint64_t Volume::staged_bytes() const {
+  absl::ReaderMutexLock lock(&impl_->mu);
+  std::uint64_t units = 0;
+  for (const auto& [name, o] : impl_->staged) {
+    for (const Extent& e : o.extents) units += e.units;
+  }
+  return units * impl_->sb.unit_bytes;
+}
+
 std::vector<ObjectInfo> Volume::List() const {
   absl::ReaderMutexLock lock(&impl_->mu);
   std::vector<ObjectInfo> out;

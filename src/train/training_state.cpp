@@ -369,6 +369,8 @@ struct VersionedTrainingState::Impl {
   std::thread committer;       // the commit in progress (Note [background commit])
   absl::Status commit_status;  // the last commit's; written by committer before it ends
   std::string last_record;     // as stored: the one a commit keeps as the previous
+  bool writing_next = false;   // this step wrote the next version (Note [bounded staging])
+  bool previous_written = false;
   bool registered = false;     // in Registry() (Note [state ownership])
 };
 
@@ -404,6 +406,31 @@ std::uint64_t VersionedTrainingState::StoredBytes(const StateLayout& layout) {
     }
   }
   return need;
+}
+
+std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
+                                                  const VersionedTrainingStateOptions& options) {
+  constexpr std::uint64_t kUnit = 64 * 1024;
+  const auto round = [](std::uint64_t b) { return (b + kUnit - 1) / kUnit * kUnit; };
+  std::uint64_t version = 0, part = 0;  // one version's bytes; the largest part's tensors
+  for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+    for (std::size_t p = 0; p < layout.Parts(g); ++p) {
+      const auto [begin, end] = layout.PartRange(g, p);
+      std::uint64_t here = 0;
+      for (StateKind k : kKinds) {
+        if (layout.Stored(k, g) && Versioned(k)) here += round((end - begin) * layout.ElementBytes(k));
+      }
+      version += here;
+      part = std::max(part, here);
+    }
+  }
+  const std::uint64_t in_flight =
+      options.max_staged_bytes == 0 ? version : round(options.max_staged_bytes) + part;
+  const std::uint64_t data = StoredBytes(layout) + in_flight;
+  // Volume::Format's journal: capacity / 512 in [2 MiB, 256 MiB].
+  const std::uint64_t journal =
+      std::clamp<std::uint64_t>(data / 511, std::uint64_t{2} << 20, std::uint64_t{256} << 20);
+  return round(data + journal + data / 64 + (std::uint64_t{64} << 20));
 }
 
 absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::Open(
@@ -556,9 +583,27 @@ absl::StatusOr<StateBuffer> VersionedTrainingState::Read(StateKind k, std::size_
   return Wrap(std::move(lease));
 }
 
+// Note [bounded staging]: before the step's first write of the next version, the last
+// record becomes the previous; after, what waits staged is committed past the bound.
+absl::Status VersionedTrainingState::WritingNext() {
+  MEMASCEND_RETURN_IF_ERROR(Settle());  // the old version is about to be written
+  Impl& m = *impl_;
+  if (m.options.max_staged_bytes == 0) return absl::OkStatus();
+  if (!m.writing_next) {
+    m.writing_next = true;
+    if (!m.last_record.empty()) {
+      MEMASCEND_RETURN_IF_ERROR(PutRecord(PreviousName(), m.last_record));
+      m.previous_written = true;
+    }
+  }
+  if (m.volume->staged_bytes() > m.options.max_staged_bytes)
+    MEMASCEND_RETURN_IF_ERROR(m.volume->Sync());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StateBuffer> VersionedTrainingState::Overwrite(StateKind k, std::size_t g,
                                                               std::size_t part, bool next) {
-  if (next) MEMASCEND_RETURN_IF_ERROR(Settle());  // the old version is about to be written
+  if (next) MEMASCEND_RETURN_IF_ERROR(WritingNext());
   MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, next ? 1 - current_ : current_));
   MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->AcquireForOverwrite(id));
   return Wrap(std::move(lease));
@@ -568,7 +613,7 @@ absl::StatusOr<StateBuffer> VersionedTrainingState::Update(StateKind k, std::siz
                                                            std::size_t part) {
   // The current version's block becomes the next version's (read straight into it if
   // cold): one block per state, never both versions at once.
-  MEMASCEND_RETURN_IF_ERROR(Settle());
+  MEMASCEND_RETURN_IF_ERROR(WritingNext());
   MEMASCEND_ASSIGN_OR_RETURN(TensorId from, Tensor(k, g, part, current_));
   MEMASCEND_ASSIGN_OR_RETURN(TensorId to, Tensor(k, g, part, 1 - current_));
   MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->AcquireCopy(from, to));
@@ -609,10 +654,13 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
   current_ = r.version;
   CommitRecord record = r;
   record.layout = layout_.Fingerprint();
-  impl_->committer = std::thread([this, record = std::move(record)] {
-    // Note [previous commit]: the last record becomes the previous one first.
+  const bool previous_written = impl_->previous_written;
+  impl_->writing_next = impl_->previous_written = false;
+  impl_->committer = std::thread([this, previous_written, record = std::move(record)] {
+    // Note [previous commit]: the last record becomes the previous one first (unless the
+    // step did so already, Note [bounded staging]).
     absl::Status s = absl::OkStatus();
-    if (!impl_->last_record.empty()) {
+    if (!impl_->last_record.empty() && !previous_written) {
       // Only a record of an earlier step (a run started over keeps none of the old one's).
       auto last = DecodeCommitRecord(impl_->last_record);
       if (last.ok() && last->step < record.step) s = PutRecord(PreviousName(), impl_->last_record);

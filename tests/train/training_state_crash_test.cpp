@@ -33,11 +33,21 @@ StateLayout Layout() {
 
 using Opened = ::memascend::testing::OpenedState;
 
+// The bound on staged bytes (Note [bounded staging]): 0 (only at commit), or 96 KiB (the
+// staged tensors committed many times a step, the previous record rewritten first).
+std::uint64_t g_max_staged = VersionedTrainingStateOptions{}.max_staged_bytes;
+
 absl::Status Open(const std::string& path, Opened* o) {
   TensorStoreOptions so;
   so.host_budget_bytes = 256 * 1024;  // below one version: evictions write back mid-step
   so.write_behind = true;
-  return ::memascend::testing::OpenState(path, 0, Layout(), so, o);
+  MEMASCEND_ASSIGN_OR_RETURN(o->volume, Volume::Open(path, {}));
+  MEMASCEND_ASSIGN_OR_RETURN(o->store, TensorStore::Open(o->volume.get(), so));
+  VersionedTrainingStateOptions vo;
+  vo.max_staged_bytes = g_max_staged;
+  MEMASCEND_ASSIGN_OR_RETURN(
+      o->state, VersionedTrainingState::Open(o->store.get(), o->volume.get(), Layout(), vo));
+  return absl::OkStatus();
 }
 
 constexpr StateKind kKinds[] = {StateKind::kParameters, StateKind::kMaster, StateKind::kExpAvg,
@@ -78,10 +88,15 @@ constexpr StateKind kKinds[] = {StateKind::kParameters, StateKind::kMaster, Stat
   }
 }
 
-TEST(TrainingStateCrash, EveryKillResumesAWholeCommittedStep) {
+class TrainingStateCrash : public ::testing::TestWithParam<std::uint64_t> {};
+
+TEST_P(TrainingStateCrash, EveryKillResumesAWholeCommittedStep) {
+  g_max_staged = GetParam();
   ScratchPath p("trainstatecrash");
   VolumeFormatOptions f;
-  f.size = 32 << 20;
+  VersionedTrainingStateOptions vo;
+  vo.max_staged_bytes = g_max_staged;
+  f.size = VersionedTrainingState::VolumeBytes(Layout(), vo);
   ASSERT_OK(Volume::Format(p.path(), f));
   std::uint64_t durable = 0;
   std::mt19937 rng(11);
@@ -132,6 +147,13 @@ TEST(TrainingStateCrash, EveryKillResumesAWholeCommittedStep) {
   }
   EXPECT_GT(durable, 0u) << "no step was ever committed";
 }
+
+INSTANTIATE_TEST_SUITE_P(Staging, TrainingStateCrash,
+                         ::testing::Values(std::uint64_t{0}, std::uint64_t{96} << 10),
+                         [](const ::testing::TestParamInfo<std::uint64_t>& i) {
+                           return i.param == 0 ? std::string("AtCommit")
+                                               : std::string("Bounded96KiB");
+                         });
 
 }  // namespace
 }  // namespace memascend

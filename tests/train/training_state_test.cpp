@@ -371,6 +371,69 @@ TEST(VersionedTrainingState, AVolumeHoldingAnotherStateIsRefusedUnlessReplaced) 
   }
 }
 
+// Note [bounded staging]: at a step's first write of the next version the previous record
+// becomes the last one (no record then names the version being written), and the staged
+// tensors are committed past the bound: a volume of the state, the bound and the journal
+// suffices, and what waits staged stays near the bound.
+TEST(VersionedTrainingState, BoundedStagingFitsAVolumeOfTheStateAndTheBound) {
+  StateLayout l;
+  l.groups = {{"a", 1 << 20, true}, {"b", 1 << 20, true}};
+  l.param_dtype = l.grad_dtype = DType::kBF16;
+  l.part_elements = 1 << 16;
+  const std::uint64_t part_bytes = (1u << 16) * 14;  // master, moments, parameters
+  for (std::uint64_t bound : {std::uint64_t{1} << 20, std::uint64_t{0}}) {
+    ScratchPath path("train_state_bounded");
+    VolumeFormatOptions f;
+    // The state, the bound, a part's tensors, 4 MiB of journal and a unit per object.
+    f.size = VersionedTrainingState::StoredBytes(l) + (4u << 20) + (4u << 20);
+    ASSERT_OK(Volume::Format(path.path(), f));
+    ASSERT_OK_AND_ASSIGN(auto volume, Volume::Open(path.path(), {}));
+    TensorStoreOptions so;
+    so.host_budget_bytes = 2 << 20;  // far below a version: evictions stage mid-step
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), so));
+    VersionedTrainingStateOptions vo;
+    vo.max_staged_bytes = bound;
+    ASSERT_OK_AND_ASSIGN(auto state,
+                         VersionedTrainingState::Open(store.get(), volume.get(), l, vo));
+    std::uint64_t most_staged = 0;
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+      for (std::size_t g = 0; g < 2; ++g) {
+        for (std::size_t p = 0; p < l.Parts(g); ++p) {
+          for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+            ASSERT_OK_AND_ASSIGN(StateBuffer b, state->Update(k, g, p));
+            for (float& x : b.as<float>()) x = static_cast<float>(step);
+          }
+          ASSERT_OK(state->Overwrite(StateKind::kParameters, g, p, true).status());
+          most_staged = std::max(most_staged, volume->staged_bytes());
+          if (step == 3 && g == 0 && p == 0) {
+            // The next version is being written: the previous record no longer names it.
+            ASSERT_OK_AND_ASSIGN(ObjectInfo info, volume->Stat("memascend.train_state.previous"));
+            std::string bytes(info.size, '\0');
+            ASSERT_OK(volume->Get(info.name, {reinterpret_cast<std::byte*>(bytes.data()),
+                                              bytes.size()}).status());
+            ASSERT_OK_AND_ASSIGN(CommitRecord previous, DecodeCommitRecord(bytes));
+            EXPECT_EQ(previous.step, bound != 0 ? 2u : 1u);
+          }
+        }
+      }
+      CommitRecord r;
+      r.step = step;
+      r.version = 1 - state->current_version();
+      ASSERT_OK(state->Commit(r));
+      ASSERT_OK(state->Settle());
+    }
+    if (bound != 0) {
+      EXPECT_LE(most_staged, bound + 4 * part_bytes);
+    }
+    ASSERT_OK_AND_ASSIGN(auto last, state->Resume(0));
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->step, 3u);
+  }
+  // The sizing rule holds what it says: never twice the state.
+  EXPECT_LT(VersionedTrainingState::VolumeBytes(l),
+            VersionedTrainingState::StoredBytes(l) + (384u << 20));
+}
+
 TEST(InMemoryTrainingState, OneVersionUpdatedInPlace) {
   ASSERT_OK_AND_ASSIGN(auto s, InMemoryTrainingState::Create(Layout()));
   Fill(s.get(), StateKind::kExpAvg, 3.0f, false);

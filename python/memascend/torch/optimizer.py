@@ -145,8 +145,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._pending_update = False
         self._next_update = 0
         self._offloads = []  # offload_parameters() over this optimizer's parameters
-        # On a GPU the stored parameters are what goes to the device (fp32 ones too).
-        store_parameters = True if cuda else None
+        store_parameters = True if cuda else None  # on a GPU the stored ones go there
         need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt, self._part_elements,
                                                 store_parameters)
         # A budget beyond every stored tensor (both versions, the gradients) would be
@@ -160,8 +159,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         try:
             if isinstance(volume, (str, os.PathLike)):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
-                if volume_size is None:
-                    volume_size = need + need // 8 + (64 << 20)
+                if volume_size is None:  # memascend Note [volume size]
+                    volume_size = _core.OffloadedAdam.volume_bytes(layout, self._dt, self._dt,
+                        self._part_elements, store_parameters, self._world > 1)
                 self._volume = _core.Volume.open_or_create(path, int(volume_size))
                 self._own_volume = True
             else:
@@ -180,7 +180,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 float(max_grad_norm) if self._world == 1 else 0.0,  # sharded: clipped here
                 bool(dynamic_loss_scale), float(initial_scale), int(run_id),
                 int(read_ahead or 0), int(threads or torch.get_num_threads()),
-                store_parameters, bool(overwrite))
+                store_parameters, bool(overwrite), self._world > 1)
             self._applied = {i: (float(self.param_groups[self._group_of[i]]["lr"]),
                                  float(self.param_groups[self._group_of[i]]["weight_decay"]))
                              for i in self._owned()}
