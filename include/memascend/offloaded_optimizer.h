@@ -156,7 +156,7 @@ class OffloadedAdam;
 
 // A commit started by OffloadedAdam::CommitAsync (Note [commit durability]). Move-only.
 // Destroying it neither waits nor cancels: the commit goes on, and the optimizer's next
-// commit, Settle() or destruction waits for it.
+// commit, its Settle() or the storage's destruction waits for it.
 // Thread-safety: one thread, the optimizer's. Lifetime: the optimizer (its storage) must
 // outlive the ticket's Wait().
 class CommitTicket {
