@@ -165,6 +165,8 @@ class OffloadedTraining {
   // The last step committed (started, for CommitAsync): the resumed one, 0 for a new state.
   std::uint64_t step() const noexcept { return step_; }
   const StateLayout& layout() const noexcept { return layout_; }
+  // The budget in use and why (its `warning`, when not empty, is the memlock advice for the
+  // caller to print: Open prints nothing).
   const HostBudget& host_budget() const noexcept { return budget_; }
   std::size_t read_ahead_bytes() const noexcept { return read_ahead_; }
   float loss_scale() const noexcept { return adam_ ? adam_->loss_scale() : 1.0f; }
