@@ -24,7 +24,7 @@ PUBLIC = {
     "io_engine.h": "io", "io_scheduler.h": "io",
     "block_target.h": "storage", "volume.h": "storage", "object_store.h": "storage",
     "tensor_store.h": "store",
-    "training_state.h": "train", "offloaded_optimizer.h": "train", "safetensors.h": "train",
+    "training_state.h": "train", "offloaded_optimizer.h": "train", "offloaded_training.h": "train", "safetensors.h": "train",
     "device_training.h": "train",
 }
 UMBRELLA = {"memascend.h"}  # includes everything; for users only

@@ -712,7 +712,7 @@ class Run {
   // reported once durable, by Settle().
   absl::Status CommitPending(const CommitFn& on_commit) {
     MEMASCEND_RETURN_IF_ERROR(Settle(on_commit));
-    MEMASCEND_RETURN_IF_ERROR(adam_->Commit(pending_->step, identity_));
+    MEMASCEND_RETURN_IF_ERROR(adam_->CommitAsync(pending_->step, identity_).status());
     step_ = pending_->step;
     committing_ = pending_;
     committing_->loss_scale = adam_->loss_scale();
@@ -1082,6 +1082,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   ao.lr = o.lr;
   ao.weight_decay = o.weight_decay;
   ao.max_grad_norm = o.clip;
+  ao.scaler = memascend::DynamicLossScaler::Options{};  // dynamic (bf16: from scale 1)
   ao.scaler.initial_scale = o.initial_loss_scale;
   ao.fingerprint =
       Fingerprint(o, tokenizer != nullptr ? tokenizer->Fingerprint() : TokensFingerprint(tokens),

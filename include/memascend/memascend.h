@@ -18,6 +18,7 @@
 #include <memascend/memory_ledger.h>
 #include <memascend/object_store.h>
 #include <memascend/offloaded_optimizer.h>
+#include <memascend/offloaded_training.h>
 #include <memascend/pinned_pool.h>
 #include <memascend/safetensors.h>
 #include <memascend/status.h>

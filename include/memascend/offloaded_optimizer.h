@@ -9,10 +9,29 @@
 //   MEMASCEND_RETURN_IF_ERROR(adam->Commit(0));
 //   for each step:
 //     adam->BeginBackward();                       // then, as each gradient is made:
-//     MEMASCEND_RETURN_IF_ERROR(adam->SetGradient(g, part, grad_part_fp32_times_scale));
+//     MEMASCEND_RETURN_IF_ERROR(adam->SetGradient(g, part, grad_part_fp32));
 //     MEMASCEND_ASSIGN_OR_RETURN(auto plan, adam->EndBackward());   // skipped on overflow
 //     for (g ...) MEMASCEND_RETURN_IF_ERROR(adam->UpdateGroup(g, new_params_out));
-//     MEMASCEND_RETURN_IF_ERROR(adam->Commit(step));                // durable in background
+//     MEMASCEND_ASSIGN_OR_RETURN(auto ticket, adam->CommitAsync(step));  // or Commit(step)
+//
+// A new user starts from memascend/offloaded_training.h, which owns the volume, the store,
+// the state and this optimizer and sizes them from one budget; this header is for a
+// trainer that wires them itself.
+//
+// Note [loss scaling]: by default the optimizer does not scale (OffloadedAdamOptions::
+// scaler is NoLossScaling(): scale 1, never grown), so gradients go in as the backward
+// pass made them and the update is plain AdamW's. An fp16 trainer opts in with
+// `options.scaler = DynamicLossScaler::Options{}` (scale 65536, grown every 1000 good
+// steps) and multiplies its loss by loss_scale(): its gradients then come scaled by it,
+// and an overflow skips the step. An outside scaler's gradients: BeginBackward's
+// `gradient_scale`.
+//
+// Note [commit durability]: Commit(step) returns once the step is durable (a process
+// killed right after resumes at `step`); CommitAsync(step) starts the same commit in the
+// background (Note [background commit] in training_state.h) and returns a CommitTicket
+// at once, for a trainer that computes the next step meanwhile: a process killed before
+// the ticket's Wait() (or Settle()) returned may resume at the step before. The storage's
+// own TrainingStateStorage::Commit is the asynchronous one; OffloadedAdam names both.
 //
 // Note [parts]: every kind of state of a group is stored in parts (StateLayout). The
 // update holds one part's gradient, next parameters, master weights and moments at a
@@ -29,8 +48,8 @@
 // visit the groups in the same order, and the forward pass of group g needs only the new
 // parameters of group g. UpdateGroup is therefore one call per group, for a caller to
 // interleave with its forward pass; the arithmetic and its order are those of a
-// sequential update. Commit(step) after the last group makes the step durable in the
-// background (Note [background commit] in training_state.h).
+// sequential update. CommitAsync(step) after the last group makes the step durable in the
+// background (Note [commit durability]).
 //
 // Note [read-ahead]: the update reads each part's gradient, master weights and moments
 // ahead of its use, in update order, up to options.read_ahead_bytes beyond the part in
@@ -67,6 +86,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <absl/status/statusor.h>
@@ -92,6 +112,10 @@ struct GradientCheck {
   double sum_squares = 0;
 };
 
+// Note [loss scaling]: the options of a scaler that does not scale (scale 1, never grown;
+// an overflow still skips its step). OffloadedAdamOptions' default.
+DynamicLossScaler::Options NoLossScaling() noexcept;
+
 struct OffloadedAdamOptions {
   float lr = 1e-3f;  // every group's, unless `groups` says otherwise
   float weight_decay = 0.0f;
@@ -101,8 +125,9 @@ struct OffloadedAdamOptions {
   float eps = 1e-8f;
   bool adamw = true;        // decoupled weight decay (AdamW) or L2 (Adam)
   float max_grad_norm = 0;  // clip the global norm to this; 0: no clipping
-  // Dynamic loss scaling; a run without it sets initial_scale 1 and growth_interval huge.
-  DynamicLossScaler::Options scaler;
+  // Note [loss scaling]: none by default (gradients as they are). fp16: set it to
+  // DynamicLossScaler::Options{} (dynamic, from 65536) and scale the loss by loss_scale().
+  DynamicLossScaler::Options scaler = NoLossScaling();
   std::uint64_t fingerprint = 0;  // the caller's: committed, and checked by Resume()
   // Optimizer state read ahead of the part being updated, in bytes (Note [read-ahead]);
   // at least MinimumReadAhead() is used.
@@ -125,6 +150,41 @@ struct StepPlan {
   double grad_norm = 0;  // global, unscaled (0 when skipped)
   float loss_scale = 0;  // the scale the gradients were made with
   AdamConfig adam;       // group 0's (lr and weight decay differ per group)
+};
+
+class OffloadedAdam;
+
+// A commit started by OffloadedAdam::CommitAsync (Note [commit durability]). Move-only.
+// Destroying it neither waits nor cancels: the commit goes on, and the optimizer's next
+// commit, its Settle() or the storage's destruction waits for it.
+// Thread-safety: one thread, the optimizer's. Lifetime: the optimizer (its storage) must
+// outlive the ticket's Wait().
+class CommitTicket {
+ public:
+  CommitTicket() noexcept = default;  // empty: Wait() returns OK at once
+  CommitTicket(CommitTicket&& other) noexcept
+      : storage_(std::exchange(other.storage_, nullptr)), step_(other.step_) {}
+  CommitTicket& operator=(CommitTicket&& other) noexcept {
+    storage_ = std::exchange(other.storage_, nullptr);
+    step_ = other.step_;
+    return *this;
+  }
+  CommitTicket(const CommitTicket&) = delete;
+  CommitTicket& operator=(const CommitTicket&) = delete;
+  ~CommitTicket() = default;
+
+  // Returns once the commit is durable (and any commit started after it), or the
+  // commit's error: once a commit failed, the storage stays failed. Repeatable.
+  absl::Status Wait();
+  std::uint64_t step() const noexcept { return step_; }
+  bool valid() const noexcept { return storage_ != nullptr; }
+
+ private:
+  friend class OffloadedAdam;
+  CommitTicket(TrainingStateStorage* storage, std::uint64_t step) noexcept
+      : storage_(storage), step_(step) {}
+  TrainingStateStorage* storage_ = nullptr;
+  std::uint64_t step_ = 0;
 };
 
 class OffloadedAdam {
@@ -157,10 +217,16 @@ class OffloadedAdam {
   // for data-parallel ranks agreeing on the step every rank holds.
   absl::StatusOr<std::optional<CommitRecord>> ResumeAtMost(std::uint64_t step);
   // Commits the current state as `step` (after a whole update, or a skipped step, or the
-  // initial state): version, Adam step, scaler, fingerprint and `user` bytes.
+  // initial state): version, Adam step, scaler, fingerprint and `user` bytes; returns
+  // once it is durable (Note [commit durability]), or with the commit's error.
   // kFailedPrecondition with an update begun and not finished.
   absl::Status Commit(std::uint64_t step, std::string_view user = {});
-  absl::Status Settle() { return storage_->Settle(); }  // the commit durable
+  // The same commit, started in the background: returns at once with a ticket whose
+  // Wait() says when it is durable. The next commit settles this one first. Errors that
+  // refuse the commit (as Commit's) come back here, the write's from the ticket.
+  absl::StatusOr<CommitTicket> CommitAsync(std::uint64_t step, std::string_view user = {});
+  // Waits for the commit in progress, if any: durable, or its error.
+  absl::Status Settle() { return storage_->Settle(); }
 
   // ---- the state, whole: export to and import from another optimizer's format
   // Group g's current `kind` into `out` (the group's elements), part by part: kMaster,

@@ -41,7 +41,9 @@
 // thread of its own and returns; the caller goes on computing and reading (the new
 // version is resident or staged, so reads see it at once). Settle() waits for it.
 // Writing the version the commit supersedes (Overwrite or Update of the next version)
-// settles first by itself.
+// settles first by itself. This is the storage's interface; the optimizer names both
+// ways: OffloadedAdam::Commit settles before it returns, CommitAsync returns a ticket
+// (Note [commit durability] in offloaded_optimizer.h).
 //
 // Note [state layout]: a group of `elements` parameters is stored in parts of
 // `part_elements` (the last part shorter); each kind of state has the same parts. A group

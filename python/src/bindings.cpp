@@ -267,6 +267,7 @@ class PyAdam {
     o.fingerprint = fingerprint;
     o.read_ahead_bytes = read_ahead_bytes;
     if (dynamic_loss_scale) {
+      o.scaler = DynamicLossScaler::Options{};
       o.scaler.initial_scale = initial_scale;
     } else {  // a fixed scale of 1: gradients as they are, or scaled by an outside scaler
       o.scaler.initial_scale = 1.0f;
@@ -797,7 +798,8 @@ PYBIND11_MODULE(_core, m) {
           "commit",
           [](PyAdam& self, std::uint64_t step, const py::bytes& user) {
             std::string u = user;
-            NoGil(self, [&](OffloadedAdam* a) { return a->Commit(step, u); });
+            // In the background (Note [commit durability]): settle() or the next commit waits.
+            NoGil(self, [&](OffloadedAdam* a) { return a->CommitAsync(step, u).status(); });
           },
           py::arg("step"), py::arg("user") = py::bytes())
       .def("settle",

@@ -25,6 +25,19 @@ absl::Status CopyOrConvert(TensorView from, MutableTensorView to, const KernelOp
 
 }  // namespace
 
+DynamicLossScaler::Options NoLossScaling() noexcept {
+  DynamicLossScaler::Options o;
+  o.initial_scale = 1.0f;
+  o.min_scale = 1.0f;
+  o.growth_factor = 1.0f;
+  o.growth_interval = INT64_MAX;
+  return o;
+}
+
+absl::Status CommitTicket::Wait() {
+  return storage_ == nullptr ? absl::OkStatus() : storage_->Settle();
+}
+
 std::size_t OffloadedAdam::MinimumHostBudget(const StateLayout& layout) {
   const std::size_t part = layout.MaxPartElements();
   return RoundPage(part * layout.ElementBytes(StateKind::kGradient)) +
@@ -191,6 +204,11 @@ absl::StatusOr<std::optional<CommitRecord>> OffloadedAdam::ResumeAtMost(std::uin
 }
 
 absl::Status OffloadedAdam::Commit(std::uint64_t step, std::string_view user) {
+  MEMASCEND_ASSIGN_OR_RETURN(CommitTicket ticket, CommitAsync(step, user));
+  return ticket.Wait();
+}
+
+absl::StatusOr<CommitTicket> OffloadedAdam::CommitAsync(std::uint64_t step, std::string_view user) {
   const bool update = pending_.has_value();
   if (update && pending_->next_group < layout().groups.size()) {
     return absl::FailedPreconditionError(fmt::format("adam: commit with {} of {} groups updated",
@@ -209,7 +227,7 @@ absl::Status OffloadedAdam::Commit(std::uint64_t step, std::string_view user) {
   adam_step_ = r.adam_step;
   pending_.reset();
   skipped_ = false;
-  return absl::OkStatus();
+  return CommitTicket(storage_, step);
 }
 
 // ---- the state, whole ------------------------------------------------------------------

@@ -153,7 +153,8 @@ absl::Status RunSteps(OffloadedAdam* adam, int first, int last) {
     } else {
       MEMASCEND_RETURN_IF_ERROR(adam->UpdateAll());
     }
-    MEMASCEND_RETURN_IF_ERROR(adam->Commit(static_cast<std::uint64_t>(step)));
+    // In the background: the next commit settles this one, Settle() the last.
+    MEMASCEND_RETURN_IF_ERROR(adam->CommitAsync(static_cast<std::uint64_t>(step)).status());
   }
   return adam->Settle();
 }
