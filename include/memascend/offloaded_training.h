@@ -45,9 +45,10 @@
 // whole state keeps it all resident anyway.
 //
 // Note [volume room]: the volume holds both versions of every stored part
-// (VersionedTrainingState::StoredBytes) and room to write a version anew before the old
-// one's extents are freed (Volume Note [commit order]): RequiredVolumeBytes is twice
-// StoredBytes. A new volume file gets that, its journal and 64 MiB more (DefaultVolumeBytes).
+// (VersionedTrainingState::StoredBytes) and what is staged in flight before it is committed
+// (training_state.h Note [bounded staging]): RequiredVolumeBytes is
+// VersionedTrainingState::DataBytes. A new volume file gets VolumeBytes (Note [volume size]:
+// that, its journal and a margin), never twice the state.
 //
 // Thread-safety: one thread drives an OffloadedTraining (the optimizer's background
 // commit is internal). Lifetime: the object owns the volume, store, state, threads and

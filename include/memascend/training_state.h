@@ -307,6 +307,9 @@ class VersionedTrainingState final : public TrainingStateStorage {
   // records, allocation units and fragmentation. Never twice the state.
   static std::uint64_t VolumeBytes(const StateLayout& layout,
                                    const VersionedTrainingStateOptions& options = {});
+  // Of that, the data region the state needs: StoredBytes and what is staged in flight.
+  static std::uint64_t DataBytes(const StateLayout& layout,
+                                 const VersionedTrainingStateOptions& options = {});
 
  private:
   struct Impl;

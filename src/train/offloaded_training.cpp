@@ -49,13 +49,11 @@ absl::StatusOr<StateLayout> OffloadedTraining::LayoutOf(const OffloadedTrainingO
 }
 
 std::uint64_t OffloadedTraining::RequiredVolumeBytes(const StateLayout& layout) {
-  return 2 * VersionedTrainingState::StoredBytes(layout);
+  return VersionedTrainingState::DataBytes(layout);  // Note [volume size] in training_state.h
 }
 
 std::uint64_t OffloadedTraining::DefaultVolumeBytes(const StateLayout& layout) {
-  const std::uint64_t need = RequiredVolumeBytes(layout);
-  // The journal takes at most a 256th of the volume beyond 2 MiB (VolumeFormatOptions).
-  return need + need / 256 + 64 * kMiB;
+  return VersionedTrainingState::VolumeBytes(layout);
 }
 
 absl::StatusOr<std::unique_ptr<OffloadedTraining>> OffloadedTraining::Open(
@@ -115,8 +113,8 @@ absl::Status OffloadedTraining::Start(const OffloadedTrainingOptions& o) {
   if (vs.data_bytes < need) {
     return absl::ResourceExhaustedError(
         fmt::format("offloaded training: volume '{}' has {} for data; this layout needs {} (both "
-                    "versions of every stored part and room to write one anew: twice "
-                    "VersionedTrainingState::StoredBytes, {}); {}",
+                    "versions of every stored part, {}, and what is staged in flight: "
+                    "VersionedTrainingState::DataBytes); {}",
                     o.volume_path, Bytes(vs.data_bytes), Bytes(need), stored,
                     existed ? fmt::format("use a larger volume, or a new path (created with "
                                           "volume_bytes, by default {})",

@@ -408,8 +408,8 @@ std::uint64_t VersionedTrainingState::StoredBytes(const StateLayout& layout) {
   return need;
 }
 
-std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
-                                                  const VersionedTrainingStateOptions& options) {
+std::uint64_t VersionedTrainingState::DataBytes(const StateLayout& layout,
+                                                const VersionedTrainingStateOptions& options) {
   constexpr std::uint64_t kUnit = 64 * 1024;
   const auto round = [](std::uint64_t b) { return (b + kUnit - 1) / kUnit * kUnit; };
   std::uint64_t version = 0, part = 0;  // one version's bytes; the largest part's tensors
@@ -426,11 +426,17 @@ std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
   }
   const std::uint64_t in_flight =
       options.max_staged_bytes == 0 ? version : round(options.max_staged_bytes) + part;
-  const std::uint64_t data = StoredBytes(layout) + in_flight;
+  return StoredBytes(layout) + in_flight;
+}
+
+std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
+                                                  const VersionedTrainingStateOptions& options) {
+  constexpr std::uint64_t kUnit = 64 * 1024;
+  const std::uint64_t data = DataBytes(layout, options);
   // Volume::Format's journal: capacity / 512 in [2 MiB, 256 MiB].
   const std::uint64_t journal =
       std::clamp<std::uint64_t>(data / 511, std::uint64_t{2} << 20, std::uint64_t{256} << 20);
-  return round(data + journal + data / 64 + (std::uint64_t{64} << 20));
+  return (data + journal + data / 64 + (std::uint64_t{64} << 20) + kUnit - 1) / kUnit * kUnit;
 }
 
 absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::Open(
