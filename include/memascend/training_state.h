@@ -302,7 +302,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   // to the volume's 64 KiB extents (gradients once).
   static std::uint64_t StoredBytes(const StateLayout& layout);
   // Note [volume size]: the size of a file volume for the layout: StoredBytes, what is
-  // staged in flight (max_staged_bytes and a part's tensors, or, with 0, a whole version),
+  // staged in flight (max_staged_bytes and a part's tensors, at most a whole version),
   // the journal Volume::Format makes for that size, and a margin of 1/64 and 64 MiB for the
   // records, allocation units and fragmentation. Never twice the state.
   static std::uint64_t VolumeBytes(const StateLayout& layout,

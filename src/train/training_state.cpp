@@ -424,8 +424,10 @@ std::uint64_t VersionedTrainingState::DataBytes(const StateLayout& layout,
       part = std::max(part, here);
     }
   }
+  // Never more than a version: a tensor staged again replaces its staged copy.
   const std::uint64_t in_flight =
-      options.max_staged_bytes == 0 ? version : round(options.max_staged_bytes) + part;
+      options.max_staged_bytes == 0 ? version
+                                    : std::min(version, round(options.max_staged_bytes) + part);
   return StoredBytes(layout) + in_flight;
 }
 
