@@ -106,16 +106,17 @@ class ParameterOffload:
     # (a tensor taken from p.data) keeps its lease until it dies; the next fetch derives
     # into the same block, as an optimizer's in-place update would. Nothing writes a block
     # but its fetch: the optimizer's update writes the master weights, and the fetch after it
-    # derives again. Leased blocks stay within the budget less what the optimizer needs for
-    # one part (min_host_budget); a parameter that finds no such room, or a store that has
-    # none, gets a tensor of its own (counted in heap_fetches).
+    # derives again. Leased blocks stay within the budget less twice what the optimizer
+    # needs for one part (min_host_budget: its blocks, and room against fragmentation); a
+    # parameter that finds no such room, or a store that has none, gets a tensor of its own
+    # (counted in heap_fetches).
     def _use_store(self):
         opt = self._opt
         size = torch.empty((), dtype=opt._dtype).element_size()
         self._least = opt.min_host_budget(max(opt._numels), opt._part_elements, opt._dtype)
         self._nbytes = [n * size for n in opt._numels]
         self._leases = {}  # param index -> the lease its data views
-        self._stale = []  # (weak reference to a lease still viewed after its release, bytes)
+        self._stale = []  # (weak reference to a lease still viewed after its release, index)
         self._tids = {}
         self.heap_fetches = 0
         prefix = f"memascend.torch.parameters{next(_instances)}.p"
@@ -126,15 +127,16 @@ class ParameterOffload:
                                                         list(opt._shapes[i]), durable=False)
 
     def _leased_bytes(self):
-        self._stale = [(r, n) for r, n in self._stale if r() is not None and r().held]
-        return sum(self._nbytes[i] for i in self._leases) + sum(n for _, n in self._stale)
+        """Bytes of the blocks that views hold (leases of one tensor share its block)."""
+        self._stale = [(r, i) for r, i in self._stale if r() is not None and r().held]
+        return sum(self._nbytes[i] for i in set(self._leases) | {i for _, i in self._stale})
 
     def _host_data(self, i):
         """Parameter i's values on the CPU: a view of its store block (Note [parameter
         views]), or a tensor of its own where the budget leaves no room."""
         opt = self._opt
         lease = None
-        if self._leased_bytes() + self._nbytes[i] + self._least <= opt.host_budget:
+        if self._leased_bytes() + self._nbytes[i] + 2 * self._least <= opt.host_budget:
             try:
                 lease = opt._store.acquire(self._tids[i], overwrite=True)
             except errors.ResourceExhaustedError:
@@ -160,10 +162,12 @@ class ParameterOffload:
         if lease is None:
             return
         if sys.getrefcount(lease) > 2:  # ours, getrefcount's: a tensor's besides
-            self._stale.append((weakref.ref(lease), self._nbytes[i]))
+            self._stale.append((weakref.ref(lease), i))
             return
         lease.release()
-        self._opt._store.discard(self._tids[i])
+        self._leased_bytes()  # forgets the stale leases released since
+        if all(j != i for _, j in self._stale):  # else a kept view still leases the block
+            self._opt._store.discard(self._tids[i])
 
     # -- fetch and release
     def _fetch(self, p, i):
