@@ -117,12 +117,12 @@ class ParameterOffload:
         self._nbytes = [n * size for n in opt._numels]
         self._leases = {}  # param index -> the lease its data views
         self._stale = []  # (weak reference to a lease still viewed after its release, index)
-        self._tids = {}
+        self._tids = {}  # param index -> its store tensor (none for one the budget cannot hold)
         self.heap_fetches = 0
         prefix = f"memascend.torch.parameters{next(_instances)}.p"
         for own in self._params_of.values():
             for _, i in own:
-                if i not in self._tids:
+                if i not in self._tids and self._nbytes[i] + 2 * self._least <= opt.host_budget:
                     self._tids[i] = opt._store.register(f"{prefix}{i}", self._nbytes[i], opt._dt,
                                                         list(opt._shapes[i]), durable=False)
 
@@ -136,7 +136,8 @@ class ParameterOffload:
         views]), or a tensor of its own where the budget leaves no room."""
         opt = self._opt
         lease = None
-        if self._leased_bytes() + self._nbytes[i] + 2 * self._least <= opt.host_budget:
+        if i in self._tids and (self._leased_bytes() + self._nbytes[i] + 2 * self._least
+                                <= opt.host_budget):
             try:
                 lease = opt._store.acquire(self._tids[i], overwrite=True)
             except errors.ResourceExhaustedError:
@@ -342,8 +343,9 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     Between uses a parameter holds an empty tensor. Returns a ParameterOffload
     (``remove()`` undoes it). Call it after making the optimizer over the same parameters.
 
-    On the CPU the next `window` submodules' parameters are prefetched in the direction
-    of the pass. On a GPU the parameters are copied into a device allocation of
+    On the CPU a parameter in use is a view of a block of the optimizer's store (Note
+    [parameter views]), and the next `window` submodules' parameters are prefetched in the
+    direction of the pass. On a GPU the parameters are copied into a device allocation of
     `device_budget` bytes on a copy stream of their own, and those of the next
     submodules are read ahead along the order the first forward pass recorded, up to
     `read_ahead` bytes (defaults: twice the largest submodule's parameters to read ahead,
