@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
-"""memascend.torch against torch.optim.AdamW on this machine's CPU: step time and peak RSS.
+"""memascend.torch against torch.optim.AdamW on this machine's CPU: peak RSS and step time.
 
-    PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_offload.py [--reps 3] [--steps 5]
+    PYTHONPATH=build/test/python /usr/bin/python3 bench/torch_offload.py [--reps 3] [--steps 4]
 
-Trains tests/python/gpt.py's GPT at a fixed operating point (41 M parameters: vocab 16384,
-d 768, 4 layers, batch 2, seq 64, fp32; OffloadedAdamW with host_budget 64 MiB and parts
-of 2^20 elements; activations kept once they are 64 KiB) in four configurations, each in
-a fresh process, the runs in random order, `--reps` times each:
+Trains tests/python/gpt.py's GPT (plain PyTorch, fp32, batch 2, seq 128) at two sizes,
+30m (vocab 16384, d 512, 6 layers: 27.4 M parameters) and 100m (vocab 32768, d 768,
+10 layers: 96.0 M), in three configurations:
 
   adamw        torch.optim.AdamW, everything in memory (the baseline)
-  offloaded    OffloadedAdamW: master weights and moments on a volume file
-  +parameters  ... and offload_parameters(): parameters loaded per module
-  +activations ... and offload_activations(): saved tensors in a TensorStore (64 MiB)
+  offloaded    OffloadedAdamW: master weights and moments in its store, on a volume file
+  +parameters  ... and offload_parameters(): parameters in use are views of store blocks
 
-Step time is the median of the steps after the first (which pays for warm-up); RSS is
-the process's peak. Reported: median [min, max] over the repetitions, and each
-configuration's ratio to adamw. The volumes go in --dir (default: a temporary directory
-on the disk of the current directory).
+Each run is a fresh process, `--reps` per configuration and size, all of them in random
+order; glibc's allocator as it is by default (no MALLOC_ variables). OffloadedAdamW's
+host budget is the machine's choice (--host-budget to fix one), the same for both of its
+configurations. Reported per size: peak RSS (the child's ru_maxrss) and step time (the
+median of the steps after the first), median [min, max] over the runs, each as a ratio
+to adamw; the parameter bytes; and the target of issue 43: the peak RSS with
+offload_parameters at most OffloadedAdamW's alone less 70% of the parameter bytes
+(medians; also the worst pair: the highest +parameters run against the lowest offloaded).
+--check makes a missed target the exit status. The volumes go in --dir (default: a
+temporary directory on the disk of the current directory).
 """
 import argparse
 import json
@@ -32,43 +36,36 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
-MODEL = dict(vocab=16384, d=768, layers=4, heads=12, seq=64)
+SIZES = {
+    "30m": dict(vocab=16384, d=512, layers=6, heads=8, seq=128),
+    "100m": dict(vocab=32768, d=768, layers=10, heads=12, seq=128),
+    "tiny": dict(vocab=256, d=64, layers=2, heads=4, seq=32),  # the smoke test's
+}
 BATCH = 2
-HOST_BUDGET = 64 << 20
-PART = 1 << 20
-CONFIGS = ["adamw", "offloaded", "+parameters", "+activations"]
+CONFIGS = ["adamw", "offloaded", "+parameters"]
+TARGET = 0.7  # of the parameter bytes, off OffloadedAdamW's peak RSS
 
 
-def child(config, steps, directory):
+def child(size, config, steps, directory, host_budget):
     import torch
     import gpt
-    import memascend
     import memascend.torch as mt
 
-    torch.set_num_threads(os.cpu_count())
-    model = gpt.make(seed=0, **MODEL)
-    acts = None
+    model = gpt.make(seed=0, **SIZES[size])
+    seq, vocab = SIZES[size]["seq"], SIZES[size]["vocab"]
+    info = {}
     if config == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     else:
         opt = mt.OffloadedAdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
-                                volume=os.path.join(directory, "opt.vol"),
-                                host_budget=HOST_BUDGET, part_elements=PART)
-        if config in ("+parameters", "+activations"):
-            mt.offload_parameters(model, opt)
-        if config == "+activations":
-            vol = memascend.Volume.open_or_create(os.path.join(directory, "act.vol"), 1 << 30)
-            store = memascend.TensorStore(vol, host_budget=HOST_BUDGET)
-            acts = mt.offload_activations(store)
+                                volume=os.path.join(directory, "opt.vol"), host_budget=host_budget)
+        info["host_budget"] = opt.host_budget
+        offload = mt.offload_parameters(model, opt) if config == "+parameters" else None
     times, losses = [], []
     for step in range(steps):
-        x, y = gpt.batch(step, vocab=MODEL["vocab"], seq=MODEL["seq"], batch_size=BATCH)
+        x, y = gpt.batch(step, vocab=vocab, seq=seq, batch_size=BATCH)
         t0 = time.perf_counter()
-        if acts is not None:
-            with acts:
-                loss = model(x, y)
-        else:
-            loss = model(x, y)
+        loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -76,55 +73,103 @@ def child(config, steps, directory):
         losses.append(loss.item())
     if config != "adamw":
         opt.settle()
-    print(json.dumps({"config": config, "times": times, "losses": losses,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+        if offload is not None:
+            info["fetches"] = offload.fetches
+            info["heap_fetches"] = getattr(offload, "heap_fetches", None)  # an older build: none
+    print(json.dumps({"size": size, "config": config, "times": times, "losses": losses,
+                      "params": sum(p.numel() for p in opt.param_groups[0]["params"]),
+                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      **info}))
+
+
+def spread(values, fmt):
+    return f"{format(statistics.median(values), fmt)} [{format(min(values), fmt)}, " \
+           f"{format(max(values), fmt)}]"
+
+
+def commit():
+    def git(*args):
+        return subprocess.run(["git", "-C", HERE, *args], capture_output=True,
+                              text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + (" (with uncommitted changes)" if git("status", "--porcelain") else "")
+
+
+def report(size, results):
+    MiB = 1 << 20
+    params = results["adamw"][0]["params"]
+    pbytes = 4 * params
+    print(f"\n{size}: {params / 1e6:.1f} M parameters, {pbytes / MiB:.0f} MiB (fp32); "
+          f"{len(results['adamw'])} runs per configuration")
+    base_m = statistics.median(r["peak_rss"] for r in results["adamw"])
+    base_t = statistics.median(statistics.median(r["times"][1:] or r["times"])
+                               for r in results["adamw"])
+    print(f"  {'configuration':<14}{'peak RSS MiB':>26}{'x adamw':>9}{'step s':>26}{'x adamw':>9}")
+    for c in CONFIGS:
+        ms = [r["peak_rss"] / MiB for r in results[c]]
+        ts = [statistics.median(r["times"][1:] or r["times"]) for r in results[c]]
+        print(f"  {c:<14}{spread(ms, '.0f'):>26}{statistics.median(ms) * MiB / base_m:>9.2f}"
+              f"{spread(ts, '.2f'):>26}{statistics.median(ts) / base_t:>9.2f}")
+    for r in results["+parameters"][:1]:
+        print(f"  host budget {r.get('host_budget', 0) / MiB:.0f} MiB; fetches per run "
+              f"{r.get('fetches')}, of them into tensors of their own {r.get('heap_fetches')}")
+    off = [r["peak_rss"] for r in results["offloaded"]]
+    par = [r["peak_rss"] for r in results["+parameters"]]
+    saved = statistics.median(off) - statistics.median(par)
+    worst = min(off) - max(par)
+    ok = saved >= TARGET * pbytes
+    print(f"  target: +parameters <= offloaded - {TARGET:.0%} of the parameter bytes "
+          f"({TARGET * pbytes / MiB:.0f} MiB): saved {saved / MiB:.0f} MiB "
+          f"({saved / pbytes:.0%} of them; worst pair {worst / MiB:.0f} MiB, "
+          f"{worst / pbytes:.0%}): {'met' if ok else 'MISSED'}")
+    same = all(r["losses"] == results["offloaded"][0]["losses"]
+               for c in ("offloaded", "+parameters") for r in results[c])
+    print(f"  losses: every OffloadedAdamW run, with or without offload_parameters, the same: "
+          f"{same}")
+    return ok
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="30m,100m", help="of " + ", ".join(SIZES))
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--host-budget", type=int, default=None, help="bytes (default: chosen)")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--child", choices=CONFIGS)
+    ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--child", nargs=2, metavar=("SIZE", "CONFIG"))
     a = ap.parse_args()
     if a.child:
-        child(a.child, a.steps, a.dir)
-        return
-    runs = [c for c in CONFIGS for _ in range(a.reps)]
+        child(*a.child, a.steps, a.dir, a.host_budget)
+        return 0
+    sizes = a.sizes.split(",")
+    for s in sizes:
+        if s not in SIZES:
+            ap.error(f"unknown size {s!r}")
+    runs = [(s, c) for s in sizes for c in CONFIGS for _ in range(a.reps)]
     random.Random(a.seed).shuffle(runs)
-    results = {c: [] for c in CONFIGS}
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")  # the same for every run
-    for i, config in enumerate(runs):
+    results = {s: {c: [] for c in CONFIGS} for s in sizes}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    for n, (size, config) in enumerate(runs):
+        cmd = [sys.executable, __file__, "--child", size, config, "--steps", str(a.steps)]
+        if a.host_budget is not None:
+            cmd += ["--host-budget", str(a.host_budget)]
         with tempfile.TemporaryDirectory(dir=a.dir or os.getcwd()) as d:
-            out = subprocess.run([sys.executable, __file__, "--child", config, "--steps",
-                                  str(a.steps), "--dir", d], env=env, check=True,
-                                 capture_output=True, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
-        results[config].append(r)
-        print(f"[{i + 1}/{len(runs)}] {config}: step {statistics.median(r['times'][1:]):.2f} s, "
-              f"peak RSS {r['peak_rss'] >> 20} MiB", file=sys.stderr)
-    params = 0
-    import gpt
-    params = sum(p.numel() for p in gpt.make(seed=0, **MODEL).parameters())
-    print(f"model: {params / 1e6:.1f} M parameters (fp32), batch {BATCH}, seq {MODEL['seq']}; "
-          f"{a.reps} runs of {a.steps} steps per configuration, in random order")
-    base_t = statistics.median(statistics.median(r["times"][1:]) for r in results["adamw"])
-    base_m = statistics.median(r["peak_rss"] for r in results["adamw"])
-    print(f"{'configuration':<14}{'step s (median [min, max])':<30}{'x adamw':>8}"
-          f"{'peak RSS MiB (median [min, max])':>36}{'x adamw':>9}")
-    for c in CONFIGS:
-        ts = [statistics.median(r["times"][1:]) for r in results[c]]
-        ms = [r["peak_rss"] / (1 << 20) for r in results[c]]
-        t, m = statistics.median(ts), statistics.median(ms)
-        print(f"{c:<14}{f'{t:.2f} [{min(ts):.2f}, {max(ts):.2f}]':<30}{t / base_t:>8.2f}"
-              f"{f'{m:.0f} [{min(ms):.0f}, {max(ms):.0f}]':>36}{m * (1 << 20) / base_m:>9.2f}")
-    same = all(r["losses"] == results["adamw"][0]["losses"] for r in results["adamw"])
-    worst = max(abs(x - y) for c in CONFIGS[1:] for r in results[c]
-                for x, y in zip(r["losses"], results["adamw"][0]["losses"]))
-    print(f"losses: adamw runs identical: {same}; largest difference of any offloaded run "
-          f"from adamw: {worst:.2e}")
+            p = subprocess.run(cmd + ["--dir", d], env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"{size} {config} failed ({p.returncode}):\n{p.stderr}")
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        results[size][config].append(r)
+        print(f"[{n + 1}/{len(runs)}] {size} {config}: peak RSS {r['peak_rss'] >> 20} MiB, "
+              f"step {statistics.median(r['times'][1:] or r['times']):.2f} s", file=sys.stderr)
+    print(f"commit {commit()}; {os.cpu_count()} CPUs; batch {BATCH}; {a.steps} steps a run; "
+          f"runs in random order (seed {a.seed}); glibc's default allocator")
+    print("command: PYTHONPATH=" + os.environ.get("PYTHONPATH", "") + " " +
+          " ".join([sys.executable] + sys.argv))
+    met = [report(s, results[s]) for s in sizes]
+    return 1 if a.check and not all(met) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

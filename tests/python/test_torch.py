@@ -359,3 +359,95 @@ def worker_model(name):
     sys.path.insert(0, HERE)
     import worker
     return worker.MODELS[name]
+
+
+def _index_of(opt, p):
+    return next(k for k, q in enumerate(opt._params) if q is p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parameters_in_use_are_views_of_the_store(tmp_path, dtype):
+    # Note [parameter views]: no tensor of torch's heap per fetch, the same values.
+    def run(offload):
+        model = gpt.make(seed=0).to(dtype)
+        opt = offloaded(tmp_path, model, name=f"{offload}.vol", host_budget=16 << 20)
+        views, grads = [], []
+        if offload:
+            off = mt.offload_parameters(model, opt)
+            fc = model.blocks[0].fc
+            i = _index_of(opt, fc.weight)
+            fc.register_forward_pre_hook(lambda m, inp: views.append(
+                (fc.weight.dtype, fc.weight.shape, fc.weight.data_ptr() == off._leases[i].address)))
+        for step in range(4):
+            x, y = gpt.batch(step)
+            loss = model(x, y)
+            loss.backward()
+            grads.append({n: None if p.grad is None else p.grad.shape
+                          for n, p in model.named_parameters()})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            views.append(loss.item())
+        if offload:
+            assert off.heap_fetches == 0 and off.fetches > 0
+            assert off._leases == {} and off._leased_bytes() == 0  # nothing held between uses
+        opt.close()
+        return views, grads
+
+    plain, plain_grads = run(False)
+    views, grads = run(True)
+    want = (dtype, torch.Size([256, 64]), True)
+    assert [v for v in views if isinstance(v, tuple)] == [want] * 4
+    assert [v for v in views if not isinstance(v, tuple)] == plain  # bit for bit
+    assert grads == plain_grads  # every gradient in p.grad, of the parameter's shape
+
+
+def test_a_view_kept_past_its_use_keeps_its_block(tmp_path):
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, host_budget=16 << 20)
+    off = mt.offload_parameters(model, opt)
+    fc = model.blocks[0].fc
+    i = _index_of(opt, fc.weight)
+    kept, copies, saved = [], [], []
+
+    def hook(m, inputs):  # after offload_parameters' own: the parameter in use
+        kept.append(fc.weight.data)
+        copies.append(fc.weight.detach().clone())
+        saved.append(model.state_dict()["blocks.0.fc.weight"])
+
+    handle = fc.register_forward_pre_hook(hook)
+    losses = train(model, opt, steps=2)
+    assert fc.weight.numel() == 0
+    # The views kept hold their leases, counted against the budget once: they share the
+    # block, into which each fetch derives (as an in-place update would write); they read
+    # the parameters of the last fetch. A state_dict taken in use holds copies.
+    assert {j for _, j in off._stale} == {i} and off._leased_bytes() == off._nbytes[i]
+    assert kept[0].data_ptr() == kept[1].data_ptr()
+    assert torch.equal(kept[0], copies[-1]) and not torch.equal(copies[0], copies[-1])
+    assert saved[-1].data_ptr() != kept[-1].data_ptr()
+    assert torch.equal(saved[-1], copies[-1])
+    handle.remove()
+    kept.clear()  # views must go before opt.close(): the store closes with no lease held
+    assert off._leased_bytes() == 0
+    assert train(model, opt, steps=4, first=2)
+    opt.close()
+    ref = gpt.make(seed=0)
+    ref_opt = offloaded(tmp_path, ref, name="ref.vol", host_budget=16 << 20)
+    assert train(ref, ref_opt, steps=2) == losses
+    ref_opt.close()
+
+
+def test_a_budget_without_room_gives_parameters_their_own_tensors(tmp_path):
+    # Twice the optimizer's need stays free: room for the small parameters (biases, norms),
+    # not for the 64 KiB matrices.
+    model = gpt.make(seed=0)
+    least = mt.OffloadedAdamW.min_host_budget(max(p.numel() for p in model.parameters()), 1 << 18)
+    budget = 2 * least + (32 << 10)
+    opt = offloaded(tmp_path, model, host_budget=budget)
+    off = mt.offload_parameters(model, opt)
+    losses = train(model, opt, steps=3)
+    assert 0 < off.heap_fetches < off.fetches
+    opt.close()
+    ref = gpt.make(seed=0)
+    ref_opt = offloaded(tmp_path, ref, name="ref.vol", host_budget=budget)
+    assert train(ref, ref_opt, steps=3) == losses
+    ref_opt.close()

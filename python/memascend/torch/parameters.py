@@ -2,6 +2,9 @@
 loaded just before each use (ZeRO-3 style)."""
 from __future__ import annotations
 
+import itertools
+import sys
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,6 +15,8 @@ from memascend.torch._common import OFFLOADED
 
 if TYPE_CHECKING:
     from memascend.torch.optimizer import OffloadedAdamW
+
+_instances = itertools.count()  # each ParameterOffload names its store tensors apart
 
 
 class ParameterOffload:
@@ -44,6 +49,8 @@ class ParameterOffload:
         self._cuda = optimizer._cuda  # the device path, or None on the CPU
         if self._cuda is not None:
             self._use_device(device_budget, read_ahead)
+        else:
+            self._use_store()
         self._count = {}  # param index -> fetches outstanding
         self._order = []  # modules in the order of the first forward pass (for prefetch)
         self._position = {}
@@ -86,6 +93,83 @@ class ParameterOffload:
         budget = int(device_budget) if device_budget is not None else 2 * largest + read_ahead
         self._cuda.use_device_budget(budget, read_ahead)
 
+    # -- Note [parameter views]: on the CPU a parameter in use is a view of a block of the
+    # optimizer's TensorStore, not a tensor of torch's heap. Each parameter has a scratch
+    # tensor there, in the model's dtype (the optimizer's: fp32 models store no parameters,
+    # they are derived from the master weights, so the view cannot be of the state itself,
+    # which is cut in parts and kept in two versions). A fetch leases it for overwrite,
+    # derives the parameters into it (load_parameters, as before: bit for bit the same
+    # values) and sets p.data to torch.frombuffer over the lease, which keeps the lease alive
+    # as long as any tensor views it. A release sets p.data back to an empty tensor; when
+    # nothing else views the block, the lease is released and the tensor discarded (its
+    # block back in the pool, nothing written to the volume). A view something still holds
+    # (a tensor taken from p.data) keeps its lease until it dies; the next fetch derives
+    # into the same block, as an optimizer's in-place update would. Nothing writes a block
+    # but its fetch: the optimizer's update writes the master weights, and the fetch after it
+    # derives again. Leased blocks stay within the budget less twice what the optimizer
+    # needs for one part (min_host_budget: its blocks, and room against fragmentation); a
+    # parameter that finds no such room, or a store that has none, gets a tensor of its own
+    # (counted in heap_fetches).
+    def _use_store(self):
+        opt = self._opt
+        size = torch.empty((), dtype=opt._dtype).element_size()
+        self._least = opt.min_host_budget(max(opt._numels), opt._part_elements, opt._dtype)
+        self._nbytes = [n * size for n in opt._numels]
+        self._leases = {}  # param index -> the lease its data views
+        self._stale = []  # (weak reference to a lease still viewed after its release, index)
+        self._tids = {}  # param index -> its store tensor (none for one the budget cannot hold)
+        self.heap_fetches = 0
+        prefix = f"memascend.torch.parameters{next(_instances)}.p"
+        for own in self._params_of.values():
+            for _, i in own:
+                if i not in self._tids and self._nbytes[i] + 2 * self._least <= opt.host_budget:
+                    self._tids[i] = opt._store.register(f"{prefix}{i}", self._nbytes[i], opt._dt,
+                                                        list(opt._shapes[i]), durable=False)
+
+    def _leased_bytes(self):
+        """Bytes of the blocks that views hold (leases of one tensor share its block)."""
+        self._stale = [(r, i) for r, i in self._stale if r() is not None and r().held]
+        return sum(self._nbytes[i] for i in set(self._leases) | {i for _, i in self._stale})
+
+    def _host_data(self, i):
+        """Parameter i's values on the CPU: a view of its store block (Note [parameter
+        views]), or a tensor of its own where the budget leaves no room."""
+        opt = self._opt
+        lease = None
+        if i in self._tids and (self._leased_bytes() + self._nbytes[i] + 2 * self._least
+                                <= opt.host_budget):
+            try:
+                lease = opt._store.acquire(self._tids[i], overwrite=True)
+            except errors.ResourceExhaustedError:
+                lease = None
+        if lease is None:
+            self.heap_fetches += 1
+            h = torch.empty(opt._shapes[i], dtype=opt._dtype)
+            opt._core.load_parameters(i, h.data_ptr(), h.numel(), opt._dt)
+            return h
+        try:
+            opt._core.load_parameters(i, lease.address, opt._numels[i], opt._dt)
+            view = torch.frombuffer(lease, dtype=opt._dtype).view(opt._shapes[i])
+        except BaseException:
+            lease.release()
+            raise
+        self._leases[i] = lease
+        return view
+
+    def _drop_view(self, i):
+        """After p.data no longer views parameter i's block: the lease released and the
+        block discarded, unless a tensor still views it (then its last holder releases it)."""
+        lease = self._leases.pop(i, None)
+        if lease is None:
+            return
+        if sys.getrefcount(lease) > 2:  # ours, getrefcount's: a tensor's besides
+            self._stale.append((weakref.ref(lease), i))
+            return
+        lease.release()
+        self._leased_bytes()  # forgets the stale leases released since
+        if all(j != i for _, j in self._stale):  # else a kept view still leases the block
+            self._opt._store.discard(self._tids[i])
+
     # -- fetch and release
     def _fetch(self, p, i):
         c = self._count.get(i, 0)
@@ -107,9 +191,7 @@ class ParameterOffload:
                 self._acquired.add(i)
                 p.data = device_tensor(address, n, code, opt._shapes[i], dev)
             else:
-                h = torch.empty(opt._shapes[i], dtype=opt._dtype)
-                opt._core.load_parameters(i, h.data_ptr(), h.numel(), opt._dt)
-                p.data = h
+                p.data = self._host_data(i)
             self.fetches += 1
         self._count[i] = c + 1
 
@@ -123,6 +205,8 @@ class ParameterOffload:
                 self._acquired.discard(i)
                 self._cuda.params.release(i, stream_handle(self._cuda.device))
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            if self._cuda is None:
+                self._drop_view(i)
 
     def _prefetch(self, m, direction):
         if self._cuda is not None:
@@ -204,7 +288,7 @@ class ParameterOffload:
         opt._finish_update()  # one step's parameters, all of them
         for key, i in self._keys.items():
             full = prefix + key
-            if full in state_dict and state_dict[full].numel() != opt._numels[i]:
+            if full in state_dict:  # a copy: a parameter in use is a view of a store block
                 h = torch.empty(opt._shapes[i], dtype=opt._dtype)
                 opt._core.load_parameters(i, h.data_ptr(), h.numel(), opt._dt)
                 state_dict[full] = h
@@ -226,6 +310,7 @@ class ParameterOffload:
         whole. A second call does nothing."""
         if not self._handles:
             return
+        opt = self._opt
         if self in self._opt._offloads:
             self._opt._offloads.remove(self)
         self._opt._defer_updates(False)  # finishes an update still planned
@@ -240,8 +325,10 @@ class ParameterOffload:
                     p.data = torch.empty(self._opt._shapes[i], dtype=self._opt._dtype,
                                          device=self._cuda.device)
                     self._cuda.copy_parameter(i, p)
-                else:
-                    self._fetch(p, i)
+                elif p.numel() != opt._numels[i]:  # its own memory, not a store block's
+                    h = torch.empty(opt._shapes[i], dtype=opt._dtype)
+                    opt._core.load_parameters(i, h.data_ptr(), h.numel(), opt._dt)
+                    p.data = h
                 self._count[i] = 0
                 OFFLOADED.pop(id(p), None)
 
@@ -256,8 +343,9 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     Between uses a parameter holds an empty tensor. Returns a ParameterOffload
     (``remove()`` undoes it). Call it after making the optimizer over the same parameters.
 
-    On the CPU the next `window` submodules' parameters are prefetched in the direction
-    of the pass. On a GPU the parameters are copied into a device allocation of
+    On the CPU a parameter in use is a view of a block of the optimizer's store (Note
+    [parameter views]), and the next `window` submodules' parameters are prefetched in the
+    direction of the pass. On a GPU the parameters are copied into a device allocation of
     `device_budget` bytes on a copy stream of their own, and those of the next
     submodules are read ahead along the order the first forward pass recorded, up to
     `read_ahead` bytes (defaults: twice the largest submodule's parameters to read ahead,
