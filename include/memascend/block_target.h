@@ -55,6 +55,9 @@ class BlockTarget {
 
   // fdatasync: everything written so far is on stable storage.
   absl::Status Sync() const;
+  // A regular file to at least `bytes`, allocated (fallocate); kFailedPrecondition for a
+  // device, kResourceExhausted when the file system lacks the room (nothing changes).
+  absl::Status Grow(std::uint64_t bytes);
   absl::Status Close();
 
  private:

@@ -143,6 +143,13 @@ class Volume final : public ObjectStore {
 
   // Checks the volume's structures (and, with verify_data, every object's checksum).
   absl::StatusOr<FsckReport> Fsck(bool verify_data);
+  // Note [volume growth]: a volume in a regular file grows to at least `size` bytes: the
+  // file is extended (allocated), then both superblocks are rewritten, one after the
+  // other, with the larger data region, which becomes free space. A crash between the two
+  // leaves copies that differ in size alone, the newer the larger: Open uses the newer
+  // (no object can be in the new region yet) and warns. kFailedPrecondition for a block
+  // device; kResourceExhausted, and nothing changes, when the file system lacks the room.
+  absl::Status Grow(std::uint64_t size);
   // Rewrites what is redundant: a damaged superblock copy gets the live superblock again
   // (as the next generation). True if something was rewritten; kDataLoss for two valid
   // copies of different geometry (which one is right cannot be told).

@@ -197,6 +197,24 @@ BlockTarget::~BlockTarget() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+absl::Status BlockTarget::Grow(std::uint64_t bytes) {
+  if (device_) {
+    return absl::FailedPreconditionError(
+        fmt::format("{} is a block device: it cannot grow", path_));
+  }
+  if (bytes <= size_) return absl::OkStatus();
+  if (absl::Status s = prim::Preallocate(fd_, bytes); !s.ok()) {
+    const std::string why(s.message());
+    if (absl::IsResourceExhausted(s) || why.find("No space") != std::string::npos) {
+      return absl::ResourceExhaustedError(
+          fmt::format("{}: no room to grow to {} bytes: {}", path_, bytes, why));
+    }
+    return s;
+  }
+  size_ = bytes;
+  return absl::OkStatus();
+}
+
 absl::Status BlockTarget::Sync() const {
   int rc;
   do {

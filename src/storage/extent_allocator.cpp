@@ -9,6 +9,13 @@ ExtentAllocator::ExtentAllocator(std::uint64_t units) : total_(units), free_(0) 
   free_ = units;
 }
 
+void ExtentAllocator::Extend(std::uint64_t units) {
+  if (units <= total_) return;
+  const Extent added{total_, units - total_};
+  total_ = units;
+  (void)Free(std::span<const Extent>(&added, 1));  // coalesces with a free run at the end
+}
+
 void ExtentAllocator::Insert(std::uint64_t start, std::uint64_t units) {
   by_start_.emplace(start, units);
   by_size_.emplace(units, start);

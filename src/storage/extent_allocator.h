@@ -34,6 +34,9 @@ class ExtentAllocator {
   // part is out of range or already used (two objects claim the same units).
   absl::Status Reserve(std::span<const Extent> extents);
 
+  // More units at the end, free (a grown volume). Nothing changes for fewer.
+  void Extend(std::uint64_t units);
+
   std::uint64_t total_units() const noexcept { return total_; }
   std::uint64_t free_units() const noexcept { return free_; }
   std::uint64_t largest_free() const noexcept;

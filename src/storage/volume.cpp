@@ -10,6 +10,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include <absl/cleanup/cleanup.h>
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
 
@@ -17,6 +18,7 @@
 #include <memascend/status.h>
 #include <memascend/volume.h>
 
+#include "prim/file.h"
 #include "storage/extent_allocator.h"
 #include "storage/format.h"
 #include "storage/transfer.h"
@@ -49,6 +51,15 @@ std::string GeometryDiffers(const Superblock& a, const Superblock& b) {
     return "journal region";
   if (a.data_offset != b.data_offset || a.data_units != b.data_units) return "data region";
   return "";
+}
+
+// Note [volume growth]: `newer` and `older` agree but for a larger data region in `newer`.
+bool InterruptedGrow(const Superblock& newer, const Superblock& older) {
+  Superblock a = older;
+  a.capacity = newer.capacity;
+  a.data_units = newer.data_units;
+  return newer.generation > older.generation && newer.capacity > older.capacity &&
+         newer.data_units > older.data_units && GeometryDiffers(newer, a).empty();
 }
 
 std::string UuidString(const std::array<std::uint8_t, 16>& u) {
@@ -368,7 +379,14 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
         "rewrites it",
         1 - pick, std::string(copies[1 - pick].status().message()), pick,
         copies[pick]->generation));
-  } else if (const std::string why = GeometryDiffers(*copies[0], *copies[1]); !why.empty()) {
+  } else if (const std::string why = GeometryDiffers(*copies[0], *copies[1]);
+             !why.empty() && InterruptedGrow(*copies[pick], *copies[1 - pick])) {
+    // Note [volume growth]: the newer is larger and alone differs in size.
+    m.open_warnings.push_back(fmt::format(
+        "superblock {} has the size before a grow that did not finish ({}); using superblock "
+        "{} (generation {}); `fsck --repair` rewrites it",
+        1 - pick, why, pick, copies[pick]->generation));
+  } else if (!why.empty()) {
     // Both valid, but not of one volume: which one to trust cannot be told.
     const std::string e = fmt::format("superblocks 0 and 1 disagree: {}", why);
     if (!options.allow_data_loss) {
@@ -656,6 +674,57 @@ VolumeStats Volume::stats() const {
   s.commits = m.commits;
   s.compactions = m.compactions;
   return s;
+}
+
+absl::Status Volume::Grow(std::uint64_t size) {
+  Impl& m = *impl_;
+  // Alone with the journal: no commit (nor compaction, which writes a superblock) runs.
+  {
+    absl::MutexLock lock(&m.commit_mu);
+    while (m.leader) m.commit_cv.Wait(&m.commit_mu);
+    m.leader = true;
+  }
+  absl::Cleanup done = [&m] {
+    absl::MutexLock lock(&m.commit_mu);
+    m.leader = false;
+    m.commit_cv.SignalAll();
+  };
+  Superblock next;
+  {
+    absl::ReaderMutexLock lock(&m.mu);
+    if (!m.poisoned.ok()) return m.poisoned;
+    next = m.sb;
+  }
+  if (size <= next.capacity) return absl::OkStatus();
+  const std::uint64_t units = (size - next.data_offset) / next.unit_bytes;
+  if (units <= next.data_units) return absl::OkStatus();
+  if (m.target.is_device()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{} is a block device of {} bytes: a volume on it cannot grow to {}", m.target.path(),
+        m.target.size(), size));
+  }
+  const std::uint64_t capacity = next.data_offset + units * next.unit_bytes;
+  if (capacity > m.target.size()) {
+    auto free = prim::FreeBytes(m.target.path());
+    if (free.ok() && *free < capacity - m.target.size()) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "{}: growing the volume to {} needs {} more bytes; the file system has {} free",
+          m.target.path(), util::FormatBytes(capacity), capacity - m.target.size(), *free));
+    }
+    MEMASCEND_RETURN_IF_ERROR(m.target.Grow(capacity));
+  }
+  next.capacity = capacity;
+  next.data_units = units;
+  for (int copy = 0; copy < 2; ++copy) {  // the older slot first, then the live one
+    next.generation += 1;
+    const auto super = storage::EncodeSuperblock(next);
+    MEMASCEND_RETURN_IF_ERROR(m.WriteMetadataOrPoison((next.generation % 2) * kMetaBlock, super));
+    MEMASCEND_RETURN_IF_ERROR(m.SyncOrPoison());
+  }
+  absl::MutexLock lock(&m.mu);
+  m.sb = next;
+  m.alloc->Extend(units);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Volume::RepairSuperblocks() {
