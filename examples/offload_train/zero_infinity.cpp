@@ -1,4 +1,4 @@
-#include "zero_backend.h"
+#include "zero_infinity.h"
 
 #include <algorithm>
 #include <atomic>
