@@ -76,15 +76,27 @@ struct Option {
   std::string fallback;
   const char* help;
   std::function<bool(CommandLine&, const std::string&, std::string* why)> set;
+  // The default read from a default CommandLine, where `fallback` is empty and it is set.
+  std::function<std::string(CommandLine&)> shown = nullptr;
 };
 
-// Option kinds. `get` returns where the value goes.
+// Option kinds. `get` returns where the value goes. A number's default is the one its
+// field holds (TrainOptions' initialisers), unless `fallback` spells it otherwise.
 template <typename Get>
-Option Number(const char* name, const char* value, std::string fallback, const char* help,
-              Get get) {
-  return {name, value, std::move(fallback), help,
+Option Number(const char* name, const char* value, const char* help, Get get,
+              std::string fallback = "") {
+  return {name,
+          value,
+          std::move(fallback),
+          help,
           [get](CommandLine& c, const std::string& v, std::string* why) {
             return ParseNumber(v, get(c), why);
+          },
+          [get](CommandLine& c) {
+            const auto v = *get(c);
+            if constexpr (std::is_same_v<decltype(v), const bool>)
+              return std::string(v ? "1" : "0");
+            return fmt::format("{}", v);
           }};
 }
 
@@ -172,21 +184,21 @@ const std::vector<Section>& Table() {
   static const std::vector<Section>* table = new std::vector<Section>{
       {"the model and the run",
        {
-           Number("--steps", "N", "200",
+           Number("--steps", "N",
                   "total steps (a resumed run continues to N; 0: only --eval and --export)",
                   [](CommandLine& c) { return &c.train.steps; }),
-           Number("--seq", "N", "64", "tokens per sequence",
+           Number("--seq", "N", "tokens per sequence",
                   [](CommandLine& c) { return &c.train.model.seq; }),
-           Number("--batch", "N", "8",
+           Number("--batch", "N",
                   "sequences per step (under mpirun: the global batch, divided among the ranks)",
                   [](CommandLine& c) { return &c.train.model.batch; }),
-           Number("--layers", "N", "4", "the demo GPT's layers",
+           Number("--layers", "N", "the demo GPT's layers",
                   [](CommandLine& c) { return &c.train.model.layers; }),
-           Number("--channels", "N", "128", "the demo GPT's channels",
+           Number("--channels", "N", "the demo GPT's channels",
                   [](CommandLine& c) { return &c.train.model.channels; }),
-           Number("--heads", "N", "4", "the demo GPT's attention heads",
+           Number("--heads", "N", "the demo GPT's attention heads",
                   [](CommandLine& c) { return &c.train.model.heads; }),
-           Number("--vocab", "N", "256", "256: bytes; more: words of the corpus with byte fallback",
+           Number("--vocab", "N", "256: bytes; more: words of the corpus with byte fallback",
                   [](CommandLine& c) { return &c.train.model.vocab; }),
            Choice("--dtype", {"fp16", "bf16"}, "fp16", "working parameters and gradients",
                   [](CommandLine& c, std::size_t i) {
@@ -242,17 +254,16 @@ const std::vector<Section>& Table() {
        }},
       {"optimization",
        {
-           Number("--lr", "X", "0.003", "peak learning rate",
-                  [](CommandLine& c) { return &c.train.lr; }),
-           Number("--warmup", "N", "20", "steps of linear learning-rate warm-up",
+           Number("--lr", "X", "peak learning rate", [](CommandLine& c) { return &c.train.lr; }),
+           Number("--warmup", "N", "steps of linear learning-rate warm-up",
                   [](CommandLine& c) { return &c.train.warmup; }),
-           Number("--clip", "X", "1", "global gradient norm; 0: no clipping",
+           Number("--clip", "X", "global gradient norm; 0: no clipping",
                   [](CommandLine& c) { return &c.train.clip; }),
-           Number("--weight-decay", "X", "0", "AdamW's decoupled weight decay",
+           Number("--weight-decay", "X", "AdamW's decoupled weight decay",
                   [](CommandLine& c) { return &c.train.weight_decay; }),
-           Number("--seed", "N", "1", "initialisation, batches and samples",
+           Number("--seed", "N", "initialisation, batches and samples",
                   [](CommandLine& c) { return &c.train.seed; }),
-           Number("--threads", "N", "0", "compute threads; 0: all cores",
+           Number("--threads", "N", "compute threads; 0: all cores",
                   [](CommandLine& c) { return &c.train.threads; }),
            {"--loss-scale", "X", "65536 for fp16, 1 for bf16", "initial dynamic loss scale",
             [](CommandLine& c, const std::string& v, std::string* why) {
@@ -283,22 +294,21 @@ const std::vector<Section>& Table() {
             "pinned host bytes; Fx: F times the minimum; P%: P percent of the training state "
             "(printed with its reason; unlocked with a warning when RLIMIT_MEMLOCK is below it)",
             SetHostBudget},
-           Number("--window", "N", "1", "layers prefetched ahead",
+           Number("--window", "N", "layers prefetched ahead",
                   [](CommandLine& c) { return &c.train.window; }),
-           Number("--optimizer-chunk", "N", "1048576", "elements per stored part of every tensor",
+           Number("--optimizer-chunk", "N", "elements per stored part of every tensor",
                   [](CommandLine& c) { return &c.train.optimizer_chunk; }),
            Bytes("--read-ahead", "what the budget leaves beyond the minimum and --keep",
                  "optimizer state read ahead of the update",
                  [](CommandLine& c) { return &c.train.read_ahead_bytes; }),
            Bytes("--keep", "0", "optimizer state kept in memory across steps",
                  [](CommandLine& c) { return &c.train.keep_bytes; }),
-           Number("--overlap-optimizer", "0|1", "1",
+           Number("--overlap-optimizer", "0|1",
                   "run a step's update interleaved with the next step's forward pass",
                   [](CommandLine& c) { return &c.train.overlap_optimizer; }),
-           Number("--io-threads", "N", "8", "the store's prefetch threads, reads in flight",
+           Number("--io-threads", "N", "the store's prefetch threads, reads in flight",
                   [](CommandLine& c) { return &c.train.io_threads; }),
-           Number("--write-behind", "0|1", "1",
-                  "write new versions back as soon as they are released",
+           Number("--write-behind", "0|1", "write new versions back as soon as they are released",
                   [](CommandLine& c) { return &c.train.write_behind; }),
            Choice("--pool", {"adaptive", "pow2"}, "adaptive",
                   "the store's pinned pool: adaptive classes, or powers of two as PyTorch's "
@@ -323,15 +333,17 @@ const std::vector<Section>& Table() {
                       i) { c.train.policy = i == 1 ? Policy::kZeroInfinity : Policy::kMemAscend; }),
            Path("--nvme-path", "DIR", "<volume>.zero", "swap directory, one file per tensor",
                 [](CommandLine& c) { return &c.train.zero.nvme_path; }),
-           Number("--zero-param-buffers", "N", "5", "offload_param.buffer_count",
+           Number("--zero-param-buffers", "N", "offload_param.buffer_count",
                   [](CommandLine& c) { return &c.train.zero.param_buffer_count; }),
-           Number("--zero-param-buffer-size", "ELEMS", "1e8", "offload_param.buffer_size",
-                  [](CommandLine& c) { return &c.train.zero.param_buffer_size; }),
-           Number("--zero-optimizer-buffers", "N", "4", "offload_optimizer.buffer_count",
+           Number(
+               "--zero-param-buffer-size", "ELEMS", "offload_param.buffer_size",
+               [](CommandLine& c) { return &c.train.zero.param_buffer_size; }, "1e8"),
+           Number("--zero-optimizer-buffers", "N", "offload_optimizer.buffer_count",
                   [](CommandLine& c) { return &c.train.zero.optimizer_buffer_count; }),
-           Number("--zero-sub-group-size", "ELEMS", "1e9", "sub_group_size",
-                  [](CommandLine& c) { return &c.train.zero.sub_group_size; }),
-           Number("--zero-queue-depth", "N", "8", "aio.queue_depth",
+           Number(
+               "--zero-sub-group-size", "ELEMS", "sub_group_size",
+               [](CommandLine& c) { return &c.train.zero.sub_group_size; }, "1e9"),
+           Number("--zero-queue-depth", "N", "aio.queue_depth",
                   [](CommandLine& c) { return &c.train.zero.aio_queue_depth; }),
            {"--zero-block", "B", "1M", "aio.block_size",
             [](CommandLine& c, const std::string& v, std::string* why) {
@@ -344,22 +356,24 @@ const std::vector<Section>& Table() {
             }},
            Bytes("--zero-min-swap", "1M", "smaller tensors stay in memory",
                  [](CommandLine& c) { return &c.train.zero.min_swap_bytes; }),
-           Number("--zero-max-in-cpu", "ELEMS", "1e9", "offload_param.max_in_cpu",
-                  [](CommandLine& c) { return &c.train.zero.max_in_cpu; }),
-           Number("--zero-pin-optimizer", "0|1", "0", "offload_optimizer.pin_memory",
+           Number(
+               "--zero-max-in-cpu", "ELEMS", "offload_param.max_in_cpu",
+               [](CommandLine& c) { return &c.train.zero.max_in_cpu; }, "1e9"),
+           Number("--zero-pin-optimizer", "0|1", "offload_optimizer.pin_memory",
                   [](CommandLine& c) { return &c.train.zero.optimizer_pin_memory; }),
-           Number("--zero-reduce-bucket", "ELEMS", "5e8", "reduce_bucket_size",
-                  [](CommandLine& c) { return &c.train.zero.reduce_bucket_size; }),
-           Number("--zero-pipeline-read", "0|1", "0",
+           Number(
+               "--zero-reduce-bucket", "ELEMS", "reduce_bucket_size",
+               [](CommandLine& c) { return &c.train.zero.reduce_bucket_size; }, "5e8"),
+           Number("--zero-pipeline-read", "0|1",
                   "offload_optimizer.pipeline_read (needs 4 more optimizer buffers)",
                   [](CommandLine& c) { return &c.train.zero.pipeline_read; }),
-           Number("--zero-pipeline-write", "0|1", "0",
+           Number("--zero-pipeline-write", "0|1",
                   "offload_optimizer.pipeline_write (needs 4 more optimizer buffers)",
                   [](CommandLine& c) { return &c.train.zero.pipeline_write; }),
        }},
       {"output",
        {
-           Number("--sample", "N", "120", "tokens generated at the end (at most 100000)",
+           Number("--sample", "N", "tokens generated at the end (at most 100000)",
                   [](CommandLine& c) { return &c.train.sample_tokens; }),
            Path("--timeline", "FILE", "", "CSV memory timeline (the ledger, sampled per layer)",
                 [](CommandLine& c) { return &c.timeline_path; }),
@@ -378,6 +392,15 @@ const Option* Find(std::string_view name) {
     }
   }
   return nullptr;
+}
+
+// The command line before any option: TrainOptions' defaults and the program's own.
+CommandLine Defaults() {
+  CommandLine c;
+  c.train.volume_path = MEMASCEND_TRAIN_DEFAULT_VOLUME;
+  c.train.sample_tokens = 120;
+  c.matmul = blas::Available() ? "blas" : "exact";
+  return c;
 }
 
 // `text` wrapped to lines of at most `width` columns, each after `indent` spaces but the
@@ -403,6 +426,7 @@ std::string Wrap(const std::string& text, std::size_t indent, std::size_t width)
 
 std::string Usage() {
   constexpr std::size_t kColumn = 30, kWidth = 60;
+  CommandLine defaults = Defaults();
   std::string out = "usage: memascend-train [options]\n";
   for (const Section& s : Table()) {
     out += fmt::format("{}:\n", s.title);
@@ -411,7 +435,10 @@ std::string Usage() {
       head += head.size() + 1 < kColumn ? std::string(kColumn - head.size(), ' ')
                                         : "\n" + std::string(kColumn, ' ');
       std::string help = o.help;
-      if (!o.fallback.empty()) help += fmt::format(" (default: {})", o.fallback);
+      const std::string fallback = !o.fallback.empty()  ? o.fallback
+                                   : o.shown != nullptr ? o.shown(defaults)
+                                                        : "";
+      if (!fallback.empty()) help += fmt::format(" (default: {})", fallback);
       out += head + Wrap(help, kColumn, kWidth) + "\n";
     }
   }
@@ -427,9 +454,7 @@ Byte sizes are whole numbers with an optional K, M, G or T suffix (powers of 102
 
 absl::Status ParseCommandLine(int argc, char** argv, CommandLine* out, bool* help) {
   CommandLine& c = *out;
-  c.train.volume_path = MEMASCEND_TRAIN_DEFAULT_VOLUME;
-  c.train.sample_tokens = 120;
-  c.matmul = blas::Available() ? "blas" : "exact";
+  c = Defaults();
   *help = false;
   for (int i = 1; i < argc; ++i) {
     const std::string name = argv[i];

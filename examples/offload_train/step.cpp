@@ -23,6 +23,7 @@ using memascend::OffloadedAdam;
 using memascend::ParameterStream;
 using memascend::StateLayout;
 
+// A block's gradient (Note [gradient parts]).
 std::size_t GradientScratchParams(const ModelConfig& c) {
   std::size_t n = 0;
   for (std::size_t g = 1; g + 1 < GroupCount(c); ++g) n = std::max(n, GroupParams(c, g));
@@ -296,9 +297,7 @@ absl::Status Run::Settle(const CommitFn& on_commit) {
 // (which these two are, with a large vocabulary). Each element sums over the batch's rows
 // in the order of the whole computation, so the bits do not depend on the ranges. Every
 // policy does the same: the buffer is the trainer's, not a storage rule.
-//
-// StoreGrad is where the rule lives: a block's gradient is whole in df_; the
-// embeddings' and the head's are made df_'s size at a time.
+
 // The group's fp32 gradient (scaled) into its stored gradient, part by part; the
 // optimizer checks each part for overflow and adds it to the norm.
 absl::Status Run::StoreGrad(std::size_t g) {
