@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/data_parallel.sh: memascend-train data-parallel under mpirun at 1, 2 and 4 ranks
-# (Note [data parallel] in examples/offload_train/trainer.h) on one machine: per-rank peak
+# (Note [data parallel] in examples/offload_train/data_parallel.cpp) on one machine: per-rank peak
 # RSS, step time, bytes each rank sends per step, volume I/O per step.
 #
 # The operating point is fixed here, before any run: a Llama-shaped model of 56 M

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/frontier.py: the memory/speed frontier of memascend against ZeRO-Infinity's
-complete rules (issue 25; Note [zero rules] in examples/offload_train/zero_backend.h).
+complete rules (issue 25; Note [zero rules] in examples/offload_train/zero_infinity.h).
 
 Per model of a Llama-shaped ladder (bench/configs/), at --seq 256 (bf16, batch 1):
 

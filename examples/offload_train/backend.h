@@ -1,5 +1,5 @@
 // The example's names for the SDK's training-state vocabulary (memascend/training_state.h):
-// the ZeRO-Infinity baseline (zero_backend.h) is one more TrainingStateStorage, beside the
+// the ZeRO-Infinity baseline (zero_infinity.h) is one more TrainingStateStorage, beside the
 // SDK's VersionedTrainingState (MemAscend's policy) and InMemoryTrainingState (reference).
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_BACKEND_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_BACKEND_H_

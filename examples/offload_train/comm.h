@@ -1,5 +1,5 @@
 // Collectives among memascend-train's data-parallel ranks (Note [data parallel] in
-// trainer.h): MPI's on the CPU (MpiCommunicator, built with libopenmpi-dev), behind an
+// data_parallel.cpp): MPI's on the CPU (MpiCommunicator, built with libopenmpi-dev), behind an
 // interface the trainer alone uses, so another engine (NCCL for a GPU trainer) plugs in
 // the same way. Every call is a collective: every rank makes it, in the same order.
 //

@@ -8,7 +8,7 @@
 // EmbedGradient() adds the head's share (dlogits^T . normed) to the rows the tokens
 // selected. The interface is Gpt's (model.h) otherwise: Embed, Block, Head, then
 // HeadGradient, BlockBackward in reverse, EmbedGradient; the gradients come range by
-// range with the bits of the whole (Note [gradient parts] in trainer.h).
+// range with the bits of the whole (Note [gradient parts] in step.cpp).
 //
 // With `checkpoint`, the model keeps one block's activations, not every block's: the caller
 // keeps each block's input (Residual() before Block()) and hands it back to Recompute()

@@ -97,7 +97,7 @@ absl::Status Validate(const ModelConfig& c) {
   // The parameters and one batch's activations (about, in fp32) must fit in this
   // machine's memory, or the first allocation would fail.
   // (Only the largest group and a block's gradient are whole in memory: Note [gradient
-  // parts] in trainer.h.)
+  // parts] in step.cpp.)
   double params = 0;
   for (std::size_t g = 0; g < GroupCount(c); ++g)
     params = std::max(params, static_cast<double>(GroupParams(c, g)));

@@ -1,6 +1,6 @@
 // The example's training state: which groups of the model are stored how (the SDK's
 // StateLayout), and where (MemAscend's policy: a volume, its tensor store and a
-// VersionedTrainingState; ZeRO-Infinity's rules: zero_backend.h; reference: memory).
+// VersionedTrainingState; ZeRO-Infinity's rules: zero_infinity.h; reference: memory).
 //
 // Thread-safety: one caller at a time. Lifetime: OffloadState owns what it opened and
 // closes it in order.
@@ -25,9 +25,18 @@ namespace offload_train {
 // MemAscend's policy in offload mode: the one whose state is on a MemAscend volume.
 bool MemAscendOffload(const TrainOptions& o);
 
+// Note [derived parameters]: with the update overlapped, the 16-bit parameters of the
+// embedding and the head are never read back: the forward pass takes them from the update,
+// the head's backward pass runs in the same call as its forward pass, and the embedding's
+// needs none. So a MemAscend volume does not store them (StateGroup::store_parameters
+// false): where they are needed otherwise (a forward pass with no update before it, every
+// step with the update not overlapped, sampling) the optimizer rounds them from the
+// master weights, to the bits that would have been stored. The layout is the same whether
+// the update is overlapped or not, so a run may be resumed either way.
+//
 // The model's groups as the SDK's state layout: MemAscend's policy stores every tensor in
 // parts and derives the embedding's and the head's 16-bit parameters (Note [derived
-// parameters] in trainer.h); ZeRO-Infinity's rules keep each group whole.
+// parameters]); ZeRO-Infinity's rules keep each group whole.
 memascend::StateLayout MakeStateLayout(const ModelConfig& c, memascend::DType dtype,
                                        std::size_t chunk, bool derive);
 memascend::StateLayout MakeStateLayout(const TrainOptions& o);

@@ -9,45 +9,15 @@
 // [state layout]) and the offloaded optimizer with its parameter streams
 // (memascend/offloaded_optimizer.h: Note [parts], [optimizer overlap], [read-ahead],
 // [gradient room], [kept state], [derived parameters]). This file is the model's side:
-// which groups, which parameters are derived, the loop, the reports.
-//
-// Note [gradient parts]: the embeddings' and the head's fp32 gradients are never whole in
-// memory: StoreGrad makes them from the activations (Gpt::EmbedGradient,
-// Gpt::HeadGradient) a block's size at a time, converting each range to 16 bits at once,
-// so the trainer's fp32 gradient buffer holds a block's gradient, not the largest group
-// (which these two are, with a large vocabulary). Each element sums over the batch's rows
-// in the order of the whole computation, so the bits do not depend on the ranges. Every
-// policy does the same: the buffer is the trainer's, not a storage rule.
-//
-// Note [derived parameters]: with the update overlapped, the 16-bit parameters of the
-// embedding and the head are never read back: the forward pass takes them from the update,
-// the head's backward pass runs in the same call as its forward pass, and the embedding's
-// needs none. So a MemAscend volume does not store them (StateGroup::store_parameters
-// false): where they are needed otherwise (a forward pass with no update before it, every
-// step with the update not overlapped, sampling) the optimizer rounds them from the
-// master weights, to the bits that would have been stored. The layout is the same whether
-// the update is overlapped or not, so a run may be resumed either way.
-//
-// Note [data parallel]: with TrainOptions::comm of several ranks (memascend-train under
-// mpirun), each rank trains on its slice of every global batch (--batch is the global
-// batch, divided among the ranks) and holds a shard of the training state on a volume of
-// its own (memascend Note [layout shards]: whole parts, about 1/N of the elements; the
-// 16-bit parameters are sharded too, as ZeRO-3 and ZeRO-Infinity do). A step:
-//   - each group's parameters: each rank loads (or, with the update overlapped, updates)
-//     its shard in the 16-bit dtype, every rank's shard is all-gathered in place at the
-//     front of the fp32 working buffer, which is then widened in place (no second buffer);
-//     the blocks are gathered again for the backward pass;
-//   - each part's fp32 gradient (the loss scaled by scale / N, so the sum is the global
-//     mean's) is reduced to the part's owner, which stores it;
-//   - the overflow check and the norm are all-reduced (memascend Note [global gradient
-//     check]), so every rank plans the same step and skips the same ones;
-//   - the loss reported is the mean over the ranks.
-// Reductions are MPI's sums, in its order: for two ranks a + b, so a run's losses repeat
-// exactly, and agree with one process's within float rounding (the batch's rows are summed
-// in another order). Commits are two-phase, keyed by the step: a rank's commit is reported
-// only after every rank has settled it (a barrier), and no rank writes the version a
-// commit supersedes before that. After a crash the ranks' volumes are at most a step
-// apart; --resume takes the newest step every rank holds (ResumeAtMost of the minimum).
+// the options of a run and its summary. Where each part lives:
+//   trainer.cpp        Train(): the checks, the state, the loop over the steps, the figures
+//   step.cpp           one step: forward, backward, update, commit (Note [gradient parts])
+//   evaluate.cpp       --eval, the master weights for --export, sampling
+//   data_parallel.cpp  under mpirun (Note [data parallel])
+//   host_budget.cpp    MemAscend's pinned host budget
+//   state.h            the layout (Note [derived parameters]) and MemAscend's volume
+//   zero_infinity.h    the ZeRO-Infinity baseline (Note [zero rules])
+//   run_identity.h     what a volume's run is (Note [run identity])
 //
 // Thread-safety: one Train() call at a time per volume.
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
@@ -80,7 +50,7 @@ enum class Mode { kOffload, kReference };
 // Whose host-memory and storage rules an offloaded run follows.
 enum class Policy { kMemAscend, kZeroInfinity };
 
-// ZeRO-Infinity's settings, DeepSpeed's defaults (zero_backend.h, ../shared/guide/ANCHORS.md).
+// ZeRO-Infinity's settings, DeepSpeed's defaults (zero_infinity.h, ../shared/guide/ANCHORS.md).
 struct ZeroOptions {
   std::size_t param_buffer_count = 5;             // offload_param.buffer_count
   std::uint64_t param_buffer_size = 100'000'000;  // elements; raised to the largest parameter
@@ -91,7 +61,7 @@ struct ZeroOptions {
   std::size_t min_swap_bytes = 1u << 20;          // smaller tensors stay in memory
   // offload_param.max_in_cpu (elements): while the 16-bit parameters total at most this,
   // stage 3 keeps them in one pinned buffer and never swaps them; the sub-groups beyond
-  // it go to NVMe (zero_backend.h, Note [zero rules]).
+  // it go to NVMe (zero_infinity.h, Note [zero rules]).
   std::uint64_t max_in_cpu = 1'000'000'000;
   // offload_optimizer.pin_memory: the flat gradient buffer is pinned only when set.
   bool optimizer_pin_memory = false;
@@ -182,8 +152,8 @@ struct TrainOptions {
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own
   // Tests: faults under the volume's I/O engine (EIO, ENOSPC, short transfers).
   std::shared_ptr<memascend::FaultInjector> fault_injector;
-  // Note [data parallel]: this process's rank among several (volume_path's "{rank}" is
-  // replaced by the rank); null: one process.
+  // Note [data parallel] (data_parallel.cpp): this process's rank among several (volume_path's
+  // "{rank}" is replaced by the rank); null: one process.
   Communicator* comm = nullptr;
 };
 

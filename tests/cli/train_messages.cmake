@@ -1,4 +1,4 @@
-# memascend-train's refusals say what differs (Note [run identity] in trainer.cpp) and what
+# memascend-train's refusals say what differs (Note [run identity] in run_identity.h) and what
 # a corpus too short needs, in the user's terms rather than tensor sizes or digests.
 #   cmake -DTRAIN=<memascend-train> -DDIR=<scratch dir> -P train_messages.cmake
 set(vol "${DIR}/messages.vol")

@@ -1,4 +1,4 @@
-"""memascend-train under mpirun (Note [data parallel] in examples/offload_train/trainer.h):
+"""memascend-train under mpirun (Note [data parallel] in examples/offload_train/data_parallel.cpp):
 two ranks train as one process of the same global batch; a rank killed with SIGKILL stops
 the job; --resume on every rank continues with the uninterrupted run's losses."""
 import json

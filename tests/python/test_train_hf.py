@@ -95,6 +95,28 @@ def test_eval_of_the_imported_model_is_pytorchs_loss(tmp_path, model, matmul):
     assert out["eval_loss"] == pytest.approx(want, rel=1e-5)
 
 
+def test_eval_of_a_checkpoint_needs_no_training_tokens(tmp_path, model):
+    cfg, weights, d, windows = model
+    r = subprocess.run([BIN, "--init-from", str(d), "--eval", str(tmp_path / "eval.u32"),
+                        "--steps", "0", "--seq", str(SEQ), "--batch", str(BATCH), "--volume",
+                        str(tmp_path / "eval.vol"), "--force", "--json", "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    with torch.no_grad():
+        want = ref.forward(cfg, {k: v.float() for k, v in weights.items()}, windows).item()
+    assert out["eval_tokens"] == 5 * SEQ
+    assert out["eval_loss"] == pytest.approx(want, rel=1e-4)
+    # No step ran: no training figures are claimed.
+    assert out["losses"] == [] and out["final_loss"] is None and out["steps"] == 0
+    assert out["step_seconds"] == [] and out["skipped_steps"] == 0
+    # The same without --json: the report says so.
+    r = subprocess.run([BIN, "--init-from", str(d), "--eval", str(tmp_path / "eval.u32"),
+                        "--steps", "0", "--seq", str(SEQ), "--batch", str(BATCH), "--volume",
+                        str(tmp_path / "eval.vol"), "--force"], capture_output=True, text=True)
+    assert r.returncode == 0 and "no training steps" in r.stdout and "eval:" in r.stdout, r.stderr
+
+
 def test_trained_model_exports_in_hugging_faces_layout_and_pytorch_agrees(tmp_path, model):
     cfg, weights, d, windows = model
     out = train(tmp_path, "--init-from", d, "--eval", tmp_path / "eval.u32", "--steps", 4,

@@ -27,7 +27,7 @@
 #include "testing/status_matchers.h"
 #include "train/thread_comm.h"
 #include "trainer.h"
-#include "zero_backend.h"
+#include "zero_infinity.h"
 
 namespace offload_train {
 namespace {

@@ -54,8 +54,8 @@
 // Unlike DeepSpeed, every I/O result is checked (checking costs no memory).
 //
 // Thread-safety: one training loop drives it.
-#ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_ZERO_BACKEND_H_
-#define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_ZERO_BACKEND_H_
+#ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_ZERO_INFINITY_H_
+#define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_ZERO_INFINITY_H_
 
 #include <memory>
 
@@ -80,4 +80,4 @@ std::uint64_t ZeroPinnedBytes(const TrainOptions& options);
 
 }  // namespace offload_train
 
-#endif  // MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_ZERO_BACKEND_H_
+#endif  // MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_ZERO_INFINITY_H_

@@ -1,20 +1,15 @@
-#include "zero_backend.h"
+// The ZeRO-Infinity baseline as a TrainingStateStorage (Note [zero rules] in zero_infinity.h);
+// its swap files and buffer sizes are zero_infinity_swap.h's.
+#include "zero_infinity.h"
 
 #include <algorithm>
-#include <atomic>
-#include <bit>
-#include <cerrno>
-#include <condition_variable>
+#include <array>
 #include <cstdint>
 #include <cstring>
-#include <deque>
-#include <fcntl.h>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <sys/stat.h>
 #include <thread>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -24,185 +19,20 @@
 #include <memascend/pinned_pool.h>
 #include <memascend/status.h>
 
+#include "zero_infinity_swap.h"
+
 namespace offload_train {
 namespace {
 
 using memascend::DType;
 using memascend::Tier;
 using memascend::Use;
-
-std::size_t Pow2(std::size_t n) { return std::bit_ceil(std::max<std::size_t>(n, 1)); }
-std::size_t Round4k(std::size_t n) { return (n + 4095) / 4096 * 4096; }
-
-// DeepNVMe's shape: O_DIRECT, one open() per transfer, the transfer cut into
-// block-sized requests, queue_depth of them in flight (here on as many threads).
-class Aio {
- public:
-  struct Op {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::size_t pending = 0;
-    absl::Status status;
-    int fd = -1;
-    ~Op() {
-      if (fd >= 0) ::close(fd);
-    }
-  };
-
-  Aio(std::size_t block, std::size_t depth) : block_(block) {
-    for (std::size_t i = 0; i < std::max<std::size_t>(depth, 1); ++i)
-      threads_.emplace_back([this] { Work(); });
-  }
-  ~Aio() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
-  // `bytes` is a multiple of 4096 and `buf` 4096-aligned (O_DIRECT).
-  std::shared_ptr<Op> Submit(const std::string& path, std::byte* buf, std::size_t bytes,
-                             bool write) {
-    auto op = std::make_shared<Op>();
-    op->fd =
-        ::open(path.c_str(), (write ? O_WRONLY | O_CREAT : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0600);
-    if (op->fd < 0) {
-      op->status = absl::InternalError(fmt::format("open {}: {}", path, std::strerror(errno)));
-      return op;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    for (std::size_t off = 0; off < bytes; off += block_) {
-      jobs_.push_back({op, buf + off, off, std::min(block_, bytes - off), write, path});
-      ++op->pending;
-    }
-    cv_.notify_all();
-    return op;
-  }
-
-  static absl::Status Wait(const std::shared_ptr<Op>& op) {
-    std::unique_lock<std::mutex> lock(op->mu);
-    op->cv.wait(lock, [&] { return op->pending == 0; });
-    return op->status;
-  }
-
-  std::uint64_t read_bytes() const { return read_.load(); }
-  std::uint64_t write_bytes() const { return written_.load(); }
-
- private:
-  struct Job {
-    std::shared_ptr<Op> op;
-    std::byte* buf;
-    std::size_t offset, length;
-    bool write;
-    std::string path;
-  };
-
-  void Work() {
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      absl::Status s;
-      std::size_t done = 0;
-      while (done < job.length) {
-        const ssize_t n = job.write ? ::pwrite(job.op->fd, job.buf + done, job.length - done,
-                                               static_cast<off_t>(job.offset + done))
-                                    : ::pread(job.op->fd, job.buf + done, job.length - done,
-                                              static_cast<off_t>(job.offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          s = absl::DataLossError(fmt::format("{} {} at {}: {}", job.write ? "write" : "read",
-                                              job.path, job.offset + done,
-                                              n == 0 ? "short transfer" : std::strerror(errno)));
-          break;
-        }
-        done += static_cast<std::size_t>(n);
-      }
-      (job.write ? written_ : read_) += done;
-      std::lock_guard<std::mutex> lock(job.op->mu);
-      if (!s.ok() && job.op->status.ok()) job.op->status = s;
-      if (--job.op->pending == 0) job.op->cv.notify_all();
-    }
-  }
-
-  std::size_t block_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-  std::atomic<std::uint64_t> read_{0}, written_{0};
-};
-
-struct Layout {
-  std::size_t groups = 0;
-  std::vector<std::size_t> numel, offset;  // per group; offset into the flat gradient
-  std::size_t total = 0, largest = 0;
-  std::vector<std::vector<std::size_t>> sub_groups;  // consecutive groups
-  std::size_t largest_sub_group = 0;                 // elements
-  std::size_t param_buffer_elements = 0;
-  std::size_t param_buffer_bytes = 0;  // one buffer, padded for O_DIRECT
-  std::size_t optimizer_buffer_bytes = 0;
-  // Note [zero rules]: max_in_cpu's pinned flat buffer, which groups live in it, and the
-  // buffer that carries a sub-group's new parameters to NVMe (0: none on NVMe).
-  std::size_t flat_param_elements = 0;
-  std::vector<bool> param_in_cpu;
-  std::size_t partitioned_swap_bytes = 0;
-};
-
-Layout MakeLayout(const TrainOptions& o) {
-  Layout l;
-  l.groups = GroupCount(o.model);
-  for (std::size_t g = 0; g < l.groups; ++g) {
-    l.numel.push_back(GroupParams(o.model, g));
-    l.offset.push_back(l.total);
-    l.total += l.numel.back();
-    l.largest = std::max(l.largest, l.numel.back());
-  }
-  std::vector<std::size_t> current;
-  std::size_t elements = 0;
-  for (std::size_t g = 0; g < l.groups; ++g) {
-    current.push_back(g);
-    elements += l.numel[g];
-    if (elements >= o.zero.sub_group_size || g + 1 == l.groups) {
-      l.largest_sub_group = std::max(l.largest_sub_group, elements);
-      l.sub_groups.push_back(std::move(current));
-      current.clear();
-      elements = 0;
-    }
-  }
-  // max_in_cpu: the sub-groups whose parameters fit, in order, in a flat buffer of at most
-  // that many elements live there; the rest on NVMe.
-  l.flat_param_elements =
-      static_cast<std::size_t>(std::min<std::uint64_t>(l.total, o.zero.max_in_cpu));
-  l.param_in_cpu.assign(l.groups, false);
-  std::size_t flat_offset = 0;
-  bool on_nvme = false;
-  for (const std::vector<std::size_t>& sub : l.sub_groups) {
-    std::size_t n = 0;
-    for (std::size_t g : sub) n += l.numel[g];
-    const bool fits = flat_offset + n <= l.flat_param_elements;
-    for (std::size_t g : sub) l.param_in_cpu[g] = fits;
-    on_nvme = on_nvme || !fits;
-    flat_offset += n;
-  }
-  // Each tensor of a sub-group at a 4 KiB boundary (O_DIRECT).
-  if (on_nvme)
-    l.partitioned_swap_bytes =
-        Round4k(l.largest_sub_group * memascend::SizeOf(o.dtype)) + 4096 * l.groups;
-  // "More elements ... than buffer size": the rule raises buffer_size to the largest.
-  l.param_buffer_elements = std::max<std::size_t>(o.zero.param_buffer_size, l.largest);
-  l.param_buffer_bytes = Round4k(l.param_buffer_elements * memascend::SizeOf(o.dtype));
-  l.optimizer_buffer_bytes = Round4k(l.largest_sub_group * 4);
-  return l;
-}
+using zero_infinity::Aio;
+using zero_infinity::Layout;
+using zero_infinity::MakeLayout;
+using zero_infinity::Pow2;
+using zero_infinity::Round4k;
+using zero_infinity::SwapPath;
 
 class ZeroBackend final : public Backend {
  public:
@@ -367,7 +197,7 @@ class ZeroBackend final : public Backend {
       const absl::Status w = FinishSet(k);
       if (s.ok()) s = w;
     }
-    const absl::Status w = WaitOps(&param_writes_);
+    const absl::Status w = Aio::WaitAll(&param_writes_);
     return s.ok() ? w : s;
   }
 
@@ -398,7 +228,7 @@ class ZeroBackend final : public Backend {
         MEMASCEND_ASSIGN_OR_RETURN(cur, TakeSet());
         MEMASCEND_RETURN_IF_ERROR(SwapIn(i, cur, threads));
       }
-      MEMASCEND_RETURN_IF_ERROR(WaitOps(&sets_[cur].ops));
+      MEMASCEND_RETURN_IF_ERROR(Aio::WaitAll(&sets_[cur].ops));
       if (o_.zero.pipeline_read && i + 1 < n) {
         MEMASCEND_ASSIGN_OR_RETURN(std::size_t next, TakeSet());
         ahead = next;
@@ -432,18 +262,8 @@ class ZeroBackend final : public Backend {
         "zero-infinity: all {} optimizer buffers are in use", optimizer_buffers_.size()));
   }
   absl::Status FinishSet(std::size_t k) {
-    absl::Status s = WaitOps(&sets_[k].ops);
+    absl::Status s = Aio::WaitAll(&sets_[k].ops);
     sets_[k].busy = false;
-    return s;
-  }
-  // Waits for every request, then empties the list: the first failure.
-  static absl::Status WaitOps(std::vector<std::shared_ptr<Aio::Op>>* ops) {
-    absl::Status s;
-    for (const auto& op : *ops) {
-      const absl::Status w = Aio::Wait(op);
-      if (s.ok()) s = w;
-    }
-    ops->clear();
     return s;
   }
 
@@ -498,7 +318,7 @@ class ZeroBackend final : public Backend {
   // synchronize_writes).
   absl::Status Adam(std::size_t i, std::size_t k, const memascend::AdamConfig& adam,
                     memascend::KernelThreads* threads) {
-    MEMASCEND_RETURN_IF_ERROR(WaitOps(&param_writes_));
+    MEMASCEND_RETURN_IF_ERROR(Aio::WaitAll(&param_writes_));
     auto* grad32 = reinterpret_cast<float*>(SetBuffer(k, 3));
     std::size_t off = 0;
     std::size_t poff = 0;  // bytes into the partitioned swap buffer
@@ -637,20 +457,7 @@ class ZeroBackend final : public Backend {
     return numel(g) * Element(k) >= o_.zero.min_swap_bytes;
   }
   std::size_t FileBytes(Kind k, std::size_t g) const { return Round4k(numel(g) * Element(k)); }
-  std::string Path(Kind k, std::size_t g) const {
-    switch (k) {
-      case Kind::kParameters:
-        return fmt::format("{}/params/rank0/{}_param.tensor.swp", root_, g);
-      case Kind::kMaster:
-        return fmt::format("{}/optimizer/rank0/{}_fp32_param.tensor.swp", root_, g);
-      case Kind::kExpAvg:
-        return fmt::format("{}/optimizer/rank0/{}_exp_avg.tensor.swp", root_, g);
-      case Kind::kGradient:
-        return fmt::format("{}/optimizer/rank0/{}_gradient.tensor.swp", root_, g);
-      default:
-        return fmt::format("{}/optimizer/rank0/{}_exp_avg_sq.tensor.swp", root_, g);
-    }
-  }
+  std::string Path(Kind k, std::size_t g) const { return SwapPath(root_, k, g); }
   std::byte* ParamSlot(std::size_t slot) const {
     return param_pool_.data() + slot * layout_.param_buffer_bytes;
   }
@@ -781,18 +588,6 @@ class ZeroBackend final : public Backend {
 };
 
 }  // namespace
-
-std::uint64_t ZeroPinnedBytes(const TrainOptions& o) {
-  const Layout l = MakeLayout(o);
-  const std::size_t half = memascend::SizeOf(o.dtype);
-  std::uint64_t bytes =
-      Pow2(l.param_buffer_bytes * o.zero.param_buffer_count) +
-      o.zero.optimizer_buffer_count * Pow2(l.optimizer_buffer_bytes + 4096 * l.groups);
-  if (o.zero.optimizer_pin_memory) bytes += Pow2(l.total * half);
-  if (l.flat_param_elements > 0) bytes += Pow2(l.flat_param_elements * half);
-  if (l.partitioned_swap_bytes > 0) bytes += Pow2(l.partitioned_swap_bytes);
-  return bytes;
-}
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeZeroInfinityBackend(
     const TrainOptions& options, const memascend::StateLayout& state_layout,
