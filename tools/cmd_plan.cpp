@@ -72,9 +72,9 @@ void PrintTable(const Plan& p) {
   fmt::print("{:<26} {:>16} {:>16}\n", "peak RSS per parameter",
              fmt::format("{:.1f} B", per(p.memascend.peak_rss_bytes)),
              fmt::format("{:.1f} B", per(p.zero.peak_rss_bytes)));
-  fmt::print("\npinned budget: {}\n", p.memascend.pinned_bytes < p.stored_bytes
-                                          ? "below the stored state: it streams each step"
-                                          : "holds the whole stored state: only writes each step");
+  fmt::print("\npinned budget: {}\n", p.budget_holds_state
+                                          ? "holds a version and the gradients: only writes"
+                                          : "below a version and the gradients: state streams");
   fmt::print("  {}\n", p.budget_reason);
   fmt::print("peak RSS counts a fixed base of {} (--base-rss)\n", Gib(r.base_rss_bytes));
   fmt::print("GPU estimate (two groups and the activations in 16 bits): {}", Gib(p.gpu_bytes));

@@ -256,12 +256,23 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   }
   version += stored_params;
   const std::uint64_t gradients = p.params * half;
-  p.budget_holds_state = budget->bytes >= p.stored_bytes;
-  if (p.budget_holds_state) {
-    p.memascend.io_write_bytes_per_step = version;
-  } else {
-    p.memascend.io_read_bytes_per_step = p.params * 12 + gradients + 2 * stored_params;
-    p.memascend.io_write_bytes_per_step = version + gradients;
+  // Note [plan model]: one version and the gradients resident: nothing is read; the
+  // minimum: everything streams; in between, the traffic beyond the writes in proportion.
+  constexpr std::uint64_t kUnit = 64 * 1024;
+  const std::uint64_t resident = (p.stored_bytes + (gradients + kUnit - 1) / kUnit * kUnit) / 2;
+  p.budget_holds_state = budget->bytes >= resident;
+  p.memascend.io_write_bytes_per_step = version;
+  if (!p.budget_holds_state) {
+    const std::uint64_t reads = p.params * 12 + gradients + 2 * stored_params;
+    const double share =
+        resident <= p.minimum_pinned_bytes || budget->bytes <= p.minimum_pinned_bytes
+            ? 1.0
+            : static_cast<double>(resident - budget->bytes) /
+                  static_cast<double>(resident - p.minimum_pinned_bytes);
+    p.memascend.io_read_bytes_per_step =
+        static_cast<std::uint64_t>(share * static_cast<double>(reads));
+    p.memascend.io_write_bytes_per_step +=
+        static_cast<std::uint64_t>(share * static_cast<double>(gradients));
   }
 
   // ZeRO-Infinity's rules (zero_swap_buffers.h).

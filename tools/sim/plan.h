@@ -19,11 +19,13 @@
 //   state's StoredBytes as the maximum and the trainer's working-memory estimate as the
 //   other needs, on the given host limit (or this machine);
 // - disk: VersionedTrainingState::VolumeBytes (Note [volume size]);
-// - I/O per step: with a budget that holds the whole stored state, nothing is read and one
-//   version (stored 16-bit parameters, fp32 master weights and both moments) is written;
-//   below it, the state streams: the update reads the current version's master weights,
-//   moments and the gradients, and writes the next version and the gradients the backward
-//   pass spilled; the forward and backward passes read the stored parameters once each;
+// - I/O per step: one version (stored 16-bit parameters, fp32 master weights and both
+//   moments) is written each step. A budget that holds one version and the gradients
+//   (half of StoredBytes and the gradients) reads nothing. At the minimum budget the state
+//   streams: the update reads the current version's master weights, moments and the
+//   gradients and writes the gradients the backward pass spilled; the forward and backward
+//   passes read the stored parameters once each. In between, that traffic in proportion
+//   to where the budget lies (an interpolation: the least-recently-used store keeps some);
 // - peak host RSS: the budget, the trainer's working buffers and activations (fp32), and a
 //   fixed base (base_rss_bytes: the binary, its libraries, the heap; 256 MiB by default,
 //   the trainer's own allowance; a measured base makes the figure tighter).
@@ -117,7 +119,7 @@ struct Plan {
   PlanNeeds memascend;
   std::uint64_t minimum_pinned_bytes = 0;  // OffloadedAdam::MinimumHostBudget
   std::uint64_t stored_bytes = 0;          // VersionedTrainingState::StoredBytes
-  bool budget_holds_state = false;         // the I/O regime of Note [plan model]
+  bool budget_holds_state = false;  // one version and the gradients fit (Note [plan model])
   std::string budget_reason;
   PlanNeeds zero;
   std::uint64_t zero_param_buffer_bytes = 0;      // each, before pow2 rounding
