@@ -38,7 +38,8 @@ constexpr OptionSpec kOptions[] = {
 };
 
 constexpr std::string_view kMore =
-    "\nWithout --config or --params: the demo GPT of memascend-train (--layers, --hidden, --heads,\n"
+    "\nWithout --config or --params: the demo GPT of memascend-train (--layers, --hidden, "
+    "--heads,\n"
     "--vocab). Byte sizes take a K, M, G or T suffix. The model of each figure: tools/sim/plan.h,\n"
     "Note [plan model]; docs/training.md.\n";
 
@@ -52,8 +53,8 @@ void PrintTable(const Plan& p) {
   fmt::print("model: {}, {:.3f} M parameters in {} groups; seq {}, batch {}, {}\n",
              ToString(r.model.arch), params / 1e6, p.groups, r.seq, r.batch,
              r.dtype == DType::kBF16 ? "bf16" : "fp16");
-  fmt::print("host limit: {}\n\n", p.host_limit_bytes == kUnlimited ? std::string("unlimited")
-                                                                     : Gib(p.host_limit_bytes));
+  fmt::print("host limit: {}\n\n",
+             p.host_limit_bytes == kUnlimited ? std::string("unlimited") : Gib(p.host_limit_bytes));
   fmt::print("{:<26} {:>16} {:>16}\n", "", "MemAscend", "ZeRO-Infinity");
   auto row = [](std::string_view name, std::uint64_t a, std::uint64_t b) {
     fmt::print("{:<26} {:>16} {:>16}\n", name, Gib(a), Gib(b));
@@ -63,8 +64,7 @@ void PrintTable(const Plan& p) {
   row("peak host RSS", p.memascend.peak_rss_bytes, p.zero.peak_rss_bytes);
   row("disk", p.memascend.disk_bytes, p.zero.disk_bytes);
   row("I/O read per step", p.memascend.io_read_bytes_per_step, p.zero.io_read_bytes_per_step);
-  row("I/O written per step", p.memascend.io_write_bytes_per_step,
-      p.zero.io_write_bytes_per_step);
+  row("I/O written per step", p.memascend.io_write_bytes_per_step, p.zero.io_write_bytes_per_step);
   auto per = [params](std::uint64_t b) { return static_cast<double>(b) / params; };
   fmt::print("{:<26} {:>16} {:>16}\n", "disk per parameter",
              fmt::format("{:.1f} B", per(p.memascend.disk_bytes)),
@@ -99,7 +99,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::StatusOr<PlanRequest> Request(const Args& a) {
   PlanRequest r;
-  auto count = [&a](std::string_view name, std::uint64_t fallback) -> absl::StatusOr<std::uint64_t> {
+  auto count = [&a](std::string_view name,
+                    std::uint64_t fallback) -> absl::StatusOr<std::uint64_t> {
     auto v = a.GetInt(name, static_cast<std::int64_t>(fallback));
     if (!v.ok()) return v.status();
     if (*v <= 0) return absl::InvalidArgumentError(fmt::format("--{} must be positive", name));
@@ -157,7 +158,7 @@ int RunPlan(std::span<char* const> argv) {
   if (!request.ok()) {
     fmt::print(stderr, "memascend plan: {}\n", Message(request.status()));
     return request.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
-                                                                           : kExitFailure;
+                                                                         : kExitFailure;
   }
   auto plan = MakePlan(*request);
   if (!plan.ok()) {

@@ -28,7 +28,8 @@ std::vector<Tensors> GroupTensors(const PlanModel& m, std::uint64_t seq) {
   const std::uint64_t h = m.hidden;
   if (m.arch == PlanArch::kParams) {
     const std::uint64_t n = std::max<std::uint64_t>(m.layers, 1);
-    for (std::uint64_t i = 0; i < n; ++i) g.push_back({m.params / n + (i + 1 == n ? m.params % n : 0)});
+    for (std::uint64_t i = 0; i < n; ++i)
+      g.push_back({m.params / n + (i + 1 == n ? m.params % n : 0)});
     return g;
   }
   const bool llama = m.arch == PlanArch::kLlama;
@@ -37,8 +38,7 @@ std::vector<Tensors> GroupTensors(const PlanModel& m, std::uint64_t seq) {
   } else {
     g.push_back({m.vocab * h, (m.arch == PlanArch::kGpt ? seq : m.max_positions) * h});
   }
-  const std::uint64_t qw = m.heads * m.head_dim, kw = m.kv_heads * m.head_dim,
-                      in = m.intermediate;
+  const std::uint64_t qw = m.heads * m.head_dim, kw = m.kv_heads * m.head_dim, in = m.intermediate;
   for (std::uint64_t l = 0; l < m.layers; ++l) {
     if (llama) {
       g.push_back({h, qw * h, kw * h, kw * h, h * qw, h, in * h, in * h, h * in});
@@ -119,10 +119,14 @@ absl::Status Check(const PlanRequest& r) {
 
 std::string_view ToString(PlanArch a) noexcept {
   switch (a) {
-    case PlanArch::kGpt: return "gpt";
-    case PlanArch::kGpt2: return "gpt2";
-    case PlanArch::kLlama: return "llama";
-    case PlanArch::kParams: return "params";
+    case PlanArch::kGpt:
+      return "gpt";
+    case PlanArch::kGpt2:
+      return "gpt2";
+    case PlanArch::kLlama:
+      return "llama";
+    case PlanArch::kParams:
+      return "params";
   }
   return "?";
 }
@@ -142,7 +146,8 @@ absl::StatusOr<PlanModel> ParsePlanConfig(std::string_view json, std::string_vie
       if (x == nullptr || x->is_null()) continue;
       auto n = x->AsInt();
       if (!n.ok() || *n <= 0)
-        return absl::InvalidArgumentError(fmt::format("{}: {} is not a positive integer", source, k));
+        return absl::InvalidArgumentError(
+            fmt::format("{}: {} is not a positive integer", source, k));
       return static_cast<std::uint64_t>(*n);
     }
     if (fallback != 0) return fallback;
@@ -174,7 +179,8 @@ absl::StatusOr<PlanModel> ParsePlanConfig(std::string_view json, std::string_vie
     MEMASCEND_ASSIGN_OR_RETURN(m.layers, count({"num_hidden_layers"}, 0));
     MEMASCEND_ASSIGN_OR_RETURN(m.heads, count({"num_attention_heads"}, 0));
     MEMASCEND_ASSIGN_OR_RETURN(m.kv_heads, count({"num_key_value_heads"}, m.heads));
-    MEMASCEND_ASSIGN_OR_RETURN(m.head_dim, count({"head_dim"}, std::max<std::uint64_t>(m.hidden / m.heads, 1)));
+    MEMASCEND_ASSIGN_OR_RETURN(m.head_dim,
+                               count({"head_dim"}, std::max<std::uint64_t>(m.hidden / m.heads, 1)));
     MEMASCEND_ASSIGN_OR_RETURN(m.intermediate, count({"intermediate_size"}, 0));
     MEMASCEND_ASSIGN_OR_RETURN(m.max_positions, count({"max_position_embeddings"}, 2048));
     m.tie_embeddings = flag("tie_word_embeddings", false);
@@ -210,7 +216,9 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   StateLayout layout;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const bool derived = m.arch != PlanArch::kParams && (g == 0 || g + 1 == groups.size());
-    const std::string name = g == 0 ? "embed" : g + 1 == groups.size() ? "head" : fmt::format("block.{}", g - 1);
+    const std::string name = g == 0                   ? "embed"
+                             : g + 1 == groups.size() ? "head"
+                                                      : fmt::format("block.{}", g - 1);
     layout.groups.push_back({name, static_cast<std::size_t>(groups[g]), !derived});
   }
   layout.param_dtype = layout.grad_dtype = r.dtype;
@@ -293,8 +301,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   p.zero_overflow_temporary_bytes = p.params;  // isinf(flat) then isnan(flat): 1 B each
   const std::uint64_t bucket = std::min(p.params, r.zero_reduce_bucket) * 4;
   p.zero.pinned_bytes = pinned;
-  p.zero.pageable_bytes =
-      gradients + std::max(bucket, p.zero_overflow_temporary_bytes) + working;
+  p.zero.pageable_bytes = gradients + std::max(bucket, p.zero_overflow_temporary_bytes) + working;
   p.zero.peak_rss_bytes = pinned + p.zero.pageable_bytes + r.base_rss_bytes;
   p.zero.disk_bytes = p.params * 16 + on_nvme * half;
   p.zero.io_read_bytes_per_step = p.params * 16 + 2 * on_nvme * half;

@@ -93,8 +93,8 @@ struct PlanRequest {
   std::uint64_t gpu_memory_bytes = 0;   // 0: no GPU figure's verdict
   std::uint64_t base_rss_bytes = std::uint64_t{256} << 20;  // Note [plan model]
   ZeroSwapConfig zero;
-  std::uint64_t zero_max_in_cpu = 1'000'000'000;        // offload_param.max_in_cpu
-  std::uint64_t zero_reduce_bucket = 500'000'000;       // reduce_bucket_size
+  std::uint64_t zero_max_in_cpu = 1'000'000'000;   // offload_param.max_in_cpu
+  std::uint64_t zero_reduce_bucket = 500'000'000;  // reduce_bucket_size
 };
 
 // One system's needs, in bytes.
@@ -111,15 +111,15 @@ struct Plan {
   PlanRequest request;
   std::uint64_t params = 0;
   std::uint64_t groups = 0;
-  std::uint64_t largest_tensor = 0;  // elements
-  std::uint64_t state_bytes = 0;     // 16-bit parameters and gradients, fp32 master and moments
+  std::uint64_t largest_tensor = 0;    // elements
+  std::uint64_t state_bytes = 0;       // 16-bit parameters and gradients, fp32 master and moments
   std::uint64_t host_limit_bytes = 0;  // what the budget was chosen against (kUnlimited: none)
   std::uint64_t activation_bytes = 0;  // of the pageable bytes, the activations (fp32)
   std::uint64_t gpu_bytes = 0;         // Note [plan model]: an estimate
   PlanNeeds memascend;
   std::uint64_t minimum_pinned_bytes = 0;  // OffloadedAdam::MinimumHostBudget
   std::uint64_t stored_bytes = 0;          // VersionedTrainingState::StoredBytes
-  bool budget_holds_state = false;  // one version and the gradients fit (Note [plan model])
+  bool budget_holds_state = false;         // one version and the gradients fit (Note [plan model])
   std::string budget_reason;
   PlanNeeds zero;
   std::uint64_t zero_param_buffer_bytes = 0;      // each, before pow2 rounding
