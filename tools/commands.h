@@ -22,6 +22,7 @@ int RunInfo(std::span<char* const> args);
 int RunPoolSim(std::span<char* const> args);
 int RunBench(std::span<char* const> args);
 int RunVolume(std::span<char* const> args);
+int RunPlan(std::span<char* const> args);
 
 }  // namespace memascend::cli
 

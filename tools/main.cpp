@@ -15,6 +15,8 @@ namespace memascend::cli {
 namespace {
 
 constexpr Command kCommands[] = {
+    {"plan", "what a run needs (host RSS, pinned, disk, I/O per step) beside ZeRO-Infinity",
+     RunPlan},
     {"info", "print what this machine offers and which backends MemAscend picks", RunInfo},
     {"pool-sim", "replay a training step's pinned-buffer schedule under a memory policy",
      RunPoolSim},

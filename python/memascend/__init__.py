@@ -7,6 +7,9 @@ offloaded optimizer, for training models far larger than GPU and host memory.
         t = store.register("w", 4096 * 4)
         store.write(t, bytes(4096 * 4))
 
+Before a run, :func:`memascend.plan` says what it needs (host RSS, pinned memory, disk,
+I/O per step) beside ZeRO-Infinity's rules, as ``memascend plan`` does.
+
 PyTorch users want :mod:`memascend.torch` (``OffloadedAdamW``, ``offload_parameters``,
 ``offload_activations``). Every failure raises a :class:`memascend.Error` subclass
 carrying the SDK's status code and message (see :mod:`memascend.errors`).
@@ -31,6 +34,8 @@ __version__ = _core.version()
 Volume = _core.Volume
 TensorStore = _core.TensorStore
 Lease = _core.Lease
+
+from memascend.plan import plan  # noqa: E402  (after _core: it imports it)
 
 
 _T = TypeVar("_T")
@@ -69,6 +74,7 @@ def system_info() -> dict[str, Any]:
     return _json.loads(_core.system_info_json())
 
 
-__all__ = ["Volume", "TensorStore", "Lease", "system_info", "Error", "StatusCode", "errors",
+__all__ = ["Volume", "TensorStore", "Lease", "system_info", "plan", "Error", "StatusCode",
+           "errors",
            "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "ResourceExhaustedError",
            "FailedPreconditionError", "OutOfRangeError", "DataLossError", "UnavailableError"]

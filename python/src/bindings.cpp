@@ -21,6 +21,8 @@
 
 #include <memascend/memascend.h>
 
+#include "sim/plan.h"
+
 namespace py = pybind11;
 
 namespace memascend::python {
@@ -480,6 +482,48 @@ PYBIND11_MODULE(_core, m) {
       py::arg("minimum"), py::arg("maximum"), py::arg("other"), py::arg("cuda") = false,
       py::arg("given") = 0);
   m.def("dtype_size", [](const std::string& d) { return SizeOf(ParseDType(d)); });
+  // tools/sim/plan.h: MakePlan, as `memascend plan --json` prints it (memascend.plan()).
+  m.def(
+      "plan_json",
+      [](const std::string& config_json, std::uint64_t params, std::uint64_t layers,
+         std::uint64_t hidden, std::uint64_t heads, std::uint64_t vocab, std::uint64_t seq,
+         std::uint64_t batch, const std::string& dtype, std::uint64_t part_elements,
+         bool checkpoint_activations, std::uint64_t host_limit, std::uint64_t host_budget,
+         std::uint64_t gpu_memory, std::uint64_t base_rss) {
+        PlanRequest r;
+        if (!config_json.empty()) {
+          r.model = Take(ParsePlanConfig(config_json, "config"));
+        } else {
+          if (params != 0) {
+            r.model.arch = PlanArch::kParams;
+            r.model.params = params;
+            r.model.layers = 1;
+            r.model.vocab = 0;
+          }
+          if (layers != 0) r.model.layers = layers;
+          if (hidden != 0) r.model.hidden = hidden;
+          if (heads != 0) r.model.heads = heads;
+          if (vocab != 0) r.model.vocab = vocab;
+        }
+        r.seq = seq;
+        r.batch = batch;
+        const DType d = ParseDType(dtype);
+        r.dtype = d;
+        r.part_elements = static_cast<std::size_t>(part_elements);
+        r.checkpoint_activations = checkpoint_activations;
+        r.host_limit_bytes = host_limit;
+        r.host_budget_bytes = host_budget;
+        r.gpu_memory_bytes = gpu_memory;
+        r.base_rss_bytes = base_rss;
+        py::gil_scoped_release nogil;
+        return PlanJson(Take(MakePlan(r)));
+      },
+      py::arg("config_json") = "", py::arg("params") = 0, py::arg("layers") = 0,
+      py::arg("hidden") = 0, py::arg("heads") = 0, py::arg("vocab") = 0, py::arg("seq") = 64,
+      py::arg("batch") = 8, py::arg("dtype") = "float16", py::arg("part_elements") = 1u << 20,
+      py::arg("checkpoint_activations") = false, py::arg("host_limit") = 0,
+      py::arg("host_budget") = 0, py::arg("gpu_memory") = 0,
+      py::arg("base_rss") = std::uint64_t{256} << 20);
 
   // ---- Volume
   py::class_<PyVolume>(m, "Volume")

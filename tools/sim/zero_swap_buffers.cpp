@@ -1,12 +1,25 @@
 #include "sim/zero_swap_buffers.h"
 
 #include <algorithm>
+#include <bit>
 
 #include <fmt/format.h>
 
 #include <memascend/status.h>
 
 namespace memascend {
+
+ZeroSwapSizes ZeroSwapBufferSizes(const ZeroSwapConfig& config, std::uint64_t largest_param_numel,
+                                  std::uint64_t largest_sub_group) {
+  ZeroSwapSizes s;
+  const std::uint64_t elements = std::max(config.param_buffer_elements, largest_param_numel);
+  s.param_buffer_bytes = elements * config.param_element_bytes;
+  s.optimizer_buffer_bytes = largest_sub_group * config.optimizer_element_bytes;
+  s.pinned_bytes = std::bit_ceil(std::uint64_t{s.param_buffer_bytes * config.param_buffer_count}) +
+                   config.optimizer_buffer_count *
+                       std::bit_ceil(std::uint64_t{s.optimizer_buffer_bytes});
+  return s;
+}
 
 std::vector<std::uint64_t> ZeroSubGroups(const Workload& workload, std::uint64_t sub_group_size) {
   std::vector<std::uint64_t> groups;
@@ -32,9 +45,9 @@ absl::StatusOr<std::unique_ptr<ZeroSwapBuffers>> ZeroSwapBuffers::Create(
   }
   std::unique_ptr<ZeroSwapBuffers> z(new ZeroSwapBuffers());
   z->config_ = config;
-  const std::uint64_t elements = std::max(config.param_buffer_elements, largest_param_numel);
-  z->param_buffer_bytes_ = elements * config.param_element_bytes;
-  z->optimizer_buffer_bytes_ = largest_sub_group * config.optimizer_element_bytes;
+  const ZeroSwapSizes sizes = ZeroSwapBufferSizes(config, largest_param_numel, largest_sub_group);
+  z->param_buffer_bytes_ = sizes.param_buffer_bytes;
+  z->optimizer_buffer_bytes_ = sizes.optimizer_buffer_bytes;
   MEMASCEND_ASSIGN_OR_RETURN(
       z->param_pool_,
       pow2_pool->Allocate(z->param_buffer_bytes_ * config.param_buffer_count, Use::kStaging));

@@ -35,6 +35,17 @@ struct ZeroSwapConfig {
   std::size_t min_swap_bytes = 1u << 20;         // smaller tensors are not swapped
 };
 
+// The buffers' sizes as Create makes them: each parameter buffer holds
+// max(param_buffer_elements, largest_param_numel) 16-bit elements, each optimizer buffer the
+// largest sub-group in fp32; `pinned_bytes` is what the pow2 pool reserves for them all.
+struct ZeroSwapSizes {
+  std::size_t param_buffer_bytes = 0;
+  std::size_t optimizer_buffer_bytes = 0;
+  std::uint64_t pinned_bytes = 0;
+};
+ZeroSwapSizes ZeroSwapBufferSizes(const ZeroSwapConfig& config, std::uint64_t largest_param_numel,
+                                  std::uint64_t largest_sub_group);
+
 // Element counts of ZeRO's optimizer sub-groups: consecutive tensors packed until a
 // group reaches sub_group_size (a group may pass it by its last tensor).
 std::vector<std::uint64_t> ZeroSubGroups(const Workload& workload, std::uint64_t sub_group_size);
