@@ -54,7 +54,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None):
         self._core = self._store = self._volume = self._cuda = None
-        self._own_volume, self._offloads = False, []
+        self._own_volume, self._offloads = False, []  # offload_parameters() over it
         if not lr >= 0.0:
             raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
         if not eps > 0.0:
@@ -78,6 +78,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False)
         super().__init__(params, defaults)
+        self.state = _state.StateView(self)  # read from the volume per parameter
         self._params = [p for g in self.param_groups for p in g["params"]]
         refuse_frozen(self._params, at_construction=True)
         self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
@@ -135,16 +136,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._max_grad_norm = float(max_grad_norm)
         self.comm_bytes = 0  # bytes this rank sent into collectives, all steps together
         self._part_elements = int(part_elements)
-        self._step_count = self.skipped_steps = 0
-        self.resumed_step = None
+        self._step_count, self.skipped_steps, self.resumed_step = 0, 0, None
         self.last_step = None  # what the last step() did: skipped, grad_norm, loss_scale
         # Note [optimizer overlap] (memascend/offloaded_optimizer.h): under
         # offload_parameters covering every parameter, step() plans the update and the next
         # forward pass runs it group by group, each just before the group is loaded.
-        self._deferred = False
-        self._pending_update = False
-        self._next_update = 0
-        self._offloads = []  # offload_parameters() over this optimizer's parameters
+        self._deferred, self._pending_update, self._next_update = False, False, 0
         store_parameters = True if cuda else None  # on a GPU the stored ones go there
         need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt, self._part_elements,
                                                 store_parameters)
@@ -248,7 +245,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
             p.data.copy_(h)
 
     def add_param_group(self, param_group):
-        """Refused after construction (the state is laid out on the volume then)."""
+        """Refused after construction (FailedPreconditionError): the state's layout on the
+        volume is fixed when the optimizer is made. Make a new optimizer for new parameters."""
         if getattr(self, "_frozen", False):
             raise errors.FailedPreconditionError(
                 "a parameter group added after construction: OffloadedAdamW lays its state out "
@@ -288,6 +286,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self._volume = None
         if first is not None:
             raise first
+
+    __repr__ = _state.describe  # torch's, with the volume and the host budget
 
     def __del__(self):
         try:

@@ -3,7 +3,7 @@
 # this file instead of optimizer.py: a change to a public signature there is made here
 # too (python3 -m mypy.stubtest memascend.torch.optimizer compares the two).
 import os
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import torch
 
@@ -17,6 +17,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
     last_step: dict[str, Any] | None
     skipped_steps: int
     comm_bytes: int
+    # Read from the volume per parameter (state.StateView): read-only, copies.
+    state: Mapping[torch.Tensor, dict[str, torch.Tensor]]  # type: ignore[assignment]
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
                  lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *,
@@ -29,6 +31,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  offload_gradients: bool | None = None) -> None: ...
     def add_param_group(self, param_group: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
+    def __repr__(self) -> str: ...
     def __enter__(self) -> OffloadedAdamW: ...
     def __exit__(self, *exc: object) -> Literal[False]: ...
     @staticmethod

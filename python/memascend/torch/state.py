@@ -1,7 +1,9 @@
 """OffloadedAdamW's state_dict in torch.optim.AdamW's format (plus 'master' for 16-bit
-parameters), and loading one (of this optimizer or of torch.optim.AdamW)."""
+parameters), loading one (of this optimizer or of torch.optim.AdamW), ``opt.state`` (the
+same entries, read per parameter) and ``repr(opt)``."""
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,22 +16,71 @@ if TYPE_CHECKING:
     from memascend.torch.optimizer import OffloadedAdamW
 
 
+def _entry(opt: OffloadedAdamW, i: int) -> dict[str, torch.Tensor]:
+    """Parameter i's state as torch.optim.AdamW keeps it, read from the volume (copies);
+    under torch.distributed a collective (each rank's shard all-gathered)."""
+    entry = {"step": torch.tensor(float(opt._core.adam_step))}
+    kinds = ["exp_avg", "exp_avg_sq"] + (["master"] if opt._dt != "float32" else [])
+    for kind in kinds:
+        k, begin, end = opt._shards[i]
+        t = torch.empty(end - begin, dtype=torch.float32)
+        if k is not None:
+            opt._core.read_state(kind, k, t.data_ptr(), t.numel(), "float32")
+        if opt._world > 1:
+            t = _dist.gather(opt, i, t, dtype=torch.float32)
+        entry[kind] = t.view(opt._shapes[i])
+    return entry
+
+
+class StateView(Mapping):
+    """``opt.state``: parameter -> its state, as ``torch.optim.AdamW``'s ``opt.state[p]``
+    holds it (``step``, ``exp_avg``, ``exp_avg_sq``; ``master`` for 16-bit parameters).
+    Read from the volume on each access: the tensors are copies (changing them changes
+    nothing; ``load_state_dict`` writes a state) and the mapping is read-only. Under
+    torch.distributed each access is a collective, as ``state_dict()``."""
+
+    def __init__(self, opt: OffloadedAdamW) -> None:
+        self._opt = opt
+
+    def _index(self, p: object) -> int:
+        for i, q in enumerate(self._opt._params):
+            if q is p:
+                return i
+        raise KeyError("not a parameter of this optimizer")
+
+    def __getitem__(self, p: object) -> dict[str, torch.Tensor]:
+        i = self._index(p)
+        self._opt._check()
+        return _entry(self._opt, i)
+
+    def __contains__(self, p: object) -> bool:
+        return any(q is p for q in self._opt._params)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._opt._params)
+
+    def __len__(self) -> int:
+        return len(self._opt._params)
+
+    def __repr__(self) -> str:
+        return f"<OffloadedAdamW state of {len(self)} parameters, read from the volume>"
+
+
+def describe(opt: OffloadedAdamW) -> str:
+    """repr(opt): torch's (the parameter groups) with the volume and the host budget."""
+    volume = getattr(opt, "_volume", None)
+    where = "closed" if getattr(opt, "_core", None) is None else repr(volume.path)
+    budget = f"host_budget: {getattr(opt, 'host_budget', None)}"
+    if getattr(opt, "host_budget_reason", None):
+        locked = "" if opt.host_budget_locked else "; not page-locked"
+        budget += f" ({opt.host_budget_reason}{locked})"
+    lines = torch.optim.Optimizer.__repr__(opt).splitlines()
+    return "\n".join(lines[:1] + [f"volume: {where}", budget] + lines[1:])
+
+
 def state_dict(opt: OffloadedAdamW) -> dict[str, Any]:
     opt._check()
-    state = {}
-    step = torch.tensor(float(opt._core.adam_step))
-    for i in range(len(opt._params)):
-        entry = {"step": step.clone()}
-        kinds = ["exp_avg", "exp_avg_sq"] + (["master"] if opt._dt != "float32" else [])
-        for kind in kinds:
-            k, begin, end = opt._shards[i]
-            t = torch.empty(end - begin, dtype=torch.float32)
-            if k is not None:
-                opt._core.read_state(kind, k, t.data_ptr(), t.numel(), "float32")
-            if opt._world > 1:
-                t = _dist.gather(opt, i, t, dtype=torch.float32)
-            entry[kind] = t.view(opt._shapes[i])
-        state[i] = entry
+    state = {i: _entry(opt, i) for i in range(len(opt._params))}
     groups, start = [], 0
     for g in opt.param_groups:
         packed = {k: v for k, v in g.items() if k != "params"}
