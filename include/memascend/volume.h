@@ -112,8 +112,9 @@ class Volume final : public ObjectStore {
                                                       const VolumeOpenOptions& options);
   // Opens the volume at `path`, formatting one there first when the path does not exist
   // or is an empty regular file (format.size gives a new file's size; format.force is
-  // ignored: nothing else is ever formatted). Errors as Format and Open; kInvalidArgument
-  // for a missing path and format.size 0.
+  // ignored: nothing else is ever formatted); a volume in a regular file smaller than
+  // format.size grows to it (Note [volume growth]). Errors as Format, Open and Grow;
+  // kInvalidArgument for a missing path and format.size 0.
   static absl::StatusOr<std::unique_ptr<Volume>> OpenOrCreate(const std::string& path,
                                                               const VolumeFormatOptions& format,
                                                               const VolumeOpenOptions& open = {});

@@ -738,7 +738,7 @@ absl::StatusOr<bool> Volume::RepairSuperblocks() {
   }
   const int live = static_cast<int>(next.generation % 2);
   auto other = storage::DecodeSuperblock({head.data() + (1 - live) * kMetaBlock, kMetaBlock});
-  if (other.ok()) {
+  if (other.ok() && !InterruptedGrow(next, *other)) {
     if (const std::string why = GeometryDiffers(*other, next); !why.empty()) {
       return absl::DataLossError(fmt::format(
           "superblocks 0 and 1 disagree ({}): fsck cannot tell which is right; restore the "
@@ -755,6 +755,8 @@ absl::StatusOr<bool> Volume::RepairSuperblocks() {
   absl::MutexLock lock(&m.mu);
   m.sb.generation = next.generation;
   std::erase_if(m.open_errors, [](const std::string& e) { return e.starts_with("superblock "); });
+  std::erase_if(m.open_warnings,
+                [](const std::string& e) { return e.starts_with("superblock "); });
   return true;
 }
 

@@ -151,7 +151,11 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::OpenOrCreate(const std::string& 
     f.force = false;  // only a new or empty file is formatted here
     MEMASCEND_RETURN_IF_ERROR(Format(path, f));
   }
-  return Open(path, open);
+  MEMASCEND_ASSIGN_OR_RETURN(std::unique_ptr<Volume> volume, Open(path, open));
+  // A volume in a regular file smaller than asked for grows (Note [volume growth]).
+  if (!fresh && S_ISREG(st.st_mode) && format.size > volume->stats().capacity_bytes)
+    MEMASCEND_RETURN_IF_ERROR(volume->Grow(format.size));
+  return volume;
 }
 
 }  // namespace memascend

@@ -199,6 +199,68 @@ TEST(Volume, AFullVolumeFailsCleanly) {
   EXPECT_OK(v->Put("again", Pattern("again", 1, kMiB), Durability::kDurable));
 }
 
+// Note [volume growth]: a full volume grows, keeps what it holds, and the new room is free;
+// a grow whose second superblock write was lost opens with the newer, saying so.
+TEST(Volume, AFileVolumeGrowsAndKeepsWhatItHolds) {
+  ScratchPath p("vol_grow");
+  {
+    auto v = FormatAndOpen(p.path(), 16 * kMiB);
+    int stored = 0;
+    while (v->Put("obj" + std::to_string(stored), Pattern("obj" + std::to_string(stored), 1, kMiB),
+                  Durability::kDurable)
+               .ok())
+      ++stored;
+    const VolumeStats before = v->stats();
+    ASSERT_OK(v->Grow(48 * kMiB));
+    const VolumeStats after = v->stats();
+    EXPECT_EQ(after.capacity_bytes, 48 * kMiB);
+    EXPECT_EQ(after.free_bytes, before.free_bytes + 32 * kMiB);
+    for (int i = 0; i < 20; ++i) {  // the new room takes puts
+      ASSERT_OK(v->Put("new" + std::to_string(i), Pattern("new" + std::to_string(i), 1, kMiB),
+                       Durability::kDurable));
+    }
+    ASSERT_OK(v->Grow(16 * kMiB));  // smaller: nothing to do
+    EXPECT_EQ(v->stats().capacity_bytes, 48 * kMiB);
+    for (int i = 0; i < stored; ++i) ExpectContent(*v, "obj" + std::to_string(i), 1, kMiB);
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+    EXPECT_EQ(v->stats().capacity_bytes, 48 * kMiB);
+    ExpectContent(*v, "new19", 1, kMiB);
+    ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+    EXPECT_TRUE(r.clean);
+    // Interrupted: only the first of the two superblocks of the next grow lands.
+    std::vector<std::byte> head(2 * 4096);
+    {
+      const int fd = ::open(p.path().c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::pread(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+      ::close(fd);
+    }
+    const int live = static_cast<int>(v->stats().generation % 2);
+    ASSERT_OK(v->Grow(64 * kMiB));
+    v.reset();
+    const int fd = ::open(p.path().c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, head.data() + live * 4096, 4096, live * 4096), 4096);
+    ::close(fd);
+  }
+  ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), {}));
+  EXPECT_EQ(v->stats().capacity_bytes, 64 * kMiB);
+  ExpectContent(*v, "new19", 1, kMiB);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(false));
+  EXPECT_TRUE(r.clean);
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_THAT(r.warnings.front(), HasSubstr("a grow that did not finish"));
+  ASSERT_OK_AND_ASSIGN(bool repaired, v->RepairSuperblocks());  // the older rewritten
+  EXPECT_TRUE(repaired);
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  ASSERT_OK_AND_ASSIGN(r, v->Fsck(false));
+  EXPECT_TRUE(r.clean && r.warnings.empty());
+  EXPECT_EQ(v->stats().capacity_bytes, 64 * kMiB);
+}
+
 TEST(Volume, NamesMetadataAndBuffersAreChecked) {
   ScratchPath p("vol");
   auto v = FormatAndOpen(p.path());
