@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
-#include <linux/fs.h>
 #include <filesystem>
+#include <linux/fs.h>
 #include <map>
 #include <system_error>
 #include <unistd.h>
@@ -333,11 +333,11 @@ absl::Status CarryOver(const fs::path& target, const fs::path& stage) {
     }
   }
   if (ec) {
-    return absl::UnavailableError(fmt::format("{}: cannot list: {}", target.string(), ec.message()));
+    return absl::UnavailableError(
+        fmt::format("{}: cannot list: {}", target.string(), ec.message()));
   }
   for (const fs::path& p : moved) {  // last: the moment before the swap is short
-    MEMASCEND_RETURN_IF_ERROR(
-        memascend::prim::Rename(p.string(), (stage / p.filename()).string()));
+    MEMASCEND_RETURN_IF_ERROR(memascend::prim::Rename(p.string(), (stage / p.filename()).string()));
   }
   return absl::OkStatus();
 }
@@ -348,8 +348,8 @@ absl::Status Swap(const fs::path& stage, const fs::path& target, bool target_exi
   if (::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0)
     return absl::OkStatus();
   if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
-    return absl::ErrnoToStatus(errno, fmt::format("renameat2({}, {}, RENAME_EXCHANGE)",
-                                                  stage.string(), target.string()));
+    return absl::ErrnoToStatus(
+        errno, fmt::format("renameat2({}, {}, RENAME_EXCHANGE)", stage.string(), target.string()));
   }
   // A file system without the exchange: the target is absent for a moment, never mixed.
   const fs::path old = stage.string() + ".old";
@@ -363,8 +363,7 @@ absl::Status Swap(const fs::path& stage, const fs::path& target, bool target_exi
 
 // The export's files into `dir` (the staging directory), each fsynced.
 absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExportOptions& o,
-                         const std::function<absl::StatusOr<const float*>(std::size_t)>& group,
-                         std::uint64_t* written) {
+                         const std::function<absl::StatusOr<const float*>(std::size_t)>& group) {
   // The shards: tensors in order, a new file when the next would pass shard_bytes.
   std::vector<memascend::SafetensorsTensor> tensors = HfTensors(c, o.dtype);
   const std::uint64_t esize = memascend::SafetensorsElementBytes(o.dtype);
@@ -393,8 +392,8 @@ absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExpo
     MEMASCEND_RETURN_IF_ERROR((*writer)->Finish());
     if (++shard == n) return absl::OkStatus();  // the last tensor
     left = shards[shard].size();
-    writer = memascend::SafetensorsWriter::Create(dir / ShardName(shard, n), shards[shard],
-                                                  metadata);
+    writer =
+        memascend::SafetensorsWriter::Create(dir / ShardName(shard, n), shards[shard], metadata);
     return writer.status();
   };
   for (std::size_t g = 0; g < GroupCount(c); ++g) {
@@ -414,7 +413,6 @@ absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExpo
   }
   MEMASCEND_RETURN_IF_ERROR(WriteFileAtomically(
       (dir / "config.json").string(), HfConfigJson(*c.hf, TorchDtypeName(o.dtype)) + "\n"));
-  if (written != nullptr) *written = total;
   return absl::OkStatus();
 }
 
@@ -433,8 +431,7 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
   // The directory itself (through a link to it), absolute, so that its parent and name are
   // real: the staging directory is its sibling on the same file system.
   fs::path target = fs::weakly_canonical(fs::absolute(dir_arg, ec), ec);
-  if (ec || !target.has_filename() || !target.has_parent_path() ||
-      target == target.root_path()) {
+  if (ec || !target.has_filename() || !target.has_parent_path() || target == target.root_path()) {
     return absl::InvalidArgumentError(fmt::format("export directory {}: not a usable path{}",
                                                   dir_arg, ec ? ": " + ec.message() : ""));
   }
@@ -445,7 +442,9 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
   }
   const fs::path parent = target.parent_path();
   fs::create_directories(parent, ec);
-  if (ec) return absl::UnavailableError(fmt::format("{}: cannot create: {}", parent.string(), ec.message()));
+  if (ec)
+    return absl::UnavailableError(
+        fmt::format("{}: cannot create: {}", parent.string(), ec.message()));
   // What an earlier export (or a downloaded model) left: refused unless replacing it.
   if (exists) {
     for (const fs::directory_entry& e : fs::directory_iterator(target, ec)) {
@@ -457,18 +456,20 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
             dir_arg, e.path().string()));
       }
     }
-    if (ec) return absl::UnavailableError(fmt::format("{}: cannot list: {}", dir_arg, ec.message()));
+    if (ec)
+      return absl::UnavailableError(fmt::format("{}: cannot list: {}", dir_arg, ec.message()));
   }
 
   // Note [atomic export]: staged beside the target, swapped in whole.
   const fs::path stage = parent / ("." + target.filename().string() + ".memascend-export");
   MEMASCEND_RETURN_IF_ERROR(ClearStaging(stage, target));
   fs::create_directory(stage, ec);
-  if (ec) return absl::UnavailableError(fmt::format("{}: cannot create: {}", stage.string(), ec.message()));
+  if (ec)
+    return absl::UnavailableError(
+        fmt::format("{}: cannot create: {}", stage.string(), ec.message()));
   absl::Status s = WriteFileAtomically((stage / kStagingMarker).string(),
                                        "an export to " + target.string() + " in progress\n");
-  std::uint64_t total = 0;
-  if (s.ok()) s = WriteExport(c, stage, o, group, &total);
+  if (s.ok()) s = WriteExport(c, stage, o, group);
   if (s.ok() && exists) {
     fs::permissions(stage, fs::status(target, ec).permissions(), ec);
     s = CarryOver(target, stage);
@@ -479,8 +480,7 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
     if (exists) {
       for (const fs::directory_entry& e : fs::directory_iterator(stage, ec)) {
         if (!e.is_regular_file(ec) && !IsModelFile(e.path().filename().string())) {
-          (void)memascend::prim::Rename(e.path().string(),
-                                        (target / e.path().filename()).string());
+          (void)memascend::prim::Rename(e.path().string(), (target / e.path().filename()).string());
         }
       }
     }
@@ -494,9 +494,9 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
   if (exists) {
     fs::remove_all(stage, ec);
     if (ec) {
-      return absl::UnavailableError(fmt::format(
-          "the export is in {}; the model it replaced is left in {}: {}", target.string(),
-          stage.string(), ec.message()));
+      return absl::UnavailableError(
+          fmt::format("the export is in {}; the model it replaced is left in {}: {}",
+                      target.string(), stage.string(), ec.message()));
     }
   }
   return absl::OkStatus();

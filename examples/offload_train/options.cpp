@@ -280,7 +280,9 @@ const std::vector<Section>& Table() {
            Path("--volume", "PATH", MEMASCEND_TRAIN_DEFAULT_VOLUME,
                 "volume file or block device; under mpirun it may hold {rank}",
                 [](CommandLine& c) { return &c.train.volume_path; }),
-           Bytes("--volume-size", "what the run needs", "size of a file volume (the state, 256 MiB in flight, the journal and a margin of 1/64)",
+           Bytes("--volume-size", "what the run needs",
+                 "size of a file volume (the state, 256 MiB in flight, the journal and a margin of "
+                 "1/64)",
                  [](CommandLine& c) { return &c.train.volume_bytes; }),
            Switch("--force",
                   "format a device or file that holds other data, or start over on an existing "

@@ -135,9 +135,8 @@ absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
   if (o.host_budget_choice.has_value() && !o.host_budget_choice->locked)
     so.host_backing = memascend::ArenaBacking::kUnlocked;
   MEMASCEND_ASSIGN_OR_RETURN(s->store, memascend::TensorStore::Open(s->objects(), so));
-  MEMASCEND_ASSIGN_OR_RETURN(
-      s->state, memascend::VersionedTrainingState::Open(s->store.get(), s->objects(), layout,
-                                                        StateOptions(o)));
+  MEMASCEND_ASSIGN_OR_RETURN(s->state, memascend::VersionedTrainingState::Open(
+                                           s->store.get(), s->objects(), layout, StateOptions(o)));
   return absl::OkStatus();
 }
 

@@ -229,6 +229,23 @@ class PyLease {
 
 // ---- the offloaded optimizer --------------------------------------------------------------
 
+// The layout of (name, elements) groups as memascend.torch gives them. fp32 parameters are
+// their master weights: derived, not stored twice, unless asked for (the device path
+// copies stored parameters to the GPU).
+StateLayout PyLayout(const std::vector<std::pair<std::string, std::size_t>>& groups,
+                     const std::string& param_dtype, const std::string& grad_dtype,
+                     std::size_t part_elements, std::optional<bool> store_parameters) {
+  StateLayout layout;
+  for (const auto& [name, n] : groups) layout.groups.push_back({name, n, true});
+  layout.param_dtype = ParseDType(param_dtype);
+  layout.grad_dtype = ParseDType(grad_dtype);
+  layout.part_elements = part_elements;
+  if (!store_parameters.value_or(layout.param_dtype != DType::kF32)) {
+    for (StateGroup& g : layout.groups) g.store_parameters = false;
+  }
+  return layout;
+}
+
 class PyAdam {
  public:
   PyAdam(py::object store, const std::vector<std::pair<std::string, std::size_t>>& groups,
@@ -239,16 +256,8 @@ class PyAdam {
          std::optional<bool> store_parameters, bool replace_existing, bool data_parallel)
       : store_obj_(std::move(store)) {
     store_ = store_obj_.cast<PyStore*>();
-    StateLayout layout;
-    for (const auto& [name, n] : groups) layout.groups.push_back({name, n, true});
-    layout.param_dtype = ParseDType(param_dtype);
-    layout.grad_dtype = ParseDType(grad_dtype);
-    layout.part_elements = part_elements;
-    // fp32 parameters are their master weights: derived, not stored twice, unless asked
-    // for (the device path copies stored parameters to the GPU).
-    if (!store_parameters.value_or(layout.param_dtype != DType::kF32)) {
-      for (StateGroup& g : layout.groups) g.store_parameters = false;
-    }
+    const StateLayout layout =
+        PyLayout(groups, param_dtype, grad_dtype, part_elements, store_parameters);
     Check(layout.Validate());
     const std::size_t minimum = OffloadedAdam::MinimumHostBudget(layout);
     if (store_->budget() < minimum) {
@@ -759,13 +768,7 @@ PYBIND11_MODULE(_core, m) {
           [](const std::vector<std::pair<std::string, std::size_t>>& groups,
              const std::string& param, const std::string& grad, std::size_t part,
              std::optional<bool> store_parameters) {
-            StateLayout l;
-            for (const auto& [name, n] : groups) l.groups.push_back({name, n, true});
-            l.param_dtype = ParseDType(param);
-            l.grad_dtype = ParseDType(grad);
-            l.part_elements = part;
-            if (!store_parameters.value_or(l.param_dtype != DType::kF32))
-              for (StateGroup& g : l.groups) g.store_parameters = false;
+            const StateLayout l = PyLayout(groups, param, grad, part, store_parameters);
             return VersionedTrainingState::StoredBytes(l);
           },
           py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
@@ -775,13 +778,7 @@ PYBIND11_MODULE(_core, m) {
           [](const std::vector<std::pair<std::string, std::size_t>>& groups,
              const std::string& param, const std::string& grad, std::size_t part,
              std::optional<bool> store_parameters, bool data_parallel) {
-            StateLayout l;
-            for (const auto& [name, n] : groups) l.groups.push_back({name, n, true});
-            l.param_dtype = ParseDType(param);
-            l.grad_dtype = ParseDType(grad);
-            l.part_elements = part;
-            if (!store_parameters.value_or(l.param_dtype != DType::kF32))
-              for (StateGroup& g : l.groups) g.store_parameters = false;
+            const StateLayout l = PyLayout(groups, param, grad, part, store_parameters);
             VersionedTrainingStateOptions vo;  // Note [volume size]
             if (data_parallel) vo.max_staged_bytes = 0;
             return VersionedTrainingState::VolumeBytes(l, vo);

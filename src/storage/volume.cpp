@@ -96,7 +96,14 @@ struct Volume::Impl {
   // Note [staged puts]: written, not yet committed; they shadow `objects`. A Sync holds
   // sync_mu exclusively while it commits them, so their extents cannot change meanwhile.
   std::map<std::string, Object, std::less<>> staged ABSL_GUARDED_BY(mu);
+  std::uint64_t staged_units ABSL_GUARDED_BY(mu) = 0;  // of `staged`'s extents
   absl::Mutex sync_mu;
+
+  static std::uint64_t Units(const Object& o) {
+    std::uint64_t units = 0;
+    for (const Extent& e : o.extents) units += e.units;
+    return units;
+  }
 
   absl::StatusOr<std::vector<Extent>> WriteData(std::string_view name,
                                                 std::span<const std::byte> data,
@@ -111,6 +118,7 @@ struct Volume::Impl {
   void UnstageLocked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (auto it = staged.find(name); it != staged.end()) {
       (void)alloc->Free(it->second.extents);
+      staged_units -= Units(it->second);
       staged.erase(it);
     }
   }
@@ -582,11 +590,7 @@ absl::StatusOr<ObjectInfo> Volume::Stat(std::string_view name) const {
 
 std::uint64_t Volume::staged_bytes() const {
   absl::ReaderMutexLock lock(&impl_->mu);
-  std::uint64_t units = 0;
-  for (const auto& [name, o] : impl_->staged) {
-    for (const Extent& e : o.extents) units += e.units;
-  }
-  return units * impl_->sb.unit_bytes;
+  return impl_->staged_units * impl_->sb.unit_bytes;
 }
 
 std::vector<ObjectInfo> Volume::List() const {
@@ -609,8 +613,10 @@ absl::Status Volume::PutStaged(std::string_view name, std::span<const std::byte>
   absl::ReaderMutexLock sync(&m.sync_mu);
   absl::MutexLock lock(&m.mu);
   m.UnstageLocked(name);
-  m.staged.emplace(std::string(name), Object{data.size(), std::string(metadata), checksum,
-                                             std::move(extents), Durability::kDurable});
+  auto [it, added] =
+      m.staged.emplace(std::string(name), Object{data.size(), std::string(metadata), checksum,
+                                                 std::move(extents), Durability::kDurable});
+  m.staged_units += Impl::Units(it->second);
   return absl::OkStatus();
 }
 
@@ -629,6 +635,7 @@ absl::Status Volume::Sync() {
   MEMASCEND_RETURN_IF_ERROR(m.Commit(records));
   absl::MutexLock lock(&m.mu);
   m.staged.clear();
+  m.staged_units = 0;
   return absl::OkStatus();
 }
 
@@ -699,9 +706,9 @@ absl::Status Volume::Grow(std::uint64_t size) {
   const std::uint64_t units = (size - next.data_offset) / next.unit_bytes;
   if (units <= next.data_units) return absl::OkStatus();
   if (m.target.is_device()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "{} is a block device of {} bytes: a volume on it cannot grow to {}", m.target.path(),
-        m.target.size(), size));
+    return absl::FailedPreconditionError(
+        fmt::format("{} is a block device of {} bytes: a volume on it cannot grow to {}",
+                    m.target.path(), m.target.size(), size));
   }
   const std::uint64_t capacity = next.data_offset + units * next.unit_bytes;
   if (capacity > m.target.size()) {
@@ -755,8 +762,7 @@ absl::StatusOr<bool> Volume::RepairSuperblocks() {
   absl::MutexLock lock(&m.mu);
   m.sb.generation = next.generation;
   std::erase_if(m.open_errors, [](const std::string& e) { return e.starts_with("superblock "); });
-  std::erase_if(m.open_warnings,
-                [](const std::string& e) { return e.starts_with("superblock "); });
+  std::erase_if(m.open_warnings, [](const std::string& e) { return e.starts_with("superblock "); });
   return true;
 }
 

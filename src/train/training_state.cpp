@@ -347,7 +347,8 @@ bool IsStateTensorName(std::string_view name) {
     end -= 3;
   std::size_t digits = end;
   while (digits > 0 && name[digits - 1] >= '0' && name[digits - 1] <= '9') --digits;
-  if (digits == end || digits < 2 || name[digits - 1] != 'p' || name[digits - 2] != '.') return false;
+  if (digits == end || digits < 2 || name[digits - 1] != 'p' || name[digits - 2] != '.')
+    return false;
   const std::string_view head = name.substr(0, digits - 2);
   for (StateKind k : kKinds) {
     const std::string suffix = "." + std::string(ToString(k));
@@ -358,7 +359,6 @@ bool IsStateTensorName(std::string_view name) {
 }
 
 }  // namespace
-
 
 struct VersionedTrainingState::Impl {
   TensorStore* store = nullptr;
@@ -371,7 +371,6 @@ struct VersionedTrainingState::Impl {
   std::string last_record;     // as stored: the one a commit keeps as the previous
   bool writing_next = false;   // this step wrote the next version (Note [bounded staging])
   bool previous_written = false;
-  bool registered = false;     // in Registry() (Note [state ownership])
 };
 
 VersionedTrainingState::VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout)
@@ -379,7 +378,7 @@ VersionedTrainingState::VersionedTrainingState(std::unique_ptr<Impl> impl, State
 
 VersionedTrainingState::~VersionedTrainingState() {
   (void)Settle();
-  if (impl_ != nullptr && impl_->registered) {
+  {  // every state Open made is in Registry() (Note [state ownership])
     OpenStates& r = Registry();
     std::lock_guard<std::mutex> lock(r.mu);
     auto [first, last] = r.records.equal_range(impl_->volume);
@@ -418,16 +417,17 @@ std::uint64_t VersionedTrainingState::DataBytes(const StateLayout& layout,
       const auto [begin, end] = layout.PartRange(g, p);
       std::uint64_t here = 0;
       for (StateKind k : kKinds) {
-        if (layout.Stored(k, g) && Versioned(k)) here += round((end - begin) * layout.ElementBytes(k));
+        if (layout.Stored(k, g) && Versioned(k))
+          here += round((end - begin) * layout.ElementBytes(k));
       }
       version += here;
       part = std::max(part, here);
     }
   }
   // Never more than a version: a tensor staged again replaces its staged copy.
-  const std::uint64_t in_flight =
-      options.max_staged_bytes == 0 ? version
-                                    : std::min(version, round(options.max_staged_bytes) + part);
+  const std::uint64_t in_flight = options.max_staged_bytes == 0
+                                      ? version
+                                      : std::min(version, round(options.max_staged_bytes) + part);
   return StoredBytes(layout) + in_flight;
 }
 
@@ -457,16 +457,14 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
   // unless shared, no other state's record or tensors on the volume.
   OpenStates& registry = Registry();
   std::unique_lock<std::mutex> lock(registry.mu);
-  const std::string volume_name = "the volume";
   {
     auto [first, last] = registry.records.equal_range(volume);
     for (auto it = first; it != last; ++it) {
-      if (it->second.first == options.record_name || !options.share_volume ||
-          !it->second.second) {
+      if (it->second.first == options.record_name || !options.share_volume || !it->second.second) {
         return absl::FailedPreconditionError(fmt::format(
-            "{} is already in use by a training state open in this process (record '{}'): "
-            "close it first, or give each state a volume of its own",
-            volume_name, it->second.first));
+            "the volume is already in use by a training state open in this process (record "
+            "'{}'): close it first, or give each state a volume of its own",
+            it->second.first));
       }
     }
   }
@@ -492,12 +490,16 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
         if (o.name == options.record_name || o.name == previous) {
           // Ours by name: of this layout, or another one (a changed model or part size).
           std::string bytes(o.size, '\0');
-          auto got = volume->Get(o.name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
-          auto r = got.ok() ? DecodeCommitRecord(bytes) : absl::StatusOr<CommitRecord>(got.status());
+          auto got =
+              volume->Get(o.name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
+          auto r =
+              got.ok() ? DecodeCommitRecord(bytes) : absl::StatusOr<CommitRecord>(got.status());
           if (r.ok() && r->layout == layout.Fingerprint()) continue;
           if (why.empty()) {
-            why = r.ok() ? fmt::format("the training state '{}' of another layout (groups, sizes, "
-                                       "dtypes or part size), at step {}", o.name, r->step)
+            why = r.ok() ? fmt::format(
+                               "the training state '{}' of another layout (groups, sizes, "
+                               "dtypes or part size), at step {}",
+                               o.name, r->step)
                          : fmt::format("the training state '{}', unreadable: {}", o.name,
                                        std::string(r.status().message()));
           }
@@ -514,11 +516,12 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     }
     if (why.empty()) why = tensors_why;  // a record says more than a tensor
     if (!foreign.empty() && !options.replace_existing) {
-      return absl::FailedPreconditionError(fmt::format(
-          "{} holds {} ({} object{} in all): give this training state a volume of its own, or "
-          "replace what it holds (Python: overwrite=True; C++: "
-          "VersionedTrainingStateOptions::replace_existing; memascend-train: --force)",
-          volume_name, why, foreign.size(), foreign.size() == 1 ? "" : "s"));
+      return absl::FailedPreconditionError(
+          fmt::format("the volume holds {} ({} object{} in all): give this training state a volume "
+                      "of its own, or "
+                      "replace what it holds (Python: overwrite=True; C++: "
+                      "VersionedTrainingStateOptions::replace_existing; memascend-train: --force)",
+                      why, foreign.size(), foreign.size() == 1 ? "" : "s"));
     }
     if (!foreign.empty()) {
       // Replacing: what was found goes, records first (no record ever names a tensor that
@@ -556,7 +559,6 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     }
   }
   registry.records.emplace(volume, std::make_pair(options.record_name, options.share_volume));
-  impl->registered = true;
   return std::unique_ptr<VersionedTrainingState>(
       new VersionedTrainingState(std::move(impl), layout));
 }

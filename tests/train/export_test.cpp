@@ -3,12 +3,10 @@
 // shard of the old one behind; what else the directory holds (a tokenizer, a folder) stays;
 // the staging an interrupted export left is cleared, or refused when it holds what may be
 // the user's.
-#include "checkpoint_io.h"
-
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "checkpoint_io.h"
 #include "hf_config.h"
 #include "model.h"
 #include "testing/status_matchers.h"
@@ -37,7 +36,8 @@ class ExportTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::path(::testing::TempDir()) /
-            ("export_test_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+            ("export_test_" +
+             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(root_);
     fs::create_directories(root_);
     ASSERT_OK_AND_ASSIGN(HfConfig hf, ParseHfConfig(kTinyLlama, "config.json"));
@@ -55,7 +55,8 @@ class ExportTest : public ::testing::Test {
     o.overwrite = overwrite;
     return ExportHfModel(model_, dir.string(), o,
                          [&](std::size_t g) -> absl::StatusOr<const float*> {
-                           if (g == fail_at) return absl::DataLossError("injected: group unreadable");
+                           if (g == fail_at)
+                             return absl::DataLossError("injected: group unreadable");
                            for (float& x : groups_[g]) x += offset;
                            return groups_[g].data();
                          });
@@ -111,8 +112,8 @@ TEST_F(ExportTest, ANewExportReplacesTheOldWholeAndKeepsWhatElseTheDirectoryHold
   fs::create_directories(out / "runs");
   Write(out / "runs" / "log.txt", "kept\n");
   ASSERT_OK(Export(out, 1 << 30, true, SIZE_MAX, 1.0f));  // one file now
-  EXPECT_EQ(Names(out), (std::set<std::string>{"config.json", "model.safetensors", "runs",
-                                               "tokenizer.json"}));
+  EXPECT_EQ(Names(out),
+            (std::set<std::string>{"config.json", "model.safetensors", "runs", "tokenizer.json"}));
   EXPECT_EQ(Read(out / "tokenizer.json"), "{\"v\": 1}\n");
   EXPECT_EQ(Read(out / "runs" / "log.txt"), "kept\n");
   EXPECT_EQ(Beside(), std::set<std::string>{"out"});

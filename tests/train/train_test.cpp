@@ -501,7 +501,8 @@ TEST(Train, ResumeRefusesAnotherRunsVolume) {
   EXPECT_EQ(s.first_step, 3u);
   o.seed = 99;
   EXPECT_THAT(Train(o, d.tokens, d.tok),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("seed: 1 on the volume, 99 in this run")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("seed: 1 on the volume, 99 in this run")));
 }
 
 // Never reformat what the user did not ask to: a second run on a volume without --resume

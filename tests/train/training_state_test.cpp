@@ -327,10 +327,10 @@ TEST(VersionedTrainingState, BadArgumentsAreRefused) {
   ASSERT_OK_AND_ASSIGN(o.store, TensorStore::Open(o.volume.get(), so));
   VersionedTrainingStateOptions first;
   first.share_volume = true;
-  ASSERT_OK_AND_ASSIGN(auto a, VersionedTrainingState::Open(o.store.get(), o.volume.get(),
-                                                            Layout(), first));
-  ASSERT_OK_AND_ASSIGN(auto b, VersionedTrainingState::Open(o.store.get(), o.volume.get(),
-                                                            Layout(), prefixed));
+  ASSERT_OK_AND_ASSIGN(
+      auto a, VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), first));
+  ASSERT_OK_AND_ASSIGN(
+      auto b, VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed));
   // The same names twice in one store.
   EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("second.record")));
@@ -409,8 +409,9 @@ TEST(VersionedTrainingState, BoundedStagingFitsAVolumeOfTheStateAndTheBound) {
             // The next version is being written: the previous record no longer names it.
             ASSERT_OK_AND_ASSIGN(ObjectInfo info, volume->Stat("memascend.train_state.previous"));
             std::string bytes(info.size, '\0');
-            ASSERT_OK(volume->Get(info.name, {reinterpret_cast<std::byte*>(bytes.data()),
-                                              bytes.size()}).status());
+            ASSERT_OK(
+                volume->Get(info.name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
+                    .status());
             ASSERT_OK_AND_ASSIGN(CommitRecord previous, DecodeCommitRecord(bytes));
             EXPECT_EQ(previous.step, bound != 0 ? 2u : 1u);
           }

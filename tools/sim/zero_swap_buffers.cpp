@@ -15,9 +15,9 @@ ZeroSwapSizes ZeroSwapBufferSizes(const ZeroSwapConfig& config, std::uint64_t la
   const std::uint64_t elements = std::max(config.param_buffer_elements, largest_param_numel);
   s.param_buffer_bytes = elements * config.param_element_bytes;
   s.optimizer_buffer_bytes = largest_sub_group * config.optimizer_element_bytes;
-  s.pinned_bytes = std::bit_ceil(std::uint64_t{s.param_buffer_bytes * config.param_buffer_count}) +
-                   config.optimizer_buffer_count *
-                       std::bit_ceil(std::uint64_t{s.optimizer_buffer_bytes});
+  s.pinned_bytes =
+      std::bit_ceil(std::uint64_t{s.param_buffer_bytes * config.param_buffer_count}) +
+      config.optimizer_buffer_count * std::bit_ceil(std::uint64_t{s.optimizer_buffer_bytes});
   return s;
 }
 
