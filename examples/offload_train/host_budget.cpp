@@ -78,7 +78,8 @@ absl::StatusOr<memascend::HostBudget> ChooseTrainHostBudget(const TrainOptions& 
   MEMASCEND_ASSIGN_OR_RETURN(const StateLayout parted, PartedLayout(o, world, rank));
   memascend::HostBudgetRequest want;
   want.minimum_bytes = OffloadedAdam::MinimumHostBudget(parted);
-  want.maximum_bytes = memascend::VersionedTrainingState::StoredBytes(parted);
+  // In place, but for data-parallel ranks (StateOptions, state.cpp).
+  want.maximum_bytes = memascend::VersionedTrainingState::StoredBytes(parted, world == 1);
   want.other_bytes = WorkingMemoryBytes(o.model, o.model.batch / static_cast<std::size_t>(world),
                                         o.checkpoint_activations);
   // The store has no GPU tier: the budget is mlock'ed (TensorStoreOptions::host_backing).

@@ -59,12 +59,16 @@ absl::Status OpenFiles(const TrainOptions& o, OffloadState* s) {
   return absl::OkStatus();
 }
 
-// The state's options: data-parallel ranks keep the previous step whole until their
-// commit (memascend Note [bounded staging]).
+// The state's options: in place (memascend Note [state in place]), but for data-parallel
+// ranks, which keep two versions and the previous step whole until their commit (Note
+// [bounded staging]) to resume at a step every rank holds.
 memascend::VersionedTrainingStateOptions StateOptions(const TrainOptions& o) {
   memascend::VersionedTrainingStateOptions v;
   v.record_name = "train.checkpoint";
-  if (o.comm != nullptr && o.comm->size() > 1) v.max_staged_bytes = 0;
+  if (o.comm != nullptr && o.comm->size() > 1) {
+    v.in_place = false;
+    v.max_staged_bytes = 0;
+  }
   return v;
 }
 

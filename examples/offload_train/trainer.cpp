@@ -139,10 +139,11 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
   } else {
     // Not used by the ZeRO-Infinity policy nor in reference mode: only capped below.
     if (o.host_budget == 0) o.host_budget = 2 * OffloadedAdam::MinimumHostBudget(parted);
-    // A budget beyond what the store can ever hold (every stored tensor, both versions) is
-    // capped there: the rest would be page-locked for nothing (UsableHostBudget).
-    o.host_budget = std::min<std::size_t>(o.host_budget,
-                                          memascend::VersionedTrainingState::StoredBytes(parted));
+    // A budget beyond what the store can ever hold (every stored tensor, in place or, for
+    // data-parallel ranks, in both versions) is capped there: the rest would be page-locked
+    // for nothing (UsableHostBudget).
+    o.host_budget = std::min<std::size_t>(
+        o.host_budget, memascend::VersionedTrainingState::StoredBytes(parted, world == 1));
   }
   const std::size_t minimum = OffloadedAdam::MinimumHostBudget(parted);
   {

@@ -211,7 +211,11 @@ class OffloadedAdam {
   // The same from weights of any dtype (converted part by part: no fp32 copy of the group).
   absl::Status InitializeFrom(std::size_t group, TensorView weights);
   // The last committed step's record, its scaler and Adam step restored; nullopt for a
-  // state never committed. kFailedPrecondition for another run's state.
+  // state never committed. kFailedPrecondition for another run's state. A step a crash
+  // tore in a state updated in place (Note [state in place] in training_state.h) is
+  // finished first, from its durable gradients, and committed (durably): the record is
+  // then its, as the uninterrupted run would have committed it (step: the last commit's
+  // plus one; user bytes: the last commit's).
   absl::StatusOr<std::optional<CommitRecord>> Resume();
   // The same at the newest commit at or before `step` (TrainingStateStorage::ResumeAtMost):
   // for data-parallel ranks agreeing on the step every rank holds.
@@ -308,6 +312,8 @@ class OffloadedAdam {
   OffloadedAdam(TrainingStateStorage* storage, const OffloadedAdamOptions& options,
                 KernelThreads* threads);
   absl::Status KeepState();
+  absl::Status FinishTornStep();
+  std::string EncodeRedo() const;
   // The update in progress has written group g's next version (not yet committed).
   bool Updated(std::size_t g) const noexcept {
     return pending_.has_value() && g < pending_->next_group;
@@ -338,6 +344,8 @@ class OffloadedAdam {
     AdamConfig adam;
     double lr_factor = 1;
     std::size_t next_group = 0;  // groups updated so far
+    bool begun = false;          // the storage was told (TrainingStateStorage::BeginUpdate)
+    std::size_t skip_parts = 0;  // parts, in layout order, a torn step finished already
   };
   std::optional<Pending> pending_;
   bool skipped_ = false;  // the last plan was a skipped step, not yet committed

@@ -34,6 +34,11 @@
 // in volume.h); Flush() writes every dirty durable tensor and commits everything written back
 // since the last Flush in one journal commit; a store reopened on the same volume then
 // finds them. After a crash, durable tensors hold what the last Flush committed.
+// Note [commit when full]: a write-back that finds the volume full commits what is staged
+// (freeing the extents it replaces) and tries once more. A caller that orders the commits
+// itself, because what each commit holds matters (a training state updated in place,
+// Note [state in place] in training_state.h), turns this off with SetCommitWhenFull(false);
+// the write-back then fails with kResourceExhausted and its tensor stays dirty.
 //
 // Note [gpu tier]: with options.gpu_budget_bytes > 0 and a CUDA device, Acquire(id,
 // Tier::kGpu, stream) gives a lease on a device copy. The store takes one device slab of
@@ -94,7 +99,9 @@ struct TensorStoreOptions {
   // threads at once, not when its memory is next needed: evictions then find clean
   // tensors and the writes overlap the caller's work. Worth it when each version is
   // written back anyway (a training step's new states); wasteful for a tensor dirtied
-  // again and again while resident.
+  // again and again while resident. Gradients (Use::kGradients) are not written behind:
+  // read once by the update and discarded, they are written only when evicted or asked
+  // (WriteBack, Flush).
   bool write_behind = false;
   // A prefetch that finds no room waits for some rather than being dropped (Note
   // [residency]): for a caller that prefetches a window ahead and never waits on tickets.
@@ -280,6 +287,9 @@ class TensorStore {
   // others use the store, provided no durable tensor is written meanwhile (a lease
   // writing one while it is written back leaves the volume with torn bytes).
   absl::Status Flush();
+
+  // Note [commit when full]; true at open. Any thread.
+  void SetCommitWhenFull(bool commit) noexcept;
 
   // Writes back and commits every dirty durable tensor (as Flush), cancels the prefetches
   // still queued (their tickets report kCancelled) and stops the store's threads. No

@@ -1,6 +1,7 @@
 // memascend/training_state.h: a model's training state (16-bit parameters, gradients,
 // fp32 master weights and Adam moments), group by group and part by part, kept either in
-// ordinary memory or in a TensorStore on a volume in two versions with crash-safe commits.
+// ordinary memory or in a TensorStore on a volume, once (updated in place) or in two
+// versions, with crash-safe commits.
 //
 //   memascend::StateLayout layout;
 //   layout.groups = {{"embed", 4'194'304}, {"block.0", 786'432}, {"head", 4'194'304}};
@@ -10,8 +11,38 @@
 //       memascend::VersionedTrainingState::Open(store.get(), volume.get(), layout));
 //   MEMASCEND_ASSIGN_OR_RETURN(auto last, state->Resume(my_fingerprint));   // nullopt: new
 //
-// Note [train state versions]: parameters, master weights and moments exist in two
-// versions on the volume. A step reads version v and writes version 1 - v; only after
+// Note [state in place]: by default (options.in_place) every stored part is on the volume
+// once, updated in place: the state takes 16 bytes per parameter (bf16 parameters and
+// gradients, fp32 master weights and both moments: 2 + 2 + 4 + 4 + 4) plus what is in
+// flight. Each write-back is staged (Note [staged puts] in volume.h: the new bytes go to
+// new extents, the old stay until the next journal commit), so what the volume holds
+// changes only at journal commits, and the state orders them:
+//   - The gradients are durable tensors, the step's redo record. A step's first gradient
+//     write waits for the previous commit, so no gradient of a step reaches the volume
+//     before the step before it is whole there.
+//   - A step whose new state is more than max_staged_bytes is committed in batches. Before
+//     its first part is written (BeginUpdate), the gradients still resident are written
+//     back and committed, a batch of max_staged_bytes at a time. Then whenever the parts
+//     updated since the last batch exceed the bound (PartUpdated, between parts), every
+//     part updated so far is written back and committed, in one journal commit with the
+//     progress object "<record_name>.step": the step's intent (the commit record it ends
+//     with and the optimizer's redo bytes: its Adam settings) and how many parts, in
+//     layout order, hold the new step.
+//   - The step's commit writes back the rest and stages its commit record: one journal
+//     commit. A step that fits the bound is committed whole there and writes no gradient.
+// A crash thus leaves the first `done` parts at the new step and the others at the last
+// committed one, never a part half updated (its kinds are written back together, before
+// a batch commits), and the gradients of the others durable. Resume() then returns the
+// last commit and Unfinished() the torn step; the optimizer updates the remaining parts
+// from their gradients with the intent's settings (a part's update depends on nothing
+// else) and commits it as the intent says: the resumed run is the uninterrupted one, bit
+// for bit. The store's own commit on a full volume is off (Note [commit when full] in
+// tensor_store.h): only these commits happen. Every step must be committed before the
+// next one's update (as in two versions). Data-parallel ranks, which must resume at a
+// step every rank holds, keep two versions (in_place false).
+//
+// Note [train state versions]: with in_place false, parameters, master weights and
+// moments exist in two versions on the volume. A step reads version v and writes version 1 - v; only after
 // every tensor of the new version is durable (TensorStore::Flush) is the commit record
 // (step, version, Adam step, loss scaler, the caller's fingerprint and bytes) written, as
 // one journaled object. A process killed at any moment therefore resumes from the last
@@ -26,7 +57,7 @@
 // back to the previous record by rewriting it as the last, so no record ever names a
 // version that a later commit overwrites.
 //
-// Note [bounded staging]: the tensor store writes evicted dirty tensors back as staged
+// Note [bounded staging] (two versions): the tensor store writes evicted dirty tensors back as staged
 // objects (Note [staged puts] in volume.h), whose extents the volume holds beside the ones
 // they replace until the next Sync; committing only at Commit would need room for a whole
 // version more. So at a step's first write of the next version the last record is written
@@ -150,6 +181,16 @@ struct CommitRecord {
 std::string EncodeCommitRecord(const CommitRecord& r);
 absl::StatusOr<CommitRecord> DecodeCommitRecord(std::string_view bytes);
 
+// How to finish a step updated in place should a crash tear it (Note [state in place]).
+struct StepIntent {
+  CommitRecord record;  // the commit it ends with (the storage sets step, user and layout)
+  std::string redo;     // the optimizer's: what the update of a remaining part needs
+};
+struct UnfinishedStep {
+  StepIntent intent;
+  std::size_t parts_done = 0;  // parts, in layout order (group by group), at the new step
+};
+
 // A part in hand: its bytes stay valid until the buffer is destroyed (a store lease, or
 // a backend's own buffer, kept by `hold`). Move-only in effect: copies share the hold.
 struct StateBuffer {
@@ -191,6 +232,17 @@ class TrainingStateStorage {
                                                    CudaStreamView) {
     return absl::FailedPreconditionError("this training state has no GPU tier");
   }
+
+  // Note [state in place]. The update of a step is about to write its first part (after
+  // the backward pass): `intent` says how to finish it. Then, after each part, in layout
+  // order, once every kind of it holds the new step and none is leased: PartUpdated.
+  virtual absl::Status BeginUpdate(const StepIntent& /*intent*/) { return absl::OkStatus(); }
+  virtual absl::Status PartUpdated(std::size_t /*group*/, std::size_t /*part*/) {
+    return absl::OkStatus();
+  }
+  // After Resume: the step a crash tore, for the optimizer to finish (the remaining parts,
+  // then its commit) before anything else; nullopt when none.
+  virtual std::optional<UnfinishedStep> Unfinished() const { return std::nullopt; }
 
   // Makes `r` the committed state (r.version may name the next version). May return
   // before it is durable (Note [background commit]); Settle() waits and returns the
@@ -256,13 +308,17 @@ struct VersionedTrainingStateOptions {
   // Deletes what another state left on the volume (and this record's state of another
   // layout) instead of refusing it: that state is lost.
   bool replace_existing = false;
-  // Note [bounded staging]: written-back tensors of the next version are committed once
-  // more than this many bytes wait (the volume keeps the extents they replace until then);
-  // 0: only at Commit. What the volume needs beyond the state (VolumeBytes).
+  // Note [state in place]: one version, updated in place (the state once on the volume);
+  // false: two versions (Note [train state versions]), for data-parallel ranks.
+  bool in_place = true;
+  // Note [state in place], [bounded staging]: written-back tensors are committed once more
+  // than this many bytes wait (the volume keeps the extents they replace until then); 0:
+  // only at Commit. What the volume needs beyond the state (VolumeBytes).
   std::uint64_t max_staged_bytes = std::uint64_t{256} << 20;
 };
 
-// Two versions in a TensorStore (Note [train state versions], [background commit]).
+// A training state in a TensorStore, in place or in two versions (Note [state in place],
+// [train state versions], [background commit]).
 class VersionedTrainingState final : public TrainingStateStorage {
  public:
   // Registers every part's tensors (of a volume that holds them, their stored bytes).
@@ -274,8 +330,8 @@ class VersionedTrainingState final : public TrainingStateStorage {
 
   const StateLayout& layout() const override { return layout_; }
   int current_version() const noexcept { return current_; }
-  // The tensor of a part in a version (0 or 1; gradients have one); kNotFound for a
-  // part not stored.
+  // The tensor of a part in a version (0 or 1; gradients, and a state in place, have one:
+  // both name it); kNotFound for a part not stored.
   absl::StatusOr<TensorId> Tensor(StateKind k, std::size_t group, std::size_t part,
                                   int version) const;
 
@@ -289,6 +345,9 @@ class VersionedTrainingState final : public TrainingStateStorage {
   absl::Status Discard(StateKind k, std::size_t g, std::size_t part) override;
   absl::StatusOr<TensorLease> ReadOnDevice(StateKind k, std::size_t g, std::size_t part,
                                            CudaStreamView stream) override;
+  absl::Status BeginUpdate(const StepIntent& intent) override;
+  absl::Status PartUpdated(std::size_t g, std::size_t part) override;
+  std::optional<UnfinishedStep> Unfinished() const override;
   absl::Status Commit(const CommitRecord& r) override;
   absl::Status Settle() override;
   absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) override;
@@ -298,13 +357,13 @@ class VersionedTrainingState final : public TrainingStateStorage {
   std::uint64_t io_write_bytes() const override;
   std::optional<TensorStoreStats> store_stats() const override;
 
-  // Volume bytes the layout's tensors take: every stored part in both versions, rounded
-  // to the volume's 64 KiB extents (gradients once).
-  static std::uint64_t StoredBytes(const StateLayout& layout);
+  // Volume bytes the layout's tensors take: every stored part once in place, else in both
+  // versions (gradients once), rounded to the volume's 64 KiB extents.
+  static std::uint64_t StoredBytes(const StateLayout& layout, bool in_place = true);
   // Note [volume size]: the size of a file volume for the layout: StoredBytes, what is
   // staged in flight (max_staged_bytes and a part's tensors, at most a whole version),
-  // the journal Volume::Format makes for that size, and a margin of 1/64 and 64 MiB for the
-  // records, allocation units and fragmentation. Never twice the state.
+  // the journal Volume::Format makes for that size, and a margin of 1/256 and 16 MiB for
+  // the records and fragmentation. Never twice the state.
   static std::uint64_t VolumeBytes(const StateLayout& layout,
                                    const VersionedTrainingStateOptions& options = {});
   // Of that, the data region the state needs: StoredBytes and what is staged in flight.
@@ -315,7 +374,11 @@ class VersionedTrainingState final : public TrainingStateStorage {
   struct Impl;
   explicit VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout);
   std::string PreviousName() const;
+  std::string ProgressName() const;
   absl::Status WritingNext();
+  absl::Status WritingInPlace(StateKind k);
+  absl::Status CommitBatch();
+  absl::Status WriteBackPart(std::size_t g, std::size_t part, bool gradient);
   absl::Status PutRecord(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(
       const std::string& name, std::uint64_t fingerprint) const;

@@ -81,7 +81,8 @@ class OffloadedAdam:
                             grad: str) -> int: ...
     @staticmethod
     def stored_bytes(groups: list[tuple[str, int]], param_dtype: str, grad_dtype: str,
-                     part_elements: int, store_parameters: bool | None = None) -> int: ...
+                     part_elements: int, store_parameters: bool | None = None,
+                     data_parallel: bool = False) -> int: ...
     @staticmethod
     def volume_bytes(groups: list[tuple[str, int]], param_dtype: str, grad_dtype: str,
                      part_elements: int, store_parameters: bool | None = None,

@@ -293,7 +293,10 @@ class PyAdam {
       threads_ = std::make_unique<KernelThreads>(threads);
       VersionedTrainingStateOptions vo;  // Note [state ownership]
       vo.replace_existing = replace_existing;
-      if (data_parallel) vo.max_staged_bytes = 0;  // Note [bounded staging]
+      if (data_parallel) {  // two versions, the previous step whole (Note [bounded staging])
+        vo.in_place = false;
+        vo.max_staged_bytes = 0;
+      }
       state_ = Take(VersionedTrainingState::Open(s, v, layout, vo));
       adam_ = Take(OffloadedAdam::Create(state_.get(), o, threads_.get()));
     }
@@ -767,12 +770,14 @@ PYBIND11_MODULE(_core, m) {
           "stored_bytes",
           [](const std::vector<std::pair<std::string, std::size_t>>& groups,
              const std::string& param, const std::string& grad, std::size_t part,
-             std::optional<bool> store_parameters) {
+             std::optional<bool> store_parameters, bool data_parallel) {
             const StateLayout l = PyLayout(groups, param, grad, part, store_parameters);
-            return VersionedTrainingState::StoredBytes(l);
+            // In place (Note [state in place]), but for data-parallel ranks: two versions.
+            return VersionedTrainingState::StoredBytes(l, !data_parallel);
           },
           py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
-          py::arg("part_elements"), py::arg("store_parameters") = std::nullopt)
+          py::arg("part_elements"), py::arg("store_parameters") = std::nullopt,
+          py::arg("data_parallel") = false)
       .def_static(
           "volume_bytes",
           [](const std::vector<std::pair<std::string, std::size_t>>& groups,
@@ -780,7 +785,10 @@ PYBIND11_MODULE(_core, m) {
              std::optional<bool> store_parameters, bool data_parallel) {
             const StateLayout l = PyLayout(groups, param, grad, part, store_parameters);
             VersionedTrainingStateOptions vo;  // Note [volume size]
-            if (data_parallel) vo.max_staged_bytes = 0;
+            if (data_parallel) {
+              vo.in_place = false;
+              vo.max_staged_bytes = 0;
+            }
             return VersionedTrainingState::VolumeBytes(l, vo);
           },
           py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),

@@ -28,7 +28,9 @@ absl::Status TensorStore::Impl::WriteBackLocked(Tensor& t) {
                : volume->Put(t.spec.name, bytes, Durability::kScratch);
   };
   absl::Status s = put();
-  if (s.code() == absl::StatusCode::kResourceExhausted && volume->Sync().ok()) s = put();
+  if (s.code() == absl::StatusCode::kResourceExhausted && commit_when_full.load() &&
+      volume->Sync().ok())
+    s = put();
   mu.Lock();
   t.state = State::kResident;
   cv.SignalAll();

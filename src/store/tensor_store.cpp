@@ -498,6 +498,8 @@ absl::Status TensorStore::Flush() {
   return first;
 }
 
+void TensorStore::SetCommitWhenFull(bool commit) noexcept { impl_->commit_when_full = commit; }
+
 TensorStoreStats TensorStore::stats() const {
   absl::MutexLock lock(&impl_->mu);
   TensorStoreStats s = impl_->counters;
@@ -540,7 +542,8 @@ void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept 
     t.last_use = ++impl_->tick;
     if (t.pins == 0) impl_->RetryDeferredLocked();  // an evictable tensor, maybe
     if (impl_->options.write_behind && t.pins == 0 && t.dirty && t.gpu == nullptr &&
-        t.spec.durability == Durability::kDurable && t.state == Impl::State::kResident) {
+        t.spec.durability == Durability::kDurable && t.spec.use != Use::kGradients &&
+        t.state == Impl::State::kResident) {
       impl_->jobs.push_back({id, Tier::kPinnedHost, {}, nullptr});
     }
   }

@@ -92,6 +92,7 @@ struct TensorStore::Impl {
 
   ObjectStore* volume = nullptr;
   TensorStoreOptions options;
+  std::atomic<bool> commit_when_full{true};  // Note [commit when full]
   std::unique_ptr<MemoryLedger> own_ledger;
   MemoryLedger* ledger = nullptr;
   std::unique_ptr<HostArena> arena;

@@ -200,7 +200,82 @@ absl::StatusOr<std::optional<CommitRecord>> OffloadedAdam::ResumeAtMost(std::uin
   version_ = r->version;
   pending_.reset();
   skipped_ = false;
+  ahead_started_ = false;
+  if (storage_->Unfinished().has_value()) {
+    MEMASCEND_RETURN_IF_ERROR(FinishTornStep());
+    return storage_->Resume(o_.fingerprint);
+  }
   return r;
+}
+
+// ---- Note [state in place]: a torn step's redo ----------------------------------------
+
+namespace {
+constexpr char kRedoMagic[8] = {'M', 'A', 'R', 'E', 'D', 'O', '0', '1'};
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+bool Get(std::string_view* in, T* v) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(v, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
+}  // namespace
+
+// What the update of any part of the planned step needs: its Adam settings, the lr factor
+// and every group's lr and weight decay.
+std::string OffloadedAdam::EncodeRedo() const {
+  std::string out(kRedoMagic, sizeof(kRedoMagic));
+  const AdamConfig& a = pending_->adam;
+  Put(&out, a.lr);
+  Put(&out, a.beta1);
+  Put(&out, a.beta2);
+  Put(&out, a.eps);
+  Put(&out, a.weight_decay);
+  Put(&out, static_cast<std::uint8_t>(a.adamw ? 1 : 0));
+  Put(&out, a.step);
+  Put(&out, a.grad_multiplier);
+  Put(&out, pending_->lr_factor);
+  Put(&out, static_cast<std::uint64_t>(groups_.size()));
+  for (const AdamGroupOptions& g : groups_) {
+    Put(&out, g.lr);
+    Put(&out, g.weight_decay);
+  }
+  return out;
+}
+
+// Updates the parts of the torn step not yet durable, with its settings, and commits it.
+absl::Status OffloadedAdam::FinishTornStep() {
+  const UnfinishedStep torn = *storage_->Unfinished();
+  std::string_view in = torn.intent.redo;
+  Pending p;
+  AdamConfig& a = p.adam;
+  std::uint8_t adamw = 0;
+  std::uint64_t groups = 0;
+  const bool read = in.size() >= sizeof(kRedoMagic) &&
+                    std::memcmp(in.data(), kRedoMagic, sizeof(kRedoMagic)) == 0 &&
+                    (in.remove_prefix(sizeof(kRedoMagic)), true) && Get(&in, &a.lr) &&
+                    Get(&in, &a.beta1) && Get(&in, &a.beta2) && Get(&in, &a.eps) &&
+                    Get(&in, &a.weight_decay) && Get(&in, &adamw) && Get(&in, &a.step) &&
+                    Get(&in, &a.grad_multiplier) && Get(&in, &p.lr_factor) && Get(&in, &groups);
+  if (!read || groups != groups_.size() || in.size() != groups * 2 * sizeof(float)) {
+    return absl::DataLossError(fmt::format(
+        "the torn step {}'s redo record ({} bytes) does not fit this optimizer's {} groups",
+        torn.intent.record.step, torn.intent.redo.size(), groups_.size()));
+  }
+  a.adamw = adamw != 0;
+  for (AdamGroupOptions& g : groups_) {
+    Get(&in, &g.lr);
+    Get(&in, &g.weight_decay);
+  }
+  MEMASCEND_RETURN_IF_ERROR(scaler_.Restore(torn.intent.record.scaler));
+  p.skip_parts = torn.parts_done;
+  pending_ = p;
+  MEMASCEND_RETURN_IF_ERROR(UpdateAll());
+  return Commit(torn.intent.record.step, torn.intent.record.user);
 }
 
 absl::Status OffloadedAdam::Commit(std::uint64_t step, std::string_view user) {
@@ -407,6 +482,11 @@ void OffloadedAdam::StartReadAhead(bool grads_ready) {
   ahead_bytes_ = 0;
   cursor_g_ = 0;
   cursor_part_ = 0;
+  if (pending_.has_value()) {  // a torn step's redo reads from its first part not durable
+    while (cursor_g_ + 1 < part_base_.size() && part_base_[cursor_g_ + 1] <= pending_->skip_parts)
+      ++cursor_g_;
+    cursor_part_ = std::max(pending_->skip_parts, part_base_[cursor_g_]) - part_base_[cursor_g_];
+  }
   grads_ready_ = grads_ready;
   ahead_started_ = true;
   if (!grads_ready) Fill();  // part 0 of group 0 included: ReadAhead(0, 0) keeps it
@@ -473,6 +553,15 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
                                                   l.groups[g].name, l.groups[g].elements,
                                                   params_out.elements));
   }
+  if (!pending_->begun) {  // Note [state in place]: how to finish the step, before any part
+    StepIntent intent;
+    intent.record.adam_step = pending_->adam.step;
+    intent.record.scaler = scaler_.state();
+    intent.record.fingerprint = o_.fingerprint;
+    intent.redo = EncodeRedo();
+    MEMASCEND_RETURN_IF_ERROR(storage_->BeginUpdate(intent));
+    pending_->begun = true;
+  }
   if (g == 0) ContinueReadAhead();
   AdamConfig adam = pending_->adam;
   adam.lr = static_cast<float>(static_cast<double>(groups_[g].lr) * pending_->lr_factor);
@@ -480,6 +569,7 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
   const bool derived = !l.Stored(StateKind::kParameters, g);
   const bool out = params_out.data != nullptr;
   for (std::size_t part = 0; part < l.Parts(g); ++part) {
+    if (part_base_[g] + part < pending_->skip_parts) continue;  // durable already
     ReadAhead(g, part);
     const auto [begin, end] = l.PartRange(g, part);
     const std::size_t n = end - begin;
@@ -509,6 +599,7 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
       }
     }
     MEMASCEND_RETURN_IF_ERROR(storage_->Discard(StateKind::kGradient, g, part));
+    MEMASCEND_RETURN_IF_ERROR(storage_->PartUpdated(g, part));
   }
   ++pending_->next_group;
   return absl::OkStatus();

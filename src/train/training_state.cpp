@@ -19,7 +19,8 @@ namespace {
 constexpr std::array<StateKind, 5> kKinds = {StateKind::kParameters, StateKind::kGradient,
                                              StateKind::kMaster, StateKind::kExpAvg,
                                              StateKind::kExpAvgSq};
-bool Versioned(StateKind k) { return k != StateKind::kGradient; }
+// Versions of a kind on the volume: two of all but the gradients, unless in place.
+int Versions(StateKind k, bool in_place) { return in_place || k == StateKind::kGradient ? 1 : 2; }
 
 Use UseOf(StateKind k) {
   switch (k) {
@@ -327,6 +328,55 @@ absl::StatusOr<std::optional<CommitRecord>> InMemoryTrainingState::Resume(
 namespace {
 
 constexpr const char* kRecordMetadata = "memascend training state";
+constexpr const char* kProgressMetadata = "memascend training step";
+
+// What a record names as its layout: the layout's fingerprint, and whether it is in place
+// (a state in two versions has other tensors).
+std::uint64_t LayoutId(const StateLayout& layout, bool in_place) {
+  std::uint64_t h = layout.Fingerprint();
+  if (in_place) Mix(&h, 0x1ace);
+  return h;
+}
+
+// The progress object of a step updated in place (Note [state in place]): magic, the
+// parts done, the intent's commit record and redo bytes (each with its length), CRC-32C.
+constexpr char kProgressMagic[8] = {'M', 'A', 'S', 'T', 'E', 'P', '0', '1'};
+
+std::string EncodeProgress(const StepIntent& intent, std::uint64_t done) {
+  std::string out(kProgressMagic, sizeof(kProgressMagic));
+  Append(&out, done);
+  const std::string record = EncodeCommitRecord(intent.record);
+  Append(&out, static_cast<std::uint64_t>(record.size()));
+  out += record;
+  Append(&out, static_cast<std::uint64_t>(intent.redo.size()));
+  out += intent.redo;
+  Append(&out, util::Crc32c(out.data(), out.size()));
+  return out;
+}
+
+absl::StatusOr<UnfinishedStep> DecodeProgress(std::string_view bytes) {
+  const auto bad = [&](std::string_view why) {
+    return absl::DataLossError(
+        fmt::format("training-state progress object ({} bytes) unreadable: {}", bytes.size(), why));
+  };
+  if (bytes.size() < sizeof(kProgressMagic) + 4 ||
+      std::memcmp(bytes.data(), kProgressMagic, sizeof(kProgressMagic)) != 0)
+    return bad("not a progress object (no magic)");
+  std::uint32_t crc = 0;
+  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
+  if (crc != util::Crc32c(bytes.data(), bytes.size() - 4)) return bad("checksum mismatch");
+  std::string_view in =
+      bytes.substr(sizeof(kProgressMagic), bytes.size() - sizeof(kProgressMagic) - 4);
+  UnfinishedStep u;
+  std::uint64_t done = 0, record = 0, redo = 0;
+  if (!Take(&in, &done) || !Take(&in, &record) || record > in.size()) return bad("truncated");
+  MEMASCEND_ASSIGN_OR_RETURN(u.intent.record, DecodeCommitRecord(in.substr(0, record)));
+  in.remove_prefix(record);
+  if (!Take(&in, &redo) || redo != in.size()) return bad("truncated");
+  u.intent.redo.assign(in.data(), in.size());
+  u.parts_done = done;
+  return u;
+}
 
 // Note [state ownership]: the training states open in this process, by volume.
 struct OpenStates {
@@ -371,6 +421,24 @@ struct VersionedTrainingState::Impl {
   std::string last_record;     // as stored: the one a commit keeps as the previous
   bool writing_next = false;   // this step wrote the next version (Note [bounded staging])
   bool previous_written = false;
+  // Note [state in place]: the parts in layout order, and the step being updated.
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  std::uint64_t state_bytes = 0;       // of every part's kinds but the gradient
+  std::optional<StepIntent> intent;    // the step being updated, once BeginUpdate ran
+  bool batched = false;                // its parts are committed in batches
+  std::size_t done = 0;                // parts updated, in order
+  std::size_t batch_from = 0;          // the first part not yet committed
+  std::uint64_t since_batch = 0;       // bytes of the parts updated since
+  std::optional<UnfinishedStep> unfinished;  // found by Resume
+
+  std::uint64_t PartBytes(const StateLayout& l, std::size_t g, std::size_t part) const {
+    const auto [begin, end] = l.PartRange(g, part);
+    std::uint64_t b = 0;
+    for (StateKind k : kKinds) {
+      if (k != StateKind::kGradient && l.Stored(k, g)) b += (end - begin) * l.ElementBytes(k);
+    }
+    return b;
+  }
 };
 
 VersionedTrainingState::VersionedTrainingState(std::unique_ptr<Impl> impl, StateLayout layout)
@@ -378,6 +446,16 @@ VersionedTrainingState::VersionedTrainingState(std::unique_ptr<Impl> impl, State
 
 VersionedTrainingState::~VersionedTrainingState() {
   (void)Settle();
+  // Note [state in place]: a step left half updated (an error, or a caller that stopped)
+  // is committed as torn, for Resume to finish, before the store's own commit at its close
+  // could commit its parts without their progress object.
+  Impl& m = *impl_;
+  if (m.options.in_place && m.intent.has_value() && m.done > m.batch_from && m.commit_status.ok()) {
+    absl::Status s;
+    for (std::size_t n = m.done; s.ok() && !m.batched && n < m.order.size(); ++n)
+      s = WriteBackPart(m.order[n].first, m.order[n].second, true);
+    if (s.ok()) (void)CommitBatch();  // with the gradients: one journal commit
+  }
   {  // every state Open made is in Registry() (Note [state ownership])
     OpenStates& r = Registry();
     std::lock_guard<std::mutex> lock(r.mu);
@@ -391,7 +469,7 @@ VersionedTrainingState::~VersionedTrainingState() {
   }
 }
 
-std::uint64_t VersionedTrainingState::StoredBytes(const StateLayout& layout) {
+std::uint64_t VersionedTrainingState::StoredBytes(const StateLayout& layout, bool in_place) {
   constexpr std::uint64_t kUnit = 64 * 1024;
   std::uint64_t need = 0;
   for (StateKind k : kKinds) {
@@ -400,7 +478,7 @@ std::uint64_t VersionedTrainingState::StoredBytes(const StateLayout& layout) {
       for (std::size_t part = 0; part < layout.Parts(g); ++part) {
         const auto [begin, end] = layout.PartRange(g, part);
         const std::uint64_t bytes = (end - begin) * layout.ElementBytes(k);
-        need += (Versioned(k) ? 2 : 1) * ((bytes + kUnit - 1) / kUnit * kUnit);
+        need += Versions(k, in_place) * ((bytes + kUnit - 1) / kUnit * kUnit);
       }
     }
   }
@@ -411,13 +489,15 @@ std::uint64_t VersionedTrainingState::DataBytes(const StateLayout& layout,
                                                 const VersionedTrainingStateOptions& options) {
   constexpr std::uint64_t kUnit = 64 * 1024;
   const auto round = [](std::uint64_t b) { return (b + kUnit - 1) / kUnit * kUnit; };
-  std::uint64_t version = 0, part = 0;  // one version's bytes; the largest part's tensors
+  // One version's bytes; the largest part's tensors. In place, the gradients are written
+  // back too (Note [state in place]).
+  std::uint64_t version = 0, part = 0;
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     for (std::size_t p = 0; p < layout.Parts(g); ++p) {
       const auto [begin, end] = layout.PartRange(g, p);
       std::uint64_t here = 0;
       for (StateKind k : kKinds) {
-        if (layout.Stored(k, g) && Versioned(k))
+        if (layout.Stored(k, g) && (options.in_place || k != StateKind::kGradient))
           here += round((end - begin) * layout.ElementBytes(k));
       }
       version += here;
@@ -428,7 +508,7 @@ std::uint64_t VersionedTrainingState::DataBytes(const StateLayout& layout,
   const std::uint64_t in_flight = options.max_staged_bytes == 0
                                       ? version
                                       : std::min(version, round(options.max_staged_bytes) + part);
-  return StoredBytes(layout) + in_flight;
+  return StoredBytes(layout, options.in_place) + in_flight;
 }
 
 std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
@@ -438,7 +518,7 @@ std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
   // Volume::Format's journal: capacity / 512 in [2 MiB, 256 MiB].
   const std::uint64_t journal =
       std::clamp<std::uint64_t>(data / 511, std::uint64_t{2} << 20, std::uint64_t{256} << 20);
-  return (data + journal + data / 64 + (std::uint64_t{64} << 20) + kUnit - 1) / kUnit * kUnit;
+  return (data + journal + data / 256 + (std::uint64_t{16} << 20) + kUnit - 1) / kUnit * kUnit;
 }
 
 absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::Open(
@@ -469,15 +549,16 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     }
   }
   std::set<std::string> ours;
+  const auto versions = [&](StateKind k) { return Versions(k, options.in_place); };
   const auto tensor_name = [&](StateKind k, std::size_t g, std::size_t part, int v) {
     return fmt::format("{}{}.{}.p{}{}", options.tensor_prefix, layout.groups[g].name, ToString(k),
-                       part, Versioned(k) ? fmt::format(".v{}", v) : "");
+                       part, versions(k) == 2 ? fmt::format(".v{}", v) : "");
   };
   for (StateKind k : kKinds) {
     for (std::size_t g = 0; g < layout.groups.size(); ++g) {
       if (!layout.Stored(k, g)) continue;
       for (std::size_t part = 0; part < layout.Parts(g); ++part) {
-        for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) ours.insert(tensor_name(k, g, part, v));
+        for (int v = 0; v < versions(k); ++v) ours.insert(tensor_name(k, g, part, v));
       }
     }
   }
@@ -486,7 +567,13 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     std::vector<std::string> foreign;  // what another state left: records, then tensors
     std::string why, tensors_why;
     for (const ObjectInfo& o : volume->List()) {
-      if (o.metadata == kRecordMetadata) {
+      if (o.metadata == kProgressMetadata) {
+        // A step in progress: this record's (checked by Resume), or another state's.
+        if (o.name != options.record_name + ".step" && !options.share_volume) {
+          if (why.empty()) why = fmt::format("another training state's step, '{}'", o.name);
+          foreign.insert(foreign.begin(), o.name);
+        }
+      } else if (o.metadata == kRecordMetadata) {
         if (o.name == options.record_name || o.name == previous) {
           // Ours by name: of this layout, or another one (a changed model or part size).
           std::string bytes(o.size, '\0');
@@ -494,7 +581,7 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
               volume->Get(o.name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
           auto r =
               got.ok() ? DecodeCommitRecord(bytes) : absl::StatusOr<CommitRecord>(got.status());
-          if (r.ok() && r->layout == layout.Fingerprint()) continue;
+          if (r.ok() && r->layout == LayoutId(layout, options.in_place)) continue;
           if (why.empty()) {
             why = r.ok() ? fmt::format(
                                "the training state '{}' of another layout (groups, sizes, "
@@ -541,7 +628,7 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     for (std::size_t g = 0; g < layout.groups.size(); ++g) {
       if (!layout.Stored(k, g)) continue;
       for (std::size_t part = 0; part < layout.Parts(g); ++part) {
-        for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
+        for (int v = 0; v < versions(k); ++v) {
           const auto [begin, end] = layout.PartRange(g, part);
           TensorSpec spec;
           spec.name = tensor_name(k, g, part, v);
@@ -551,12 +638,23 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
           spec.bytes = (end - begin) * layout.ElementBytes(k);
           spec.shape = {static_cast<std::int64_t>(end - begin)};
           spec.use = UseOf(k);
-          spec.durability = Versioned(k) ? Durability::kDurable : Durability::kScratch;
+          // In place, the gradients are the redo record: durable (Note [state in place]).
+          spec.durability = versions(k) == 2 || options.in_place ? Durability::kDurable
+                                                                 : Durability::kScratch;
           MEMASCEND_ASSIGN_OR_RETURN(TensorId id, store->Register(spec));
           ids[g].push_back(id);
         }
       }
     }
+  }
+  if (options.in_place) {
+    for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+      for (std::size_t part = 0; part < layout.Parts(g); ++part) {
+        impl->order.emplace_back(g, part);
+        impl->state_bytes += impl->PartBytes(layout, g, part);
+      }
+    }
+    store->SetCommitWhenFull(false);  // only the state's commits (Note [state in place])
   }
   registry.records.emplace(volume, std::make_pair(options.record_name, options.share_volume));
   return std::unique_ptr<VersionedTrainingState>(
@@ -571,9 +669,9 @@ absl::StatusOr<TensorId> VersionedTrainingState::Tensor(StateKind k, std::size_t
   if (!layout_.Stored(k, g))
     return absl::NotFoundError(
         fmt::format("{} of group '{}' are not stored", ToString(k), layout_.groups[g].name));
-  const std::size_t versions = Versioned(k) ? 2 : 1;
-  return impl_->ids[static_cast<int>(k)][g]
-                   [part * versions + static_cast<std::size_t>(Versioned(k) ? version : 0)];
+  const int versions = Versions(k, impl_->options.in_place);
+  return impl_->ids[static_cast<int>(k)][g][part * static_cast<std::size_t>(versions) +
+                                            static_cast<std::size_t>(versions == 2 ? version : 0)];
 }
 
 namespace {
@@ -611,9 +709,25 @@ absl::Status VersionedTrainingState::WritingNext() {
   return absl::OkStatus();
 }
 
+// Note [state in place]: what waits for a write in place. The previous commit, always; in
+// the backward pass, a commit of the gradients written back past the bound (the state on
+// the volume is whole at the last commit, so committing gradients then is safe).
+absl::Status VersionedTrainingState::WritingInPlace(StateKind k) {
+  MEMASCEND_RETURN_IF_ERROR(Settle());
+  Impl& m = *impl_;
+  if (k == StateKind::kGradient && !m.intent.has_value() && m.options.max_staged_bytes != 0 &&
+      m.volume->staged_bytes() > m.options.max_staged_bytes)
+    return m.volume->Sync();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StateBuffer> VersionedTrainingState::Overwrite(StateKind k, std::size_t g,
                                                               std::size_t part, bool next) {
-  if (next) MEMASCEND_RETURN_IF_ERROR(WritingNext());
+  if (impl_->options.in_place) {
+    MEMASCEND_RETURN_IF_ERROR(WritingInPlace(k));
+  } else if (next) {
+    MEMASCEND_RETURN_IF_ERROR(WritingNext());
+  }
   MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, next ? 1 - current_ : current_));
   MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->AcquireForOverwrite(id));
   return Wrap(std::move(lease));
@@ -621,6 +735,12 @@ absl::StatusOr<StateBuffer> VersionedTrainingState::Overwrite(StateKind k, std::
 
 absl::StatusOr<StateBuffer> VersionedTrainingState::Update(StateKind k, std::size_t g,
                                                            std::size_t part) {
+  if (impl_->options.in_place) {
+    MEMASCEND_RETURN_IF_ERROR(WritingInPlace(k));
+    MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
+    MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->AcquireForWrite(id));
+    return Wrap(std::move(lease));
+  }
   // The current version's block becomes the next version's (read straight into it if
   // cold): one block per state, never both versions at once.
   MEMASCEND_RETURN_IF_ERROR(WritingNext());
@@ -635,7 +755,7 @@ void VersionedTrainingState::Prefetch(StateKind k, std::size_t g, std::size_t pa
 }
 
 absl::Status VersionedTrainingState::Keep(StateKind k, std::size_t g, std::size_t part) {
-  for (int v = 0; v < (Versioned(k) ? 2 : 1); ++v) {
+  for (int v = 0; v < Versions(k, impl_->options.in_place); ++v) {
     MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, v));
     MEMASCEND_RETURN_IF_ERROR(impl_->store->SetRetention(id, Retention::kKeep));
   }
@@ -654,6 +774,96 @@ absl::StatusOr<TensorLease> VersionedTrainingState::ReadOnDevice(StateKind k, st
   return impl_->store->Acquire(id, Tier::kGpu, stream);
 }
 
+// ---- Note [state in place] ---------------------------------------------------------------
+
+absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
+  Impl& m = *impl_;
+  if (!m.options.in_place) return absl::OkStatus();
+  MEMASCEND_RETURN_IF_ERROR(Settle());
+  if (m.intent.has_value())
+    return absl::FailedPreconditionError("training state: a step's update began twice");
+  StepIntent i = intent;
+  i.record.layout = LayoutId(layout_, true);
+  i.record.version = 0;
+  i.record.step = 1;
+  i.record.user.clear();
+  if (!m.last_record.empty()) {  // the step after the last commit, with its user bytes
+    MEMASCEND_ASSIGN_OR_RETURN(CommitRecord last, DecodeCommitRecord(m.last_record));
+    i.record.step = last.step + 1;
+    i.record.user = std::move(last.user);
+  }
+  m.done = m.batch_from = 0;
+  m.since_batch = 0;
+  if (m.unfinished.has_value()) {  // finishing a torn step: its first parts are durable
+    if (m.unfinished->intent.record.step != i.record.step)
+      return absl::FailedPreconditionError("training state: the torn step is not finished first");
+    m.done = m.batch_from = m.unfinished->parts_done;
+    m.unfinished.reset();
+  }
+  m.intent = std::move(i);
+  m.batched = m.options.max_staged_bytes != 0 && m.state_bytes > m.options.max_staged_bytes;
+  if (!m.batched) return absl::OkStatus();
+  // The redo record: every gradient durable before any part of the step is written back,
+  // committed in batches of the bound (the parts on the volume are still whole).
+  for (std::size_t n = m.done; n < m.order.size(); ++n) {
+    MEMASCEND_RETURN_IF_ERROR(WriteBackPart(m.order[n].first, m.order[n].second, true));
+    if (m.volume->staged_bytes() > m.options.max_staged_bytes)
+      MEMASCEND_RETURN_IF_ERROR(m.volume->Sync());
+  }
+  return m.volume->Sync();
+}
+
+// Writes back a part's gradient, or every other kind of it.
+absl::Status VersionedTrainingState::WriteBackPart(std::size_t g, std::size_t part,
+                                                   bool gradient) {
+  for (StateKind k : kKinds) {
+    if ((k == StateKind::kGradient) != gradient || !layout_.Stored(k, g)) continue;
+    MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
+    MEMASCEND_RETURN_IF_ERROR(impl_->store->WriteBack(id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VersionedTrainingState::PartUpdated(std::size_t g, std::size_t part) {
+  Impl& m = *impl_;
+  if (!m.options.in_place) return absl::OkStatus();
+  if (!m.intent.has_value())
+    return absl::FailedPreconditionError("training state: a part updated before BeginUpdate");
+  if (m.done >= m.order.size() || m.order[m.done] != std::make_pair(g, part)) {
+    return absl::FailedPreconditionError(
+        fmt::format("training state: group {} part {} updated out of layout order", g, part));
+  }
+  ++m.done;
+  m.since_batch += m.PartBytes(layout_, g, part);
+  if (m.batched && m.since_batch > m.options.max_staged_bytes) return CommitBatch();
+  return absl::OkStatus();
+}
+
+// Commits the parts updated since the last batch with the progress object, in one journal
+// commit: each part's kinds are written back first, so none commits half updated.
+absl::Status VersionedTrainingState::CommitBatch() {
+  Impl& m = *impl_;
+  for (std::size_t i = m.batch_from; i < m.done; ++i)
+    MEMASCEND_RETURN_IF_ERROR(WriteBackPart(m.order[i].first, m.order[i].second, false));
+  const std::string bytes = EncodeProgress(*m.intent, m.done);
+  MEMASCEND_RETURN_IF_ERROR(
+      m.volume->PutStaged(ProgressName(), {reinterpret_cast<const std::byte*>(bytes.data()),
+                                           bytes.size()},
+                          kProgressMetadata));
+  MEMASCEND_RETURN_IF_ERROR(m.volume->Sync());
+  m.batch_from = m.done;
+  m.since_batch = 0;
+  return absl::OkStatus();
+}
+
+std::optional<UnfinishedStep> VersionedTrainingState::Unfinished() const {
+  return impl_->unfinished;
+}
+
+std::string VersionedTrainingState::ProgressName() const {
+  return impl_->options.record_name + ".step";
+}
+
 absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
   if (r.version != 0 && r.version != 1)
     return absl::InvalidArgumentError(fmt::format("commit: version {}", r.version));
@@ -661,9 +871,32 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
     return absl::InvalidArgumentError(
         fmt::format("commit: {} user bytes, more than {}", r.user.size(), kMaxUserBytes));
   MEMASCEND_RETURN_IF_ERROR(Settle());
-  current_ = r.version;
   CommitRecord record = r;
-  record.layout = layout_.Fingerprint();
+  if (impl_->options.in_place) {
+    Impl& m = *impl_;
+    if (m.unfinished.has_value())
+      return absl::FailedPreconditionError("training state: the torn step is not finished first");
+    if (m.intent.has_value() && m.done != m.order.size()) {
+      return absl::FailedPreconditionError(
+          fmt::format("training state: commit with {} of {} parts updated", m.done, m.order.size()));
+    }
+    m.intent.reset();
+    record.version = 0;
+    record.layout = LayoutId(layout_, true);
+    // The record is staged and committed with the last write-backs: one journal commit.
+    impl_->committer = std::thread([this, record = std::move(record)] {
+      std::string bytes = EncodeCommitRecord(record);
+      absl::Status s = impl_->volume->PutStaged(
+          impl_->options.record_name,
+          {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, kRecordMetadata);
+      if (s.ok()) s = impl_->store->Flush();
+      if (s.ok()) impl_->last_record = std::move(bytes);
+      impl_->commit_status = std::move(s);
+    });
+    return absl::OkStatus();
+  }
+  current_ = r.version;
+  record.layout = LayoutId(layout_, false);
   const bool previous_written = impl_->previous_written;
   impl_->writing_next = impl_->previous_written = false;
   impl_->committer = std::thread([this, previous_written, record = std::move(record)] {
@@ -706,7 +939,7 @@ VersionedTrainingState::ReadRecord(const std::string& name, std::uint64_t finger
       impl_->volume->Get(name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
           .status());
   MEMASCEND_ASSIGN_OR_RETURN(CommitRecord r, DecodeCommitRecord(bytes));
-  if (r.layout != layout_.Fingerprint()) {
+  if (r.layout != LayoutId(layout_, impl_->options.in_place)) {
     return absl::FailedPreconditionError(fmt::format(
         "the volume's training state '{}' has another layout (groups, sizes, dtypes or parts)",
         name));
@@ -728,15 +961,51 @@ absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
     std::uint64_t fingerprint) {
   MEMASCEND_RETURN_IF_ERROR(Settle());
   MEMASCEND_ASSIGN_OR_RETURN(auto last, ReadRecord(impl_->options.record_name, fingerprint));
+  impl_->unfinished.reset();
+  impl_->intent.reset();
   if (!last.has_value()) return std::nullopt;
   current_ = last->first.version;
   impl_->last_record = std::move(last->second);
+  if (impl_->options.in_place) {
+    // Note [state in place]: a progress object of the step after the last commit names a
+    // torn step; one of an earlier step is stale (its step was committed).
+    auto info = impl_->volume->Stat(ProgressName());
+    if (info.ok()) {
+      std::string bytes(info->size, '\0');
+      MEMASCEND_RETURN_IF_ERROR(
+          impl_->volume->Get(ProgressName(), {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
+              .status());
+      MEMASCEND_ASSIGN_OR_RETURN(UnfinishedStep u, DecodeProgress(bytes));
+      const std::uint64_t step = last->first.step;
+      if (u.intent.record.step > step + 1 || u.parts_done > impl_->order.size() ||
+          u.intent.record.layout != LayoutId(layout_, true) ||
+          u.intent.record.fingerprint != fingerprint) {
+        return absl::DataLossError(fmt::format(
+            "the volume's training state is at step {}, but its progress object names step {} "
+            "({} of {} parts) of {}: not this state's next step",
+            step, u.intent.record.step, u.parts_done, impl_->order.size(),
+            u.intent.record.fingerprint != fingerprint ? "another run" : "this run"));
+      }
+      if (u.intent.record.step == step + 1 && u.parts_done > 0) impl_->unfinished = std::move(u);
+    } else if (info.status().code() != absl::StatusCode::kNotFound) {
+      return info.status();
+    }
+  }
   return std::move(last->first);
 }
 
 absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::ResumeAtMost(
     std::uint64_t fingerprint, std::uint64_t step) {
   MEMASCEND_ASSIGN_OR_RETURN(std::optional<CommitRecord> last, Resume(fingerprint));
+  if (impl_->options.in_place) {  // the last commit only, and a torn step goes forward
+    if (last.has_value() && (last->step > step || (impl_->unfinished.has_value() &&
+                                                   impl_->unfinished->intent.record.step > step))) {
+      return absl::FailedPreconditionError(fmt::format(
+          "the volume's training state, updated in place, holds step {}{}, not step {}",
+          last->step, impl_->unfinished.has_value() ? " and a step it will finish" : "", step));
+    }
+    return last;
+  }
   if (!last.has_value() || last->step <= step) return last;
   MEMASCEND_ASSIGN_OR_RETURN(auto previous, ReadRecord(PreviousName(), fingerprint));
   if (!previous.has_value() || previous->first.step > step || previous->first.step >= last->step) {

@@ -67,12 +67,13 @@ std::vector<float> Gradient(std::size_t n, std::size_t g, int step, float scale)
 // A tensor store on a file volume with a budget of twice the optimizer's minimum.
 struct Offloaded : ::memascend::testing::OpenedState {
   ScratchPath path{"offloaded_adam"};
-  explicit Offloaded(const StateLayout& l, bool format = true, const std::string& at = {}) {
+  explicit Offloaded(const StateLayout& l, bool format = true, const std::string& at = {},
+                     const VersionedTrainingStateOptions& vo = {}) {
     TensorStoreOptions so;
     so.host_budget_bytes = 2 * OffloadedAdam::MinimumHostBudget(l);
     so.defer_prefetches = true;
     EXPECT_OK(::memascend::testing::OpenState(at.empty() ? path.path() : at, format ? 64 << 20 : 0,
-                                              l, so, this));
+                                              l, so, this, vo));
   }
 };
 
@@ -194,12 +195,15 @@ TEST(OffloadedAdam, PartByPartUnderABudgetGivesTheBitsOfWholeTensorAdamW) {
 }
 
 TEST(OffloadedAdam, AResumedRunContinuesAsTheUninterruptedOne) {
+  // In two versions (Note [train state versions]): a step not committed is lost.
   const StateLayout l = Layout();
   ScratchPath path("offloaded_adam_resume");
   KernelThreads threads(2);
   Reference ref(l, Options());
+  VersionedTrainingStateOptions two;
+  two.in_place = false;
   {
-    Offloaded off(l, true, path.path());
+    Offloaded off(l, true, path.path(), two);
     ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
     ASSERT_OK(Start(adam.get(), ref));
     ASSERT_OK(RunSteps(adam.get(), 1, 2));
@@ -217,7 +221,7 @@ TEST(OffloadedAdam, AResumedRunContinuesAsTheUninterruptedOne) {
     EXPECT_THAT(adam->Commit(3), StatusIs(absl::StatusCode::kFailedPrecondition,
                                           HasSubstr("1 of 3 groups updated")));
   }
-  Offloaded off(l, false, path.path());
+  Offloaded off(l, false, path.path(), two);
   OffloadedAdamOptions other = Options();
   other.fingerprint = 100;
   {
@@ -232,6 +236,45 @@ TEST(OffloadedAdam, AResumedRunContinuesAsTheUninterruptedOne) {
   ASSERT_OK(RunSteps(adam.get(), 3, 4));
   for (int step = 1; step <= 4; ++step) ref.Step(step, step, 1024.0f);
   ExpectState(off.state.get(), ref);
+}
+
+// Note [state in place]: a step whose update began and did not commit (an error, a stop)
+// is finished on resume from its durable gradients: the run goes on as if never stopped.
+// With a bound below the state (its parts committed in batches during the update) and
+// above it (the torn step committed when the state is destroyed).
+TEST(OffloadedAdam, AStepTornInPlaceIsFinishedOnResume) {
+  const StateLayout l = Layout();
+  for (std::uint64_t bound : {std::uint64_t{1} << 20, std::uint64_t{256} << 20}) {
+    ScratchPath path("offloaded_adam_torn");
+    KernelThreads threads(2);
+    Reference ref(l, Options());
+    VersionedTrainingStateOptions vo;
+    vo.max_staged_bytes = bound;
+    {
+      Offloaded off(l, true, path.path(), vo);
+      ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+      ASSERT_OK(Start(adam.get(), ref));
+      ASSERT_OK(RunSteps(adam.get(), 1, 2));
+      ASSERT_OK(FeedGradients(adam.get(), 3));
+      ASSERT_OK(adam->EndBackward().status());
+      ASSERT_OK(adam->UpdateGroup(0));  // its 3 parts of the 6, then the process stops
+    }
+    Offloaded off(l, false, path.path(), vo);
+    ASSERT_OK_AND_ASSIGN(auto at, off.state->Resume(99));
+    ASSERT_EQ(at->step, 2u);
+    ASSERT_TRUE(off.state->Unfinished().has_value()) << "bound " << bound;
+    EXPECT_EQ(off.state->Unfinished()->parts_done, 3u);
+    EXPECT_EQ(off.state->Unfinished()->intent.record.step, 3u);
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+    ASSERT_OK_AND_ASSIGN(auto last, adam->Resume());
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->step, 3u);  // finished and committed
+    EXPECT_EQ(adam->adam_step(), 3);
+    EXPECT_FALSE(off.state->Unfinished().has_value());
+    ASSERT_OK(RunSteps(adam.get(), 4, 5));
+    for (int step = 1; step <= 5; ++step) ref.Step(step, step, 1024.0f);
+    ExpectState(off.state.get(), ref);
+  }
 }
 
 TEST(OffloadedAdam, AStateExportedAndImportedElsewhereContinuesAsTheOriginal) {

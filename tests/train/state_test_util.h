@@ -27,7 +27,8 @@ struct OpenedState {
 // store under `store_options` and the state of `layout`, as a new process would.
 inline absl::Status OpenState(const std::string& path, std::uint64_t format_bytes,
                               const StateLayout& layout, TensorStoreOptions store_options,
-                              OpenedState* o) {
+                              OpenedState* o,
+                              const VersionedTrainingStateOptions& state_options = {}) {
   if (format_bytes != 0) {
     VolumeFormatOptions f;
     f.size = format_bytes;
@@ -36,7 +37,8 @@ inline absl::Status OpenState(const std::string& path, std::uint64_t format_byte
   MEMASCEND_ASSIGN_OR_RETURN(o->volume, Volume::Open(path, {}));
   MEMASCEND_ASSIGN_OR_RETURN(o->store, TensorStore::Open(o->volume.get(), store_options));
   MEMASCEND_ASSIGN_OR_RETURN(o->state,
-                             VersionedTrainingState::Open(o->store.get(), o->volume.get(), layout));
+                             VersionedTrainingState::Open(o->store.get(), o->volume.get(), layout,
+                                                          state_options));
   return absl::OkStatus();
 }
 

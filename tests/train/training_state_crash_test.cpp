@@ -44,6 +44,7 @@ absl::Status Open(const std::string& path, Opened* o) {
   MEMASCEND_ASSIGN_OR_RETURN(o->volume, Volume::Open(path, {}));
   MEMASCEND_ASSIGN_OR_RETURN(o->store, TensorStore::Open(o->volume.get(), so));
   VersionedTrainingStateOptions vo;
+  vo.in_place = false;  // two versions; a state in place: state_in_place_crash_test.cpp
   vo.max_staged_bytes = g_max_staged;
   MEMASCEND_ASSIGN_OR_RETURN(
       o->state, VersionedTrainingState::Open(o->store.get(), o->volume.get(), Layout(), vo));
@@ -95,6 +96,7 @@ TEST_P(TrainingStateCrash, EveryKillResumesAWholeCommittedStep) {
   ScratchPath p("trainstatecrash");
   VolumeFormatOptions f;
   VersionedTrainingStateOptions vo;
+  vo.in_place = false;
   vo.max_staged_bytes = g_max_staged;
   f.size = VersionedTrainingState::VolumeBytes(Layout(), vo);
   ASSERT_OK(Volume::Format(p.path(), f));

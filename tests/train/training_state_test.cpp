@@ -97,12 +97,16 @@ TEST(CommitRecord, RoundTripsAndRefusesAnythingButAWholeRecord) {
 
 using Opened = ::memascend::testing::OpenedState;
 
-// A store far below the state (evictions write back) and the state, over a file volume;
+// A store far below the state (evictions write back) and the state in two versions (Note
+// [train state versions]: what most of these tests are about), over a file volume;
 // reopened as a new process would.
-void Open(const std::string& path, const StateLayout& layout, Opened* o, bool format) {
+void Open(const std::string& path, const StateLayout& layout, Opened* o, bool format,
+          bool in_place = false) {
   TensorStoreOptions so;
   so.host_budget_bytes = 64 * 1024;
-  ASSERT_OK(::memascend::testing::OpenState(path, format ? 16 << 20 : 0, layout, so, o));
+  VersionedTrainingStateOptions vo;
+  vo.in_place = in_place;
+  ASSERT_OK(::memascend::testing::OpenState(path, format ? 16 << 20 : 0, layout, so, o, vo));
 }
 
 // Every stored element of kind k of every part set to `value`, in the current (next ==
@@ -385,13 +389,14 @@ TEST(VersionedTrainingState, BoundedStagingFitsAVolumeOfTheStateAndTheBound) {
     ScratchPath path("train_state_bounded");
     VolumeFormatOptions f;
     // The state, the bound, a part's tensors, 4 MiB of journal and a unit per object.
-    f.size = VersionedTrainingState::StoredBytes(l) + (4u << 20) + (4u << 20);
+    f.size = VersionedTrainingState::StoredBytes(l, false) + (4u << 20) + (4u << 20);
     ASSERT_OK(Volume::Format(path.path(), f));
     ASSERT_OK_AND_ASSIGN(auto volume, Volume::Open(path.path(), {}));
     TensorStoreOptions so;
     so.host_budget_bytes = 2 << 20;  // far below a version: evictions stage mid-step
     ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), so));
     VersionedTrainingStateOptions vo;
+    vo.in_place = false;  // Note [bounded staging]: two versions
     vo.max_staged_bytes = bound;
     ASSERT_OK_AND_ASSIGN(auto state,
                          VersionedTrainingState::Open(store.get(), volume.get(), l, vo));

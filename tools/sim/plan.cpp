@@ -264,12 +264,14 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   }
   version += stored_params;
   const std::uint64_t gradients = p.params * half;
-  // Note [plan model]: one version and the gradients resident: nothing is read; the
-  // minimum: everything streams; in between, the traffic beyond the writes in proportion.
-  constexpr std::uint64_t kUnit = 64 * 1024;
-  const std::uint64_t resident = (p.stored_bytes + (gradients + kUnit - 1) / kUnit * kUnit) / 2;
+  // Note [plan model]: the state (in place: StoredBytes, the gradients with it) resident:
+  // nothing is read; the minimum: everything streams; in between, the traffic beyond the
+  // writes in proportion. A state committed in batches (Note [state in place]) writes its
+  // gradients each step, the redo record.
+  const std::uint64_t resident = p.stored_bytes;
+  const bool batched = version > VersionedTrainingStateOptions{}.max_staged_bytes;
   p.budget_holds_state = budget->bytes >= resident;
-  p.memascend.io_write_bytes_per_step = version;
+  p.memascend.io_write_bytes_per_step = version + (batched ? gradients : 0);
   if (!p.budget_holds_state) {
     const std::uint64_t reads = p.params * 12 + gradients + 2 * stored_params;
     const double share =
@@ -279,8 +281,10 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
                   static_cast<double>(resident - p.minimum_pinned_bytes);
     p.memascend.io_read_bytes_per_step =
         static_cast<std::uint64_t>(share * static_cast<double>(reads));
-    p.memascend.io_write_bytes_per_step +=
-        static_cast<std::uint64_t>(share * static_cast<double>(gradients));
+    if (!batched) {  // gradients spilled by the backward pass
+      p.memascend.io_write_bytes_per_step +=
+          static_cast<std::uint64_t>(share * static_cast<double>(gradients));
+    }
   }
 
   // ZeRO-Infinity's rules (zero_swap_buffers.h).

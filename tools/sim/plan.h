@@ -19,10 +19,11 @@
 //   state's StoredBytes as the maximum and the trainer's working-memory estimate as the
 //   other needs, on the given host limit (or this machine);
 // - disk: VersionedTrainingState::VolumeBytes (Note [volume size]);
-// - I/O per step: one version (stored 16-bit parameters, fp32 master weights and both
-//   moments) is written each step. A budget that holds one version and the gradients
-//   (half of StoredBytes and the gradients) reads nothing. At the minimum budget the state
-//   streams: the update reads the current version's master weights, moments and the
+// - I/O per step: the state (stored 16-bit parameters, fp32 master weights and both
+//   moments) is written each step, and the gradients too when the state is committed in
+//   batches (more than max_staged_bytes: Note [state in place] in training_state.h). A
+//   budget that holds the state and the gradients (StoredBytes) reads nothing. At the
+//   minimum budget the state streams: the update reads the master weights, moments and
 //   gradients and writes the gradients the backward pass spilled; the forward and backward
 //   passes read the stored parameters once each. In between, that traffic in proportion
 //   to where the budget lies (an interpolation: the least-recently-used store keeps some);

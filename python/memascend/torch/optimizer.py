@@ -144,9 +144,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._deferred, self._pending_update, self._next_update = False, False, 0
         store_parameters = True if cuda else None  # on a GPU the stored ones go there
         need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt, self._part_elements,
-                                                store_parameters)
-        # A budget beyond every stored tensor (both versions, the gradients) would be
-        # page-locked for nothing: capped there (never below what one part needs).
+                                                store_parameters, self._world > 1)
+        # A budget beyond every stored tensor (the state once; twice on a data-parallel rank)
+        # would be page-locked for nothing: capped there (never below what one part needs).
         least = _core.OffloadedAdam.minimum_host_budget(max(n for _, n in layout),
                                                         self._part_elements, self._dt, self._dt)
         on_host = 0 if cuda else sum(n * p.element_size()

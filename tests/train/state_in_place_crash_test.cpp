@@ -1,0 +1,277 @@
+// Note [state in place]: a child process trains an OffloadedAdam over a state updated in
+// place, its parts committed in batches mid-step, and kills itself with SIGKILL at its
+// N-th write to the volume, for N swept over every write of its steps: in the backward
+// pass (before the gradients are durable), while the gradients are made durable, between
+// the batches of parts, in the commit, and while resuming (finishing a torn step). After
+// each kill the parent resumes (finishing a torn step if there is one) and finds the
+// state of the uninterrupted run at the step it resumed, bit for bit, never older than
+// the last step the child saw durable.
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <signal.h>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <memascend/io_engine.h>
+#include <memascend/offloaded_optimizer.h>
+#include <memascend/training_state.h>
+
+#include "storage/volume_test_util.h"
+#include "testing/status_matchers.h"
+#include "train/state_test_util.h"
+
+namespace memascend {
+namespace {
+
+using ::memascend::testing::ScratchPath;
+
+constexpr std::size_t kPart = std::size_t{1} << 16;
+
+StateLayout Layout() {
+  StateLayout l;
+  l.groups = {{"embed", 3 * kPart + 5'000, false}, {"block", 2 * kPart, true}, {"head", 90'000, true}};
+  l.param_dtype = DType::kBF16;
+  l.grad_dtype = DType::kBF16;
+  l.part_elements = kPart;
+  return l;
+}
+
+VersionedTrainingStateOptions StateOptions() {
+  VersionedTrainingStateOptions vo;
+  vo.max_staged_bytes = 1 << 20;  // below the state's 6.8 MiB: several batches a step
+  return vo;
+}
+
+OffloadedAdamOptions AdamOptions() {
+  OffloadedAdamOptions o;
+  o.groups = {{1e-3f, 0.1f}, {3e-3f, 0.0f}, {2e-3f, 0.01f}};
+  o.max_grad_norm = 0.5f;
+  o.scaler = NoLossScaling();
+  o.fingerprint = 41;
+  return o;
+}
+
+std::vector<float> Initial(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::vector<float> w(n);
+  for (float& x : w) x = d(rng);
+  return w;
+}
+std::vector<float> Gradient(std::size_t n, std::size_t g, std::uint64_t step) {
+  std::mt19937_64 rng(1000 * g + step);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(rng);
+  return x;
+}
+
+// The uninterrupted run in memory: the same optimizer over InMemoryTrainingState.
+struct Reference {
+  std::unique_ptr<InMemoryTrainingState> state;
+  std::unique_ptr<OffloadedAdam> adam;
+};
+
+// The kill: SIGKILL at the n-th write (counted from the engine's creation; 0: never).
+class KillAtWrite final : public FaultInjector {
+ public:
+  explicit KillAtWrite(std::uint64_t n) : n_(n) {}
+  std::int64_t Adjust(const IoRequest& a, std::int64_t result) override {
+    if (a.op == IoOp::kWrite && writes_.fetch_add(1) + 1 == n_) ::raise(SIGKILL);
+    return result;
+  }
+  std::uint64_t writes() const { return writes_.load(); }
+
+ private:
+  std::uint64_t n_;
+  std::atomic<std::uint64_t> writes_{0};
+};
+
+struct Opened {
+  std::shared_ptr<KillAtWrite> kill;
+  std::unique_ptr<IoEngine> engine;
+  ::memascend::testing::OpenedState o;
+  std::unique_ptr<KernelThreads> threads;
+  std::unique_ptr<OffloadedAdam> adam;
+};
+
+absl::Status Open(const std::string& path, std::uint64_t kill_at, Opened* r) {
+  IoEngineOptions eo;
+  eo.backend = IoBackendChoice::kThreadPool;
+  r->kill = std::make_shared<KillAtWrite>(kill_at);
+  eo.fault_injector = r->kill;
+  MEMASCEND_ASSIGN_OR_RETURN(r->engine, IoEngine::Create(eo));
+  VolumeOpenOptions vo;
+  vo.engine = r->engine.get();
+  MEMASCEND_ASSIGN_OR_RETURN(r->o.volume, Volume::Open(path, vo));
+  TensorStoreOptions so;
+  so.host_budget_bytes = 3 * OffloadedAdam::MinimumHostBudget(Layout());  // evictions mid-step
+  so.write_behind = true;
+  so.defer_prefetches = true;
+  MEMASCEND_ASSIGN_OR_RETURN(r->o.store, TensorStore::Open(r->o.volume.get(), so));
+  MEMASCEND_ASSIGN_OR_RETURN(r->o.state, VersionedTrainingState::Open(r->o.store.get(),
+                                                                      r->o.volume.get(), Layout(),
+                                                                      StateOptions()));
+  r->threads = std::make_unique<KernelThreads>(2);
+  MEMASCEND_ASSIGN_OR_RETURN(
+      r->adam, OffloadedAdam::Create(r->o.state.get(), AdamOptions(), r->threads.get()));
+  return absl::OkStatus();
+}
+
+absl::Status Start(OffloadedAdam* adam) {
+  const StateLayout& l = adam->layout();
+  for (std::size_t g = 0; g < l.groups.size(); ++g)
+    MEMASCEND_RETURN_IF_ERROR(adam->Initialize(g, Initial(l.groups[g].elements, g)));
+  return adam->Commit(0);
+}
+
+// Step `step`: gradients (the last group first, as a backward pass), the update, the commit
+// in the background (settled by the next step's first gradient).
+absl::Status Step(OffloadedAdam* adam, std::uint64_t step) {
+  const StateLayout& l = adam->layout();
+  adam->BeginBackward();
+  for (std::size_t g = l.groups.size(); g-- > 0;) {
+    const auto f = Gradient(l.groups[g].elements, g, step);
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      MEMASCEND_RETURN_IF_ERROR(adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
+    }
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(StepPlan plan, adam->EndBackward());
+  if (plan.skipped) return absl::InternalError("unexpected skipped step");
+  MEMASCEND_RETURN_IF_ERROR(adam->UpdateAll());
+  return adam->CommitAsync(step).status();
+}
+
+[[noreturn]] void Child(const std::string& path, std::uint64_t kill_at, int fd) {
+  Opened r;
+  if (!Open(path, kill_at, &r).ok()) _exit(10);
+  auto last = r.adam->Resume();
+  if (!last.ok()) _exit(11);
+  std::uint64_t step = 0;
+  if (last->has_value()) {
+    step = (*last)->step;
+  } else if (!Start(r.adam.get()).ok()) {
+    _exit(12);
+  }
+  for (;;) {
+    if (!Step(r.adam.get(), ++step).ok()) _exit(13);
+    if (!r.adam->Settle().ok()) _exit(14);
+    const std::string line = std::to_string(step) + "\n";
+    if (::write(fd, line.data(), line.size()) < 0) _exit(15);
+  }
+}
+
+// Every stored part of the state equals the reference's.
+void ExpectSame(TrainingStateStorage* got, TrainingStateStorage* want, std::uint64_t step) {
+  const StateLayout& l = got->layout();
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      for (StateKind k : {StateKind::kParameters, StateKind::kMaster, StateKind::kExpAvg,
+                          StateKind::kExpAvgSq}) {
+        if (!l.Stored(k, g)) continue;
+        ASSERT_OK_AND_ASSIGN(StateBuffer a, got->Read(k, g, p, false));
+        ASSERT_OK_AND_ASSIGN(StateBuffer b, want->Read(k, g, p, false));
+        ASSERT_EQ(a.bytes, b.bytes);
+        ASSERT_EQ(std::memcmp(a.data, b.data, a.bytes), 0)
+            << ToString(k) << " of group " << g << " part " << p << " at step " << step;
+      }
+    }
+  }
+}
+
+TEST(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
+  ScratchPath path("state_in_place_crash");
+  VolumeFormatOptions f;
+  f.size = VersionedTrainingState::VolumeBytes(Layout(), StateOptions());
+  ASSERT_OK(Volume::Format(path.path(), f));
+  // The writes of the child's first steps (its start included), counted by a run that is
+  // not killed: the sweep covers them.
+  std::uint64_t writes_per_step = 0;
+  {
+    ScratchPath probe("state_in_place_probe");
+    ASSERT_OK(Volume::Format(probe.path(), f));
+    Opened r;
+    ASSERT_OK(Open(probe.path(), 0, &r));
+    ASSERT_OK(Start(r.adam.get()));
+    ASSERT_OK(Step(r.adam.get(), 1));
+    ASSERT_OK(r.adam->Settle());
+    const std::uint64_t before = r.kill->writes();
+    ASSERT_OK(Step(r.adam.get(), 2));
+    ASSERT_OK(r.adam->Settle());
+    writes_per_step = r.kill->writes() - before;
+  }
+  ASSERT_GT(writes_per_step, 20u);
+
+  {  // the initial state, committed: every kill below falls in a step or a resume
+    Opened r;
+    ASSERT_OK(Open(path.path(), 0, &r));
+    ASSERT_OK(Start(r.adam.get()));
+  }
+  Reference ref;
+  ASSERT_OK_AND_ASSIGN(ref.state, InMemoryTrainingState::Create(Layout()));
+  KernelThreads threads(2);
+  ASSERT_OK_AND_ASSIGN(ref.adam,
+                       OffloadedAdam::Create(ref.state.get(), AdamOptions(), &threads));
+  ASSERT_OK(Start(ref.adam.get()));
+  std::uint64_t ref_step = 0;
+
+  std::uint64_t durable = 0;
+  int torn = 0, whole = 0;
+  std::mt19937_64 rng(7);
+  // Kill points: 1.5 steps' writes from the child's start (its resume, then its steps), in
+  // 40 rounds, each offset a little at random so that no phase falls between them.
+  const std::uint64_t stride = std::max<std::uint64_t>(1, writes_per_step * 3 / 2 / 40);
+  for (std::uint64_t round = 0; round < 40; ++round) {
+    const std::uint64_t kill_at = 1 + round * stride + rng() % stride;
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      Child(path.path(), kill_at, fds[1]);
+    }
+    ::close(fds[1]);
+    std::string log;
+    char buf[256];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) log.append(buf, n);
+    ::close(fds[0]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "round " << round << ": the child was not killed (exit "
+        << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << ")";
+    std::istringstream lines(log);
+    for (std::uint64_t s; lines >> s;) durable = std::max(durable, s);
+
+    Opened r;
+    ASSERT_OK(Open(path.path(), 0, &r));
+    ASSERT_OK_AND_ASSIGN(auto at, r.o.state->Resume(AdamOptions().fingerprint));
+    ASSERT_TRUE(at.has_value());
+    (r.o.state->Unfinished().has_value() ? torn : whole)++;
+    ASSERT_OK_AND_ASSIGN(auto last, r.adam->Resume());
+    ASSERT_TRUE(last.has_value());
+    ASSERT_GE(last->step, durable) << "round " << round << " lost a durable step";
+    ASSERT_GE(last->step, ref_step) << "round " << round << " went back";
+    while (ref_step < last->step) ASSERT_OK(Step(ref.adam.get(), ++ref_step));
+    ExpectSame(r.o.state.get(), ref.state.get(), last->step);
+    ASSERT_EQ(r.adam->adam_step(), static_cast<std::int64_t>(last->step));
+    durable = last->step;
+  }
+  std::printf("%llu writes a step; %d kills left a torn step, %d none; resumed up to step %llu\n",
+              static_cast<unsigned long long>(writes_per_step), torn, whole,
+              static_cast<unsigned long long>(durable));
+  EXPECT_GT(torn, 3) << "too few kills tore a step (" << whole << " left none)";
+  EXPECT_GT(whole, 3) << "too few kills left no torn step (" << torn << " did)";
+  EXPECT_GT(durable, 1u);
+}
+
+}  // namespace
+}  // namespace memascend
