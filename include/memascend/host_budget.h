@@ -28,8 +28,20 @@
 // the memory limit (the cgroup's limit, else MemTotal) or, held with mlock, above
 // RLIMIT_MEMLOCK: a given budget is never quietly unlocked nor shrunk.
 //
-// Thread-safety: pure functions of their arguments, but for the probing overload, which
-// reads /proc and /sys (any thread).
+// Note [store backing]
+// A TensorStore's budget is always given (TensorStoreOptions::host_budget_bytes); how it is
+// held may be left to the store (ArenaBacking::kAuto). On a store without a GPU tier kAuto
+// is mlock, and the arena locks its regions as it maps them: a budget above what
+// RLIMIT_MEMLOCK lets the process lock (no CAP_IPC_LOCK) would fail at the first
+// allocation past the limit, mid-run. ChooseStoreBacking decides up front instead: kAuto
+// without a GPU tier becomes ordinary unlocked memory (kUnlocked) with `warning`, the
+// advice of Note [default host budget], as the default optimizer budget does; an explicit
+// kMlock above the limit is refused (kResourceExhausted naming both figures), as a given
+// optimizer budget is. Every other request is kept as asked. The budget is compared with
+// the limit alone, not with what other budgets of the process will lock.
+//
+// Thread-safety: pure functions of their arguments, but for the probing overloads, which
+// read /proc and /sys (any thread).
 #ifndef MEMASCEND_HOST_BUDGET_H_
 #define MEMASCEND_HOST_BUDGET_H_
 
@@ -38,6 +50,7 @@
 
 #include <absl/status/statusor.h>
 
+#include <memascend/host_arena.h>
 #include <memascend/system.h>
 
 namespace memascend {
@@ -64,6 +77,19 @@ absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& request,
                                             const MemoryLimit& limit, const MemoryInfo& memory);
 // The same on this machine's figures, read now (ReadMemoryLimit(), ProbeSystem().memory).
 absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& request);
+
+struct StoreBacking {
+  ArenaBacking backing = ArenaBacking::kAuto;  // for TensorStoreOptions::host_backing
+  std::string warning;  // non-empty: the memlock advice, for the caller to print once
+};
+
+// Note [store backing], on the figures given, for a store of `budget_bytes` with a GPU tier
+// or not.
+absl::StatusOr<StoreBacking> ChooseStoreBacking(ArenaBacking requested, std::uint64_t budget_bytes,
+                                                bool gpu_tier, const MemoryInfo& memory);
+// The same on this process's limits, read now.
+absl::StatusOr<StoreBacking> ChooseStoreBacking(ArenaBacking requested, std::uint64_t budget_bytes,
+                                                bool gpu_tier);
 
 }  // namespace memascend
 

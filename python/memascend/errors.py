@@ -99,8 +99,9 @@ class DataLossError(Error, OSError):
 
 
 class MemlockWarning(UserWarning):
-    """RLIMIT_MEMLOCK is below the host budget chosen by default: the budget is ordinary
-    unlocked memory. The message says what to raise for page-locked memory."""
+    """RLIMIT_MEMLOCK is below the host budget chosen by default (OffloadedAdamW), or below
+    a TensorStore's with host_backing="auto": the budget is ordinary unlocked memory. The
+    message says what to raise for page-locked memory."""
 
 
 _BY_CODE: dict[int, type[Error]] = {cls.code: cls for cls in (

@@ -129,6 +129,7 @@ class PyStore {
     }
     ++volume_->users_;
     budget_ = options.host_budget_bytes;
+    locked_ = options.host_backing != ArenaBacking::kUnlocked;
   }
   ~PyStore() {
     if (store_) {
@@ -144,6 +145,7 @@ class PyStore {
   }
   PyVolume* volume() const { return volume_; }
   std::size_t budget() const { return budget_; }
+  bool locked() const { return locked_; }
   bool closed() const { return store_ == nullptr; }
 
   void close() {
@@ -172,6 +174,7 @@ class PyStore {
   PyVolume* volume_ = nullptr;
   std::unique_ptr<TensorStore> store_;
   std::size_t budget_ = 0;
+  bool locked_ = true;  // page-locked or CUDA-registered; false: ordinary memory
 };
 
 py::dict StoreStatsDict(const TensorStoreStats& s) {
@@ -620,17 +623,30 @@ PYBIND11_MODULE(_core, m) {
              o.gpu_budget_bytes = gpu_budget;
              o.defer_prefetches = defer_prefetches;
              o.write_behind = write_behind;
-             o.host_backing = ParseBacking(host_backing);
+             // Note [store backing]: auto past RLIMIT_MEMLOCK is unlocked, with one
+             // MemlockWarning; an explicit mlock past it is refused here.
+             StoreBacking b =
+                 Take(ChooseStoreBacking(ParseBacking(host_backing), host_budget, gpu_budget > 0));
+             o.host_backing = b.backing;
+             if (!b.warning.empty()) {
+               py::object category = py::module_::import("memascend.errors").attr("MemlockWarning");
+               if (PyErr_WarnEx(category.ptr(), b.warning.c_str(), 1) != 0)
+                 throw py::error_already_set();
+             }
              return std::make_unique<PyStore>(std::move(volume), o);
            }),
            py::arg("volume"), py::arg("host_budget"), py::arg("gpu_budget") = 0,
            py::arg("defer_prefetches") = true, py::arg("write_behind") = false,
            py::arg("host_backing") = "auto",
            "host_backing: 'auto' (registered with CUDA when the store has a GPU tier and a "
-           "device is present, else mlock'ed), 'cuda' (registered with CUDA: copies to and "
-           "from a GPU are true DMA), 'mlock' or 'unlocked' (ordinary memory).")
+           "device is present, else mlock'ed; when RLIMIT_MEMLOCK, without CAP_IPC_LOCK, is "
+           "below host_budget, ordinary unlocked memory and one "
+           "memascend.errors.MemlockWarning), 'cuda' (registered with CUDA: copies to and "
+           "from a GPU are true DMA), 'mlock' (refused with ResourceExhaustedError when "
+           "host_budget is above RLIMIT_MEMLOCK) or 'unlocked' (ordinary memory).")
       .def_property_readonly("closed", &PyStore::closed)
       .def_property_readonly("host_budget", &PyStore::budget)
+      .def_property_readonly("host_budget_locked", &PyStore::locked)
       .def(
           "register",
           [](PyStore& s, const std::string& name, std::size_t nbytes, const std::string& dtype,

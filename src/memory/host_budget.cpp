@@ -1,6 +1,7 @@
 // Note [default host budget] (memascend/host_budget.h).
 #include <algorithm>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -24,6 +25,21 @@ bool MemlockBinds(const HostBudgetRequest& r, const MemoryInfo& memory, std::uin
 std::string RaiseMemlock() {
   return "`ulimit -l unlimited` (or a memlock line in /etc/security/limits.conf), "
          "LimitMEMLOCK=infinity for a systemd unit, --ulimit memlock=-1 for a docker container";
+}
+
+std::string UnlockedWarning(std::uint64_t bytes, const MemoryInfo& memory) {
+  return fmt::format(
+      "memascend: warning: RLIMIT_MEMLOCK ({}) is below the host budget of {}: the budget is "
+      "ordinary unlocked memory, which the kernel may swap out; for page-locked memory "
+      "raise the limit: {}",
+      Show(memory.memlock_soft_bytes), Show(bytes), RaiseMemlock());
+}
+
+std::string TooMuchToLock(std::uint64_t bytes, const MemoryInfo& memory, std::string_view instead) {
+  return fmt::format(
+      "host budget of {} ({} bytes) is more than this process may page-lock "
+      "(RLIMIT_MEMLOCK {} bytes, no CAP_IPC_LOCK): {}, or raise the limit: {}",
+      Show(bytes), bytes, memory.memlock_soft_bytes, instead, RaiseMemlock());
 }
 
 }  // namespace
@@ -52,11 +68,8 @@ absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& r, const Me
           Show(b.bytes), b.bytes, limit.limit_source(), limit.limit_bytes()));
     }
     if (MemlockBinds(r, memory, b.bytes)) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "host budget of {} ({} bytes) is more than this process may page-lock "
-          "(RLIMIT_MEMLOCK {} bytes, no CAP_IPC_LOCK): give a smaller budget, none (the "
-          "default then uses unlocked memory), or raise the limit: {}",
-          Show(b.bytes), b.bytes, memory.memlock_soft_bytes, RaiseMemlock()));
+      return absl::ResourceExhaustedError(TooMuchToLock(
+          b.bytes, memory, "give a smaller budget, none (the default then uses unlocked memory)"));
     }
     return b;
   }
@@ -96,17 +109,36 @@ absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& r, const Me
     b.locked = false;
     b.reason +=
         fmt::format("; unlocked memory: RLIMIT_MEMLOCK is {}", Show(memory.memlock_soft_bytes));
-    b.warning = fmt::format(
-        "memascend: warning: RLIMIT_MEMLOCK ({}) is below the host budget of {}: the budget is "
-        "ordinary unlocked memory, which the kernel may swap out; for page-locked memory "
-        "raise the limit: {}",
-        Show(memory.memlock_soft_bytes), Show(b.bytes), RaiseMemlock());
+    b.warning = UnlockedWarning(b.bytes, memory);
   }
   return b;
 }
 
 absl::StatusOr<HostBudget> ChooseHostBudget(const HostBudgetRequest& request) {
   return ChooseHostBudget(request, ReadMemoryLimit(), prim::ProbeMemory());
+}
+
+// Note [store backing]
+absl::StatusOr<StoreBacking> ChooseStoreBacking(ArenaBacking requested, std::uint64_t budget_bytes,
+                                                bool gpu_tier, const MemoryInfo& memory) {
+  StoreBacking s;
+  s.backing = requested;
+  const bool mlock =
+      requested == ArenaBacking::kMlock || (requested == ArenaBacking::kAuto && !gpu_tier);
+  if (!mlock || memory.lockable_bytes() >= budget_bytes) return s;
+  if (requested == ArenaBacking::kMlock) {
+    return absl::ResourceExhaustedError(
+        TooMuchToLock(budget_bytes, memory,
+                      "give a smaller budget, host_backing auto or unlocked (ordinary memory)"));
+  }
+  s.backing = ArenaBacking::kUnlocked;
+  s.warning = UnlockedWarning(budget_bytes, memory);
+  return s;
+}
+
+absl::StatusOr<StoreBacking> ChooseStoreBacking(ArenaBacking requested, std::uint64_t budget_bytes,
+                                                bool gpu_tier) {
+  return ChooseStoreBacking(requested, budget_bytes, gpu_tier, prim::ProbeMemory());
 }
 
 }  // namespace memascend

@@ -1,5 +1,6 @@
-// Note [default host budget]: the chooser on given figures.
+// Note [default host budget] and Note [store backing]: the choosers on given figures.
 #include <string>
+#include <tuple>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -146,6 +147,41 @@ TEST(ChooseHostBudget, NoLimitKnownTakesTheWholeState) {
   MemoryLimit none;
   ASSERT_OK_AND_ASSIGN(HostBudget b, ChooseHostBudget(Want(kGiB), none, Lockable(kUnlimited)));
   EXPECT_EQ(b.bytes, 20 * kGiB);
+}
+
+TEST(ChooseStoreBacking, AutoWithoutAGpuTierIsUnlockedPastTheMemlockLimitWithOneWarning) {
+  ASSERT_OK_AND_ASSIGN(StoreBacking s, ChooseStoreBacking(ArenaBacking::kAuto, 512 * kMiB,
+                                                          /*gpu_tier=*/false, Lockable(8 * kMiB)));
+  EXPECT_EQ(s.backing, ArenaBacking::kUnlocked);
+  EXPECT_THAT(s.warning, HasSubstr("RLIMIT_MEMLOCK (8.00 MiB) is below the host budget of "
+                                   "512.00 MiB"));
+  EXPECT_THAT(s.warning, HasSubstr("ulimit -l"));
+
+  // Within the limit, with CAP_IPC_LOCK, or with a GPU tier (CUDA-registered): as asked.
+  for (const auto& [budget, memory, gpu_tier] :
+       {std::tuple{8 * kMiB, Lockable(8 * kMiB), false},
+        std::tuple{512 * kMiB, Lockable(8 * kMiB, /*cap_ipc_lock=*/true), false},
+        std::tuple{512 * kMiB, Lockable(8 * kMiB), true}}) {
+    ASSERT_OK_AND_ASSIGN(s, ChooseStoreBacking(ArenaBacking::kAuto, budget, gpu_tier, memory));
+    EXPECT_EQ(s.backing, ArenaBacking::kAuto);
+    EXPECT_TRUE(s.warning.empty());
+  }
+}
+
+TEST(ChooseStoreBacking, AnExplicitMlockPastTheLimitIsRefusedUpFront) {
+  EXPECT_THAT(ChooseStoreBacking(ArenaBacking::kMlock, 512 * kMiB, false, Lockable(8 * kMiB)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("host budget of 512.00 MiB (536870912 bytes) is more than this "
+                                 "process may page-lock (RLIMIT_MEMLOCK 8388608 bytes")));
+  ASSERT_OK_AND_ASSIGN(StoreBacking s, ChooseStoreBacking(ArenaBacking::kMlock, 8 * kMiB, false,
+                                                          Lockable(8 * kMiB)));
+  EXPECT_EQ(s.backing, ArenaBacking::kMlock);
+  // What does not lock is kept as asked.
+  for (ArenaBacking b : {ArenaBacking::kUnlocked, ArenaBacking::kCudaRegistered}) {
+    ASSERT_OK_AND_ASSIGN(s, ChooseStoreBacking(b, 512 * kMiB, false, Lockable(8 * kMiB)));
+    EXPECT_EQ(s.backing, b);
+    EXPECT_TRUE(s.warning.empty());
+  }
 }
 
 }  // namespace
