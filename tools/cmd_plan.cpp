@@ -73,8 +73,8 @@ void PrintTable(const Plan& p) {
              fmt::format("{:.1f} B", per(p.memascend.peak_rss_bytes)),
              fmt::format("{:.1f} B", per(p.zero.peak_rss_bytes)));
   fmt::print("\npinned budget: {}\n", p.budget_holds_state
-                                          ? "holds a version and the gradients: only writes"
-                                          : "below a version and the gradients: state streams");
+                                          ? "holds the state and the gradients: only writes"
+                                          : "below the state and the gradients: it streams");
   fmt::print("  {}\n", p.budget_reason);
   fmt::print("peak RSS counts a fixed base of {} (--base-rss)\n", Gib(r.base_rss_bytes));
   fmt::print("GPU estimate (two groups and the activations in 16 bits): {}", Gib(p.gpu_bytes));

@@ -42,8 +42,8 @@
 // step every rank holds, keep two versions (in_place false).
 //
 // Note [train state versions]: with in_place false, parameters, master weights and
-// moments exist in two versions on the volume. A step reads version v and writes version 1 - v; only after
-// every tensor of the new version is durable (TensorStore::Flush) is the commit record
+// moments exist in two versions on the volume. A step reads version v and writes version 1 - v;
+// only after every tensor of the new version is durable (TensorStore::Flush) is the commit record
 // (step, version, Adam step, loss scaler, the caller's fingerprint and bytes) written, as
 // one journaled object. A process killed at any moment therefore resumes from the last
 // committed step with a consistent state. Gradients are scratch: written in the backward
@@ -57,8 +57,8 @@
 // back to the previous record by rewriting it as the last, so no record ever names a
 // version that a later commit overwrites.
 //
-// Note [bounded staging] (two versions): the tensor store writes evicted dirty tensors back as staged
-// objects (Note [staged puts] in volume.h), whose extents the volume holds beside the ones
+// Note [bounded staging] (two versions): the tensor store writes evicted dirty tensors back as
+// staged objects (Note [staged puts] in volume.h), whose extents the volume holds beside the ones
 // they replace until the next Sync; committing only at Commit would need room for a whole
 // version more. So at a step's first write of the next version the last record is written
 // as the previous one first (Note [previous commit]: then no record names the version being
@@ -362,8 +362,8 @@ class VersionedTrainingState final : public TrainingStateStorage {
   static std::uint64_t StoredBytes(const StateLayout& layout, bool in_place = true);
   // Note [volume size]: the size of a file volume for the layout: StoredBytes, what is
   // staged in flight (max_staged_bytes and a part's tensors, at most a whole version),
-  // the journal Volume::Format makes for that size, and a margin of 1/256 and 16 MiB for
-  // the records and fragmentation. Never twice the state.
+  // the journal Volume::Format makes for that size (1/512), and 16 MiB for the records.
+  // Never twice the state. In place and bf16: 16 bytes per parameter and about 300 MiB.
   static std::uint64_t VolumeBytes(const StateLayout& layout,
                                    const VersionedTrainingStateOptions& options = {});
   // Of that, the data region the state needs: StoredBytes and what is staged in flight.

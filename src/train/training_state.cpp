@@ -423,12 +423,12 @@ struct VersionedTrainingState::Impl {
   bool previous_written = false;
   // Note [state in place]: the parts in layout order, and the step being updated.
   std::vector<std::pair<std::size_t, std::size_t>> order;
-  std::uint64_t state_bytes = 0;       // of every part's kinds but the gradient
-  std::optional<StepIntent> intent;    // the step being updated, once BeginUpdate ran
-  bool batched = false;                // its parts are committed in batches
-  std::size_t done = 0;                // parts updated, in order
-  std::size_t batch_from = 0;          // the first part not yet committed
-  std::uint64_t since_batch = 0;       // bytes of the parts updated since
+  std::uint64_t state_bytes = 0;             // of every part's kinds but the gradient
+  std::optional<StepIntent> intent;          // the step being updated, once BeginUpdate ran
+  bool batched = false;                      // its parts are committed in batches
+  std::size_t done = 0;                      // parts updated, in order
+  std::size_t batch_from = 0;                // the first part not yet committed
+  std::uint64_t since_batch = 0;             // bytes of the parts updated since
   std::optional<UnfinishedStep> unfinished;  // found by Resume
 
   std::uint64_t PartBytes(const StateLayout& l, std::size_t g, std::size_t part) const {
@@ -518,7 +518,10 @@ std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
   // Volume::Format's journal: capacity / 512 in [2 MiB, 256 MiB].
   const std::uint64_t journal =
       std::clamp<std::uint64_t>(data / 511, std::uint64_t{2} << 20, std::uint64_t{256} << 20);
-  return (data + journal + data / 256 + (std::uint64_t{16} << 20) + kUnit - 1) / kUnit * kUnit;
+  // The records' room (a commit record holds up to 1 MiB of the caller's bytes, and the
+  // progress object as much again); free space cannot fragment a part (an object may take
+  // up to kMaxExtents extents).
+  return (data + journal + (std::uint64_t{16} << 20) + kUnit - 1) / kUnit * kUnit;
 }
 
 absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::Open(
@@ -639,8 +642,8 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
           spec.shape = {static_cast<std::int64_t>(end - begin)};
           spec.use = UseOf(k);
           // In place, the gradients are the redo record: durable (Note [state in place]).
-          spec.durability = versions(k) == 2 || options.in_place ? Durability::kDurable
-                                                                 : Durability::kScratch;
+          spec.durability =
+              versions(k) == 2 || options.in_place ? Durability::kDurable : Durability::kScratch;
           MEMASCEND_ASSIGN_OR_RETURN(TensorId id, store->Register(spec));
           ids[g].push_back(id);
         }
@@ -814,8 +817,7 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
 }
 
 // Writes back a part's gradient, or every other kind of it.
-absl::Status VersionedTrainingState::WriteBackPart(std::size_t g, std::size_t part,
-                                                   bool gradient) {
+absl::Status VersionedTrainingState::WriteBackPart(std::size_t g, std::size_t part, bool gradient) {
   for (StateKind k : kKinds) {
     if ((k == StateKind::kGradient) != gradient || !layout_.Stored(k, g)) continue;
     MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
@@ -846,10 +848,9 @@ absl::Status VersionedTrainingState::CommitBatch() {
   for (std::size_t i = m.batch_from; i < m.done; ++i)
     MEMASCEND_RETURN_IF_ERROR(WriteBackPart(m.order[i].first, m.order[i].second, false));
   const std::string bytes = EncodeProgress(*m.intent, m.done);
-  MEMASCEND_RETURN_IF_ERROR(
-      m.volume->PutStaged(ProgressName(), {reinterpret_cast<const std::byte*>(bytes.data()),
-                                           bytes.size()},
-                          kProgressMetadata));
+  MEMASCEND_RETURN_IF_ERROR(m.volume->PutStaged(
+      ProgressName(), {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},
+      kProgressMetadata));
   MEMASCEND_RETURN_IF_ERROR(m.volume->Sync());
   m.batch_from = m.done;
   m.since_batch = 0;
@@ -877,8 +878,8 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
     if (m.unfinished.has_value())
       return absl::FailedPreconditionError("training state: the torn step is not finished first");
     if (m.intent.has_value() && m.done != m.order.size()) {
-      return absl::FailedPreconditionError(
-          fmt::format("training state: commit with {} of {} parts updated", m.done, m.order.size()));
+      return absl::FailedPreconditionError(fmt::format(
+          "training state: commit with {} of {} parts updated", m.done, m.order.size()));
     }
     m.intent.reset();
     record.version = 0;
@@ -973,7 +974,8 @@ absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
     if (info.ok()) {
       std::string bytes(info->size, '\0');
       MEMASCEND_RETURN_IF_ERROR(
-          impl_->volume->Get(ProgressName(), {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
+          impl_->volume
+              ->Get(ProgressName(), {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
               .status());
       MEMASCEND_ASSIGN_OR_RETURN(UnfinishedStep u, DecodeProgress(bytes));
       const std::uint64_t step = last->first.step;
@@ -1001,8 +1003,8 @@ absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::ResumeAtMost
     if (last.has_value() && (last->step > step || (impl_->unfinished.has_value() &&
                                                    impl_->unfinished->intent.record.step > step))) {
       return absl::FailedPreconditionError(fmt::format(
-          "the volume's training state, updated in place, holds step {}{}, not step {}",
-          last->step, impl_->unfinished.has_value() ? " and a step it will finish" : "", step));
+          "the volume's training state, updated in place, holds step {}{}, not step {}", last->step,
+          impl_->unfinished.has_value() ? " and a step it will finish" : "", step));
     }
     return last;
   }

@@ -250,7 +250,7 @@ TEST(OffloadedTraining, AVolumeTooSmallIsRefusedAtOpen) {
   OffloadedTrainingOptions o = Options(path.path());
   ASSERT_OK_AND_ASSIGN(const StateLayout l, OffloadedTraining::LayoutOf(o));
   const std::uint64_t need = OffloadedTraining::RequiredVolumeBytes(l);
-  EXPECT_EQ(need, VersionedTrainingState::DataBytes(l));  // Note [volume size]
+  EXPECT_EQ(need, VersionedTrainingState::DataBytes(l));        // Note [volume size]
   EXPECT_LE(need, 2 * VersionedTrainingState::StoredBytes(l));  // never more than twice
   // A new file of a given size: refused, and the file it made is gone.
   o.volume_bytes = need / 2;

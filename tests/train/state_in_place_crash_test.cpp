@@ -35,7 +35,8 @@ constexpr std::size_t kPart = std::size_t{1} << 16;
 
 StateLayout Layout() {
   StateLayout l;
-  l.groups = {{"embed", 3 * kPart + 5'000, false}, {"block", 2 * kPart, true}, {"head", 90'000, true}};
+  l.groups = {
+      {"embed", 3 * kPart + 5'000, false}, {"block", 2 * kPart, true}, {"head", 90'000, true}};
   l.param_dtype = DType::kBF16;
   l.grad_dtype = DType::kBF16;
   l.part_elements = kPart;
@@ -115,9 +116,9 @@ absl::Status Open(const std::string& path, std::uint64_t kill_at, Opened* r) {
   so.write_behind = true;
   so.defer_prefetches = true;
   MEMASCEND_ASSIGN_OR_RETURN(r->o.store, TensorStore::Open(r->o.volume.get(), so));
-  MEMASCEND_ASSIGN_OR_RETURN(r->o.state, VersionedTrainingState::Open(r->o.store.get(),
-                                                                      r->o.volume.get(), Layout(),
-                                                                      StateOptions()));
+  MEMASCEND_ASSIGN_OR_RETURN(
+      r->o.state,
+      VersionedTrainingState::Open(r->o.store.get(), r->o.volume.get(), Layout(), StateOptions()));
   r->threads = std::make_unique<KernelThreads>(2);
   MEMASCEND_ASSIGN_OR_RETURN(
       r->adam, OffloadedAdam::Create(r->o.state.get(), AdamOptions(), r->threads.get()));
@@ -140,7 +141,8 @@ absl::Status Step(OffloadedAdam* adam, std::uint64_t step) {
     const auto f = Gradient(l.groups[g].elements, g, step);
     for (std::size_t p = 0; p < l.Parts(g); ++p) {
       const auto [begin, end] = l.PartRange(g, p);
-      MEMASCEND_RETURN_IF_ERROR(adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
+      MEMASCEND_RETURN_IF_ERROR(
+          adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
     }
   }
   MEMASCEND_ASSIGN_OR_RETURN(StepPlan plan, adam->EndBackward());
@@ -173,8 +175,8 @@ void ExpectSame(TrainingStateStorage* got, TrainingStateStorage* want, std::uint
   const StateLayout& l = got->layout();
   for (std::size_t g = 0; g < l.groups.size(); ++g) {
     for (std::size_t p = 0; p < l.Parts(g); ++p) {
-      for (StateKind k : {StateKind::kParameters, StateKind::kMaster, StateKind::kExpAvg,
-                          StateKind::kExpAvgSq}) {
+      for (StateKind k :
+           {StateKind::kParameters, StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
         if (!l.Stored(k, g)) continue;
         ASSERT_OK_AND_ASSIGN(StateBuffer a, got->Read(k, g, p, false));
         ASSERT_OK_AND_ASSIGN(StateBuffer b, want->Read(k, g, p, false));
@@ -217,8 +219,7 @@ TEST(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
   Reference ref;
   ASSERT_OK_AND_ASSIGN(ref.state, InMemoryTrainingState::Create(Layout()));
   KernelThreads threads(2);
-  ASSERT_OK_AND_ASSIGN(ref.adam,
-                       OffloadedAdam::Create(ref.state.get(), AdamOptions(), &threads));
+  ASSERT_OK_AND_ASSIGN(ref.adam, OffloadedAdam::Create(ref.state.get(), AdamOptions(), &threads));
   ASSERT_OK(Start(ref.adam.get()));
   std::uint64_t ref_step = 0;
 

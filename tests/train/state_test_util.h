@@ -36,9 +36,8 @@ inline absl::Status OpenState(const std::string& path, std::uint64_t format_byte
   }
   MEMASCEND_ASSIGN_OR_RETURN(o->volume, Volume::Open(path, {}));
   MEMASCEND_ASSIGN_OR_RETURN(o->store, TensorStore::Open(o->volume.get(), store_options));
-  MEMASCEND_ASSIGN_OR_RETURN(o->state,
-                             VersionedTrainingState::Open(o->store.get(), o->volume.get(), layout,
-                                                          state_options));
+  MEMASCEND_ASSIGN_OR_RETURN(o->state, VersionedTrainingState::Open(o->store.get(), o->volume.get(),
+                                                                    layout, state_options));
   return absl::OkStatus();
 }
 
