@@ -1,4 +1,5 @@
 """memascend.torch against torch.optim.AdamW, on the small GPT of gpt.py."""
+import gc
 import os
 import subprocess
 import sys
@@ -420,6 +421,30 @@ def test_a_tied_parameter_used_after_its_update_is_not_read_back(tmp_path):
     ref_opt = offloaded(tmp_path, ref, name="ref.vol", host_budget=1 << 30)
     assert train(ref, ref_opt, steps=4) == losses
     ref_opt.close()
+
+
+def test_a_step_under_offload_parameters_leaves_no_tensor_to_the_cycle_collector(tmp_path):
+    # The hooks' wrapper of a module's inputs and outputs made reference cycles (recursive
+    # closures) that kept them, every module's activations, alive past the backward pass
+    # until Python's cyclic collector ran: 22 MiB at the end of a step of the 27.4 M
+    # benchmark, and its peak RSS over issue 43's target. Refcounting alone frees them now.
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, host_budget=1 << 30)
+    mt.offload_parameters(model, opt)
+    train(model, opt, steps=1)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        train(model, opt, steps=3, first=1)
+        gc.collect()
+        kept = [tuple(o.shape) for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert kept == []
+    opt.close()
 
 
 def test_a_view_kept_past_its_use_keeps_its_block(tmp_path):
