@@ -5,7 +5,7 @@
 
 Trains tests/python/gpt.py's GPT (plain PyTorch, fp32, batch 2, seq 128) at two sizes,
 30m (vocab 16384, d 512, 6 layers: 27.4 M parameters) and 100m (vocab 32768, d 768,
-10 layers: 96.0 M), in three configurations:
+10 layers: 96.1 M), in three configurations:
 
   adamw        torch.optim.AdamW, everything in memory (the baseline)
   offloaded    OffloadedAdamW: master weights and moments in its store, on a volume file

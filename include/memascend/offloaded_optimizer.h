@@ -288,7 +288,7 @@ class OffloadedAdam {
   absl::Status UpdateGroup(std::size_t group, MutableTensorView params_out = {});
   // Every group in order (or the storage's own update), calling `after_group` after each.
   absl::Status UpdateAll(const std::function<void(std::size_t)>& after_group = {});
-  // Sets a group's lr and weight decay for the steps planned after this call.
+  // Sets a group's lr and weight decay for the steps planned (EndBackward) after this call.
   absl::Status SetGroupOptions(std::size_t group, const AdamGroupOptions& options);
 
   // ---- the parameters
@@ -343,7 +343,8 @@ class OffloadedAdam {
   struct Pending {
     AdamConfig adam;
     double lr_factor = 1;
-    std::size_t next_group = 0;  // groups updated so far
+    std::vector<AdamGroupOptions> groups;  // each group's lr and weight decay, as planned
+    std::size_t next_group = 0;            // groups updated so far
     bool begun = false;          // the storage was told (TrainingStateStorage::BeginUpdate)
     std::size_t skip_parts = 0;  // parts, in layout order, a torn step finished already
   };

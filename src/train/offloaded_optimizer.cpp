@@ -239,8 +239,8 @@ std::string OffloadedAdam::EncodeRedo() const {
   Put(&out, a.step);
   Put(&out, a.grad_multiplier);
   Put(&out, pending_->lr_factor);
-  Put(&out, static_cast<std::uint64_t>(groups_.size()));
-  for (const AdamGroupOptions& g : groups_) {
+  Put(&out, static_cast<std::uint64_t>(pending_->groups.size()));
+  for (const AdamGroupOptions& g : pending_->groups) {
     Put(&out, g.lr);
     Put(&out, g.weight_decay);
   }
@@ -267,7 +267,8 @@ absl::Status OffloadedAdam::FinishTornStep() {
         torn.intent.record.step, torn.intent.redo.size(), groups_.size()));
   }
   a.adamw = adamw != 0;
-  for (AdamGroupOptions& g : groups_) {
+  p.groups.resize(groups);
+  for (AdamGroupOptions& g : p.groups) {
     Get(&in, &g.lr);
     Get(&in, &g.weight_decay);
   }
@@ -465,6 +466,7 @@ absl::StatusOr<StepPlan> OffloadedAdam::EndBackward(double lr_factor) {
   p.adam.adamw = o_.adamw;
   p.adam.lr = static_cast<float>(static_cast<double>(groups_[0].lr) * lr_factor);
   p.adam.weight_decay = groups_[0].weight_decay;
+  p.groups = groups_;  // the planned step's, whatever SetGroupOptions does before its update
   p.adam.step = adam_step_ + 1;
   p.adam.grad_multiplier = ClipCoefficient(plan.grad_norm, o_.max_grad_norm) / scale_;
   p.lr_factor = lr_factor;
@@ -564,8 +566,8 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
   }
   if (g == 0) ContinueReadAhead();
   AdamConfig adam = pending_->adam;
-  adam.lr = static_cast<float>(static_cast<double>(groups_[g].lr) * pending_->lr_factor);
-  adam.weight_decay = groups_[g].weight_decay;
+  adam.lr = static_cast<float>(static_cast<double>(pending_->groups[g].lr) * pending_->lr_factor);
+  adam.weight_decay = pending_->groups[g].weight_decay;
   const bool derived = !l.Stored(StateKind::kParameters, g);
   const bool out = params_out.data != nullptr;
   for (std::size_t part = 0; part < l.Parts(g); ++part) {

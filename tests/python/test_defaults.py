@@ -10,7 +10,6 @@ import tempfile
 import pytest
 import torch
 
-import memascend
 import memascend.torch as mt
 from memascend import _core, errors
 

@@ -58,6 +58,7 @@ def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
     again = launch(tmp_path, 2, 8, vol, tmp_path / "again.pt", ["--resume"])
     assert all(rc == 0 for _, _, rc in again), again
     whole = launch(tmp_path, 2, 8, str(tmp_path / "w.{rank}.vol"), tmp_path / "whole.pt")
+    assert all(rc == 0 for _, _, rc in whole), whole
     a, b = torch.load(tmp_path / "again.pt"), torch.load(tmp_path / "whole.pt")
     assert sorted(a["losses"]) == [5, 6, 7, 8]
     for s in a["losses"]:
