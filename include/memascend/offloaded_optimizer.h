@@ -26,6 +26,12 @@
 // and an overflow skips the step. An outside scaler's gradients: BeginBackward's
 // `gradient_scale`.
 //
+// Note [failed update]: an update that fails part-way (an I/O error, a full budget) is
+// not run again: UpdateGroup, UpdateAll and Commit then refuse (kFailedPrecondition with
+// the first error), since parts updated in place would be updated twice. The storage
+// keeps what is whole (Note [state in place]: the parts updated so far are committed as a
+// torn step when it closes), and a reopened state resumes it.
+//
 // Note [commit durability]: Commit(step) returns once the step is durable (a process
 // killed right after resumes at `step`); CommitAsync(step) starts the same commit in the
 // background (Note [background commit] in training_state.h) and returns a CommitTicket
@@ -313,6 +319,8 @@ class OffloadedAdam {
                 KernelThreads* threads);
   absl::Status KeepState();
   absl::Status FinishTornStep();
+  absl::Status UpdateParts(std::size_t g, const AdamConfig& adam, MutableTensorView params_out);
+  absl::Status FailedUpdate() const;
   std::string EncodeRedo() const;
   // The update in progress has written group g's next version (not yet committed).
   bool Updated(std::size_t g) const noexcept {
@@ -346,6 +354,7 @@ class OffloadedAdam {
     std::vector<AdamGroupOptions> groups;  // each group's lr and weight decay, as planned
     std::size_t next_group = 0;            // groups updated so far
     bool begun = false;          // the storage was told (TrainingStateStorage::BeginUpdate)
+    std::string failed;          // Note [failed update]: why the update stopped part-way
     std::size_t skip_parts = 0;  // parts, in layout order, a torn step finished already
   };
   std::optional<Pending> pending_;

@@ -37,9 +37,19 @@
 // from their gradients with the intent's settings (a part's update depends on nothing
 // else) and commits it as the intent says: the resumed run is the uninterrupted one, bit
 // for bit. The store's own commit on a full volume is off (Note [commit when full] in
-// tensor_store.h): only these commits happen. Every step must be committed before the
-// next one's update (as in two versions). Data-parallel ranks, which must resume at a
-// step every rank holds, keep two versions (in_place false).
+// tensor_store.h): only these commits happen, so such a state does not share its volume
+// (share_volume is refused). Outside a step, writes staged past the bound (the backward
+// pass's gradients; Initialize, WriteState) are committed as they go; a step's writes
+// (Update, Overwrite of the next version) before BeginUpdate are refused. A step commits
+// as the last commit's step plus one (what Resume commits a torn step as, with the last
+// commit's user bytes), before the next one's update. Every commit also stages a progress
+// object of no step in progress, so an earlier one is never taken for a torn step. A state
+// destroyed part-way through a step (an error, a caller that stopped) commits the parts
+// updated so far with their progress object first, for Resume to finish. The redo gives
+// the uninterrupted run's bits on the same kernels (the same machine: FusedAdam's vector
+// paths are chosen by the CPU). A volume whose record is of two versions (an earlier
+// release) is opened in two versions. Data-parallel ranks, which must resume at a step
+// every rank holds, keep two versions (in_place false).
 //
 // Note [train state versions]: with in_place false, parameters, master weights and
 // moments exist in two versions on the volume. A step reads version v and writes version 1 - v;
@@ -376,7 +386,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   std::string PreviousName() const;
   std::string ProgressName() const;
   absl::Status WritingNext();
-  absl::Status WritingInPlace(StateKind k);
+  absl::Status WritingInPlace(StateKind k, bool step_write);
   absl::Status CommitBatch();
   absl::Status WriteBackPart(std::size_t g, std::size_t part, bool gradient);
   absl::Status PutRecord(const std::string& name, const std::string& bytes);

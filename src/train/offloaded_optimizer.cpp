@@ -284,7 +284,16 @@ absl::Status OffloadedAdam::Commit(std::uint64_t step, std::string_view user) {
   return ticket.Wait();
 }
 
+absl::Status OffloadedAdam::FailedUpdate() const {
+  return absl::FailedPreconditionError(fmt::format(
+      "adam: the update of this step failed part-way ({}); it is not run again here: reopen "
+      "the state and resume (the volume holds the last commit, or the step for Resume to "
+      "finish)",
+      pending_->failed));
+}
+
 absl::StatusOr<CommitTicket> OffloadedAdam::CommitAsync(std::uint64_t step, std::string_view user) {
+  if (pending_.has_value() && !pending_->failed.empty()) return FailedUpdate();
   const bool update = pending_.has_value();
   if (update && pending_->next_group < layout().groups.size()) {
     return absl::FailedPreconditionError(fmt::format("adam: commit with {} of {} groups updated",
@@ -546,6 +555,7 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
   const StateLayout& l = layout();
   if (!pending_.has_value())
     return absl::FailedPreconditionError("adam: no update planned (EndBackward first)");
+  if (!pending_->failed.empty()) return FailedUpdate();
   if (g != pending_->next_group) {
     return absl::FailedPreconditionError(fmt::format(
         "adam: group {} updated out of order (group {} is next)", g, pending_->next_group));
@@ -568,6 +578,18 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
   AdamConfig adam = pending_->adam;
   adam.lr = static_cast<float>(static_cast<double>(pending_->groups[g].lr) * pending_->lr_factor);
   adam.weight_decay = pending_->groups[g].weight_decay;
+  // Note [failed update]: parts updated in place are not updated twice.
+  if (absl::Status s = UpdateParts(g, adam, params_out); !s.ok()) {
+    pending_->failed = std::string(s.message());
+    return s;
+  }
+  ++pending_->next_group;
+  return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::UpdateParts(std::size_t g, const AdamConfig& adam,
+                                        MutableTensorView params_out) {
+  const StateLayout& l = layout();
   const bool derived = !l.Stored(StateKind::kParameters, g);
   const bool out = params_out.data != nullptr;
   for (std::size_t part = 0; part < l.Parts(g); ++part) {
@@ -578,6 +600,10 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
     {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer grad,
                                  storage_->Read(StateKind::kGradient, g, part, false));
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master, storage_->Update(StateKind::kMaster, g, part));
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Update(StateKind::kExpAvg, g, part));
+      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer v, storage_->Update(StateKind::kExpAvgSq, g, part));
+      // The parameters last: a block taken for overwrite holds no value until the update.
       // A derived group's new parameters go to the caller's buffer only, if anywhere.
       StateBuffer param;
       if (!derived) {
@@ -586,12 +612,11 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
       } else if (out) {
         param.data = derived_.data();
       }
-      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master, storage_->Update(StateKind::kMaster, g, part));
-      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Update(StateKind::kExpAvg, g, part));
-      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer v, storage_->Update(StateKind::kExpAvgSq, g, part));
       MEMASCEND_RETURN_IF_ERROR(FusedAdam(adam, master.as<float>(), m.as<float>(), v.as<float>(),
                                           {grad.data, n, l.grad_dtype},
                                           {param.data, n, l.param_dtype}, K()));
+      // Every kind of the part holds the new step: the storage may commit it now.
+      MEMASCEND_RETURN_IF_ERROR(storage_->PartUpdated(g, part));
       if (out) {
         MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
             {param.data, n, l.param_dtype},
@@ -601,9 +626,7 @@ absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_
       }
     }
     MEMASCEND_RETURN_IF_ERROR(storage_->Discard(StateKind::kGradient, g, part));
-    MEMASCEND_RETURN_IF_ERROR(storage_->PartUpdated(g, part));
   }
-  ++pending_->next_group;
   return absl::OkStatus();
 }
 

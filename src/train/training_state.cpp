@@ -431,11 +431,14 @@ struct VersionedTrainingState::Impl {
   std::uint64_t since_batch = 0;             // bytes of the parts updated since
   std::optional<UnfinishedStep> unfinished;  // found by Resume
 
+  // A part's kinds but the gradient, in the volume's 64 KiB units (what staging them takes).
   std::uint64_t PartBytes(const StateLayout& l, std::size_t g, std::size_t part) const {
+    constexpr std::uint64_t kUnit = 64 * 1024;
     const auto [begin, end] = l.PartRange(g, part);
     std::uint64_t b = 0;
     for (StateKind k : kKinds) {
-      if (k != StateKind::kGradient && l.Stored(k, g)) b += (end - begin) * l.ElementBytes(k);
+      if (k != StateKind::kGradient && l.Stored(k, g))
+        b += ((end - begin) * l.ElementBytes(k) + kUnit - 1) / kUnit * kUnit;
     }
     return b;
   }
@@ -526,16 +529,34 @@ std::uint64_t VersionedTrainingState::VolumeBytes(const StateLayout& layout,
 
 absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::Open(
     TensorStore* store, ObjectStore* volume, const StateLayout& layout,
-    const VersionedTrainingStateOptions& options) {
+    const VersionedTrainingStateOptions& requested) {
   if (store == nullptr || volume == nullptr)
     return absl::InvalidArgumentError("versioned training state: null store or volume");
   MEMASCEND_RETURN_IF_ERROR(layout.Validate());
+  if (requested.record_name.empty())
+    return absl::InvalidArgumentError("versioned training state: empty record name");
+  if (requested.in_place && requested.share_volume) {
+    return absl::InvalidArgumentError(
+        "versioned training state: a state updated in place orders its volume's commits "
+        "(Note [state in place]) and cannot share the volume: in_place false, or a volume "
+        "of its own");
+  }
+  VersionedTrainingStateOptions options = requested;
+  if (options.in_place) {
+    // A volume written in two versions (an earlier release, or a state opened so) goes on
+    // in two versions: its record says which, by its layout id.
+    if (auto info = volume->Stat(options.record_name); info.ok()) {
+      std::string bytes(info->size, '\0');
+      auto got = volume->Get(options.record_name,
+                             {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
+      auto r = got.ok() ? DecodeCommitRecord(bytes) : absl::StatusOr<CommitRecord>(got.status());
+      if (r.ok() && r->layout == LayoutId(layout, false)) options.in_place = false;
+    }
+  }
   auto impl = std::make_unique<Impl>();
   impl->store = store;
   impl->volume = volume;
   impl->options = options;
-  if (options.record_name.empty())
-    return absl::InvalidArgumentError("versioned training state: empty record name");
   // Note [state ownership]: one state of a record name per volume in this process, and,
   // unless shared, no other state's record or tensors on the volume.
   OpenStates& registry = Registry();
@@ -618,7 +639,8 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
       // is gone); this record's state of another layout takes its tensors with it.
       if (std::find(foreign.begin(), foreign.end(), options.record_name) != foreign.end()) {
         for (const ObjectInfo& o : volume->List()) {
-          if (ours.count(o.name)) foreign.push_back(o.name);
+          if (ours.count(o.name) || o.name == options.record_name + ".step")
+            foreign.push_back(o.name);
         }
       }
       for (const std::string& name : foreign) MEMASCEND_RETURN_IF_ERROR(volume->Delete(name));
@@ -715,11 +737,20 @@ absl::Status VersionedTrainingState::WritingNext() {
 // Note [state in place]: what waits for a write in place. The previous commit, always; in
 // the backward pass, a commit of the gradients written back past the bound (the state on
 // the volume is whole at the last commit, so committing gradients then is safe).
-absl::Status VersionedTrainingState::WritingInPlace(StateKind k) {
+// Outside a step (the gradients of the backward pass; Initialize and WriteState), writes
+// staged past the bound are committed too; a step's own writes (Update, Overwrite of the
+// next version) come between BeginUpdate and Commit only, whose commits the state orders.
+absl::Status VersionedTrainingState::WritingInPlace(StateKind k, bool step_write) {
   MEMASCEND_RETURN_IF_ERROR(Settle());
   Impl& m = *impl_;
-  if (k == StateKind::kGradient && !m.intent.has_value() && m.options.max_staged_bytes != 0 &&
-      m.volume->staged_bytes() > m.options.max_staged_bytes)
+  if (m.intent.has_value()) return absl::OkStatus();
+  if (step_write) {
+    return absl::FailedPreconditionError(fmt::format(
+        "training state: {} written as a step's update before BeginUpdate: a state updated in "
+        "place is updated through BeginUpdate and PartUpdated (OffloadedAdam does so)",
+        ToString(k)));
+  }
+  if (m.options.max_staged_bytes != 0 && m.volume->staged_bytes() > m.options.max_staged_bytes)
     return m.volume->Sync();
   return absl::OkStatus();
 }
@@ -727,7 +758,7 @@ absl::Status VersionedTrainingState::WritingInPlace(StateKind k) {
 absl::StatusOr<StateBuffer> VersionedTrainingState::Overwrite(StateKind k, std::size_t g,
                                                               std::size_t part, bool next) {
   if (impl_->options.in_place) {
-    MEMASCEND_RETURN_IF_ERROR(WritingInPlace(k));
+    MEMASCEND_RETURN_IF_ERROR(WritingInPlace(k, next && k != StateKind::kGradient));
   } else if (next) {
     MEMASCEND_RETURN_IF_ERROR(WritingNext());
   }
@@ -739,7 +770,7 @@ absl::StatusOr<StateBuffer> VersionedTrainingState::Overwrite(StateKind k, std::
 absl::StatusOr<StateBuffer> VersionedTrainingState::Update(StateKind k, std::size_t g,
                                                            std::size_t part) {
   if (impl_->options.in_place) {
-    MEMASCEND_RETURN_IF_ERROR(WritingInPlace(k));
+    MEMASCEND_RETURN_IF_ERROR(WritingInPlace(k, true));
     MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
     MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->AcquireForWrite(id));
     return Wrap(std::move(lease));
@@ -805,7 +836,11 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   }
   m.intent = std::move(i);
   m.batched = m.options.max_staged_bytes != 0 && m.state_bytes > m.options.max_staged_bytes;
-  if (!m.batched) return absl::OkStatus();
+  if (!m.batched) {
+    // The gradients the backward pass staged are committed now (no part is written yet):
+    // the commit then stages the state alone, within the bound.
+    return m.volume->staged_bytes() > 0 ? m.volume->Sync() : absl::OkStatus();
+  }
   // The redo record: every gradient durable before any part of the step is written back,
   // committed in batches of the bound (the parts on the volume are still whole).
   for (std::size_t n = m.done; n < m.order.size(); ++n) {
@@ -881,15 +916,28 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
       return absl::FailedPreconditionError(fmt::format(
           "training state: commit with {} of {} parts updated", m.done, m.order.size()));
     }
+    if (m.intent.has_value() && r.step != m.intent->record.step) {
+      return absl::FailedPreconditionError(fmt::format(
+          "training state: an update in place commits as step {} (the last commit's plus "
+          "one, as Resume finishes a torn step), not {}",
+          m.intent->record.step, r.step));
+    }
     m.intent.reset();
     record.version = 0;
     record.layout = LayoutId(layout_, true);
-    // The record is staged and committed with the last write-backs: one journal commit.
+    // The record is staged and committed with the last write-backs, in one journal commit,
+    // with a progress object of no step in progress (any earlier one is then stale).
     impl_->committer = std::thread([this, record = std::move(record)] {
       std::string bytes = EncodeCommitRecord(record);
+      const std::string progress = EncodeProgress({record, {}}, 0);
       absl::Status s = impl_->volume->PutStaged(
-          impl_->options.record_name,
-          {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, kRecordMetadata);
+          ProgressName(), {reinterpret_cast<const std::byte*>(progress.data()), progress.size()},
+          kProgressMetadata);
+      if (s.ok()) {
+        s = impl_->volume->PutStaged(
+            impl_->options.record_name,
+            {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, kRecordMetadata);
+      }
       if (s.ok()) s = impl_->store->Flush();
       if (s.ok()) impl_->last_record = std::move(bytes);
       impl_->commit_status = std::move(s);
@@ -978,17 +1026,13 @@ absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
               ->Get(ProgressName(), {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
               .status());
       MEMASCEND_ASSIGN_OR_RETURN(UnfinishedStep u, DecodeProgress(bytes));
-      const std::uint64_t step = last->first.step;
-      if (u.intent.record.step > step + 1 || u.parts_done > impl_->order.size() ||
-          u.intent.record.layout != LayoutId(layout_, true) ||
-          u.intent.record.fingerprint != fingerprint) {
-        return absl::DataLossError(fmt::format(
-            "the volume's training state is at step {}, but its progress object names step {} "
-            "({} of {} parts) of {}: not this state's next step",
-            step, u.intent.record.step, u.parts_done, impl_->order.size(),
-            u.intent.record.fingerprint != fingerprint ? "another run" : "this run"));
-      }
-      if (u.intent.record.step == step + 1 && u.parts_done > 0) impl_->unfinished = std::move(u);
+      // Torn: this run's and layout's, the step after the last commit, some parts done.
+      // Anything else is stale (a step since committed, or a state since replaced).
+      if (u.intent.record.step == last->first.step + 1 && u.parts_done > 0 &&
+          u.parts_done <= impl_->order.size() &&
+          u.intent.record.layout == LayoutId(layout_, true) &&
+          u.intent.record.fingerprint == fingerprint)
+        impl_->unfinished = std::move(u);
     } else if (info.status().code() != absl::StatusCode::kNotFound) {
       return info.status();
     }

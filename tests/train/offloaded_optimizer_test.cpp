@@ -275,6 +275,112 @@ TEST(OffloadedAdam, AStepTornInPlaceIsFinishedOnResume) {
     for (int step = 1; step <= 5; ++step) ref.Step(step, step, 1024.0f);
     ExpectState(off.state.get(), ref);
   }
+  // A torn step's progress object does not outlive a state started over on its volume.
+  ScratchPath path("offloaded_adam_torn_restart");
+  KernelThreads threads(2);
+  Reference ref(l, Options());
+  {
+    Offloaded off(l, true, path.path());
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+    ASSERT_OK(Start(adam.get(), ref));
+    ASSERT_OK(FeedGradients(adam.get(), 1));
+    ASSERT_OK(adam->EndBackward().status());
+    ASSERT_OK(adam->UpdateGroup(0));  // torn at step 1
+  }
+  {
+    Offloaded off(l, false, path.path());
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+    ASSERT_OK(Start(adam.get(), ref));  // started over, not resumed: step 0 again
+  }
+  Offloaded off(l, false, path.path());
+  ASSERT_OK_AND_ASSIGN(auto at, off.state->Resume(99));
+  EXPECT_EQ(at->step, 0u);
+  EXPECT_FALSE(off.state->Unfinished().has_value());
+}
+
+// A storage whose one Update of a given part fails: the rest is the state's.
+class FailingOnce final : public TrainingStateStorage {
+ public:
+  FailingOnce(TrainingStateStorage* s, std::size_t g, std::size_t part)
+      : s_(s), g_(g), part_(part) {}
+  const StateLayout& layout() const override { return s_->layout(); }
+  absl::StatusOr<StateBuffer> Read(StateKind k, std::size_t g, std::size_t p, bool n) override {
+    return s_->Read(k, g, p, n);
+  }
+  absl::StatusOr<StateBuffer> Overwrite(StateKind k, std::size_t g, std::size_t p,
+                                        bool n) override {
+    return s_->Overwrite(k, g, p, n);
+  }
+  absl::StatusOr<StateBuffer> Update(StateKind k, std::size_t g, std::size_t p) override {
+    if (k == StateKind::kExpAvgSq && g == g_ && p == part_ && !failed_) {
+      failed_ = true;
+      return absl::UnavailableError("injected: the read of exp_avg_sq failed");
+    }
+    return s_->Update(k, g, p);
+  }
+  void Prefetch(StateKind k, std::size_t g, std::size_t p) override { s_->Prefetch(k, g, p); }
+  absl::Status Discard(StateKind k, std::size_t g, std::size_t p) override {
+    return s_->Discard(k, g, p);
+  }
+  absl::Status BeginUpdate(const StepIntent& i) override { return s_->BeginUpdate(i); }
+  absl::Status PartUpdated(std::size_t g, std::size_t p) override { return s_->PartUpdated(g, p); }
+  std::optional<UnfinishedStep> Unfinished() const override { return s_->Unfinished(); }
+  absl::Status Commit(const CommitRecord& r) override { return s_->Commit(r); }
+  absl::Status Settle() override { return s_->Settle(); }
+  absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t f) override {
+    return s_->Resume(f);
+  }
+
+ private:
+  TrainingStateStorage* s_;
+  std::size_t g_, part_;
+  bool failed_ = false;
+};
+
+// Note [failed update]: an update that fails part-way is not run again (its parts updated
+// in place would be updated twice); the state commits what it updated as a torn step when
+// it closes, and the reopened run finishes it. A step in place commits as the last plus one.
+TEST(OffloadedAdam, AnUpdateFailedPartWayIsNotRetriedAndResumeFinishesIt) {
+  const StateLayout l = Layout();
+  ScratchPath path("offloaded_adam_failed");
+  KernelThreads threads(2);
+  Reference ref(l, Options());
+  VersionedTrainingStateOptions vo;
+  vo.max_staged_bytes = 1 << 20;  // parts committed in batches
+  {
+    Offloaded off(l, true, path.path(), vo);
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+    ASSERT_OK(Start(adam.get(), ref));
+    ASSERT_OK(RunSteps(adam.get(), 1, 1));
+    // Step 2 numbered otherwise is refused before anything is committed.
+    ASSERT_OK(FeedGradients(adam.get(), 2));
+    ASSERT_OK(adam->EndBackward().status());
+    ASSERT_OK(adam->UpdateAll());
+    EXPECT_THAT(adam->Commit(7),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("commits as step 2")));
+    ASSERT_OK(adam->Commit(2));
+    FailingOnce failing(off.state.get(), 2, 1);  // the head's second part
+    ASSERT_OK_AND_ASSIGN(auto broken, OffloadedAdam::Create(&failing, Options(), &threads));
+    ASSERT_OK(broken->Resume().status());
+    ASSERT_OK(FeedGradients(broken.get(), 3));
+    ASSERT_OK(broken->EndBackward().status());
+    EXPECT_THAT(broken->UpdateAll(), StatusIs(absl::StatusCode::kUnavailable));
+    EXPECT_THAT(broken->UpdateGroup(2),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("failed part-way")));
+    EXPECT_THAT(broken->Commit(3),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("failed part-way")));
+  }
+  Offloaded off(l, false, path.path(), vo);
+  ASSERT_OK_AND_ASSIGN(auto at, off.state->Resume(99));
+  EXPECT_EQ(at->step, 2u);
+  ASSERT_TRUE(off.state->Unfinished().has_value());
+  EXPECT_EQ(off.state->Unfinished()->parts_done, 5u);  // all but the head's second part
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  ASSERT_OK_AND_ASSIGN(auto last, adam->Resume());
+  EXPECT_EQ(last->step, 3u);
+  ASSERT_OK(RunSteps(adam.get(), 4, 4));
+  for (int step = 1; step <= 4; ++step) ref.Step(step, step, 1024.0f);
+  ExpectState(off.state.get(), ref);
 }
 
 TEST(OffloadedAdam, AStateExportedAndImportedElsewhereContinuesAsTheOriginal) {

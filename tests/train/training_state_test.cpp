@@ -251,6 +251,45 @@ TEST(VersionedTrainingState, ResumingAtMostAStepGoesBackToThePreviousCommitWhole
   }
 }
 
+// Note [state in place]: a volume an earlier release wrote in two versions goes on in two
+// versions when opened with the default options; a step's write before BeginUpdate is
+// refused in place.
+TEST(VersionedTrainingState, ATwoVersionVolumeStaysInTwoVersionsAndInPlaceStepsNeedAnIntent) {
+  ScratchPath path("train_state_two_then_default");
+  const StateLayout layout = Layout();
+  {
+    Opened o;
+    Open(path.path(), layout, &o, true, /*in_place=*/false);
+    Fill(o.state.get(), StateKind::kMaster, 3.0f, false);
+    CommitRecord r;
+    r.fingerprint = 7;
+    ASSERT_OK(o.state->Commit(r));
+  }
+  {
+    Opened o;
+    Open(path.path(), layout, &o, false, /*in_place=*/true);
+    ASSERT_OK_AND_ASSIGN(auto last, o.state->Resume(7));
+    ASSERT_TRUE(last.has_value());
+    Expect(o.state.get(), StateKind::kMaster, 3.0f);
+    EXPECT_OK(o.state->Tensor(StateKind::kMaster, 0, 0, 1).status());  // both versions
+    ASSERT_OK_AND_ASSIGN(TensorId v0, o.state->Tensor(StateKind::kMaster, 0, 0, 0));
+    ASSERT_OK_AND_ASSIGN(TensorId v1, o.state->Tensor(StateKind::kMaster, 0, 0, 1));
+    EXPECT_NE(v0, v1);
+  }
+  ScratchPath fresh("train_state_in_place_intent");
+  Opened o;
+  Open(fresh.path(), layout, &o, true, /*in_place=*/true);
+  ASSERT_OK_AND_ASSIGN(TensorId v0, o.state->Tensor(StateKind::kMaster, 0, 0, 0));
+  ASSERT_OK_AND_ASSIGN(TensorId v1, o.state->Tensor(StateKind::kMaster, 0, 0, 1));
+  EXPECT_EQ(v0, v1);  // one tensor: both versions name it
+  EXPECT_THAT(o.state->Update(StateKind::kMaster, 0, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("BeginUpdate")));
+  EXPECT_THAT(o.state->Overwrite(StateKind::kParameters, 1, 0, true).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("BeginUpdate")));
+  Fill(o.state.get(), StateKind::kMaster, 1.0f, false);  // outside a step: Initialize's way
+  Expect(o.state.get(), StateKind::kMaster, 1.0f);
+}
+
 TEST(VersionedTrainingState, AnotherRunsOrAnotherLayoutsStateIsRefusedAndLeftAlone) {
   ScratchPath path("train_state_refuse");
   {
@@ -320,6 +359,10 @@ TEST(VersionedTrainingState, BadArgumentsAreRefused) {
   prefixed.tensor_prefix = "second.";
   prefixed.record_name = "second.record";
   prefixed.share_volume = true;
+  // A state in place orders its volume's commits: it shares the volume with no other.
+  EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot share the volume")));
+  prefixed.in_place = false;  // shared states keep two versions
   EXPECT_THAT(VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), prefixed),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already in use")));
   EXPECT_THAT(o.state->ReadOnDevice(StateKind::kParameters, 1, 0, {}),
@@ -331,6 +374,7 @@ TEST(VersionedTrainingState, BadArgumentsAreRefused) {
   ASSERT_OK_AND_ASSIGN(o.store, TensorStore::Open(o.volume.get(), so));
   VersionedTrainingStateOptions first;
   first.share_volume = true;
+  first.in_place = false;
   ASSERT_OK_AND_ASSIGN(
       auto a, VersionedTrainingState::Open(o.store.get(), o.volume.get(), Layout(), first));
   ASSERT_OK_AND_ASSIGN(
