@@ -65,6 +65,36 @@ bool Take(std::string_view* in, T* v) {
   return true;
 }
 
+// The body of `bytes` between its 8-byte magic and its trailing CRC-32C, both checked;
+// kDataLoss naming `what` otherwise.
+absl::StatusOr<std::string_view> CheckedBody(std::string_view bytes, const char (&magic)[8],
+                                             std::string_view what) {
+  const auto bad = [&](std::string_view why) {
+    return absl::DataLossError(
+        fmt::format("training-state {} ({} bytes) unreadable: {}", what, bytes.size(), why));
+  };
+  if (bytes.size() < sizeof(magic) + 4 || std::memcmp(bytes.data(), magic, sizeof(magic)) != 0)
+    return bad(fmt::format("not a {} (no magic)", what));
+  std::uint32_t crc = 0;
+  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
+  if (crc != util::Crc32c(bytes.data(), bytes.size() - 4)) return bad("checksum mismatch");
+  return bytes.substr(sizeof(magic), bytes.size() - sizeof(magic) - 4);
+}
+
+// The whole object `name` of `volume`; nullopt when there is none.
+absl::StatusOr<std::optional<std::string>> ReadObject(ObjectStore* volume,
+                                                      const std::string& name) {
+  auto info = volume->Stat(name);
+  if (!info.ok()) {
+    if (info.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
+    return info.status();
+  }
+  std::string bytes(info->size, '\0');
+  MEMASCEND_RETURN_IF_ERROR(
+      volume->Get(name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}).status());
+  return bytes;
+}
+
 }  // namespace
 
 std::string_view ToString(StateKind k) noexcept {
@@ -231,17 +261,12 @@ std::string EncodeCommitRecord(const CommitRecord& r) {
 }
 
 absl::StatusOr<CommitRecord> DecodeCommitRecord(std::string_view bytes) {
-  auto bad = [&](std::string_view why) {
+  const auto bad = [&](std::string_view why) {
     return absl::DataLossError(
         fmt::format("training-state commit record ({} bytes) unreadable: {}", bytes.size(), why));
   };
-  if (bytes.size() < sizeof(kRecordMagic) + 4 ||
-      std::memcmp(bytes.data(), kRecordMagic, sizeof(kRecordMagic)) != 0)
-    return bad("not a commit record (no magic)");
-  std::uint32_t crc = 0;
-  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
-  if (crc != util::Crc32c(bytes.data(), bytes.size() - 4)) return bad("checksum mismatch");
-  std::string_view in = bytes.substr(sizeof(kRecordMagic), bytes.size() - sizeof(kRecordMagic) - 4);
+  MEMASCEND_ASSIGN_OR_RETURN(std::string_view in,
+                             CheckedBody(bytes, kRecordMagic, "commit record"));
   CommitRecord r;
   std::uint32_t format = 0;
   std::int32_t version = 0, hysteresis = 0;
@@ -359,14 +384,8 @@ absl::StatusOr<UnfinishedStep> DecodeProgress(std::string_view bytes) {
     return absl::DataLossError(
         fmt::format("training-state progress object ({} bytes) unreadable: {}", bytes.size(), why));
   };
-  if (bytes.size() < sizeof(kProgressMagic) + 4 ||
-      std::memcmp(bytes.data(), kProgressMagic, sizeof(kProgressMagic)) != 0)
-    return bad("not a progress object (no magic)");
-  std::uint32_t crc = 0;
-  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
-  if (crc != util::Crc32c(bytes.data(), bytes.size() - 4)) return bad("checksum mismatch");
-  std::string_view in =
-      bytes.substr(sizeof(kProgressMagic), bytes.size() - sizeof(kProgressMagic) - 4);
+  MEMASCEND_ASSIGN_OR_RETURN(std::string_view in,
+                             CheckedBody(bytes, kProgressMagic, "progress object"));
   UnfinishedStep u;
   std::uint64_t done = 0, record = 0, redo = 0;
   if (!Take(&in, &done) || !Take(&in, &record) || record > in.size()) return bad("truncated");
@@ -545,11 +564,8 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
   if (options.in_place) {
     // A volume written in two versions (an earlier release, or a state opened so) goes on
     // in two versions: its record says which, by its layout id.
-    if (auto info = volume->Stat(options.record_name); info.ok()) {
-      std::string bytes(info->size, '\0');
-      auto got = volume->Get(options.record_name,
-                             {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
-      auto r = got.ok() ? DecodeCommitRecord(bytes) : absl::StatusOr<CommitRecord>(got.status());
+    if (auto bytes = ReadObject(volume, options.record_name); bytes.ok() && bytes->has_value()) {
+      auto r = DecodeCommitRecord(**bytes);
       if (r.ok() && r->layout == LayoutId(layout, false)) options.in_place = false;
     }
   }
@@ -978,15 +994,9 @@ absl::Status VersionedTrainingState::PutRecord(const std::string& name, const st
 // The record stored under `name` (nullopt when there is none), checked as Resume checks.
 absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>>
 VersionedTrainingState::ReadRecord(const std::string& name, std::uint64_t fingerprint) const {
-  auto info = impl_->volume->Stat(name);
-  if (!info.ok()) {
-    if (info.status().code() == absl::StatusCode::kNotFound) return std::nullopt;
-    return info.status();
-  }
-  std::string bytes(info->size, '\0');
-  MEMASCEND_RETURN_IF_ERROR(
-      impl_->volume->Get(name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
-          .status());
+  MEMASCEND_ASSIGN_OR_RETURN(std::optional<std::string> stored, ReadObject(impl_->volume, name));
+  if (!stored.has_value()) return std::nullopt;
+  std::string bytes = std::move(*stored);
   MEMASCEND_ASSIGN_OR_RETURN(CommitRecord r, DecodeCommitRecord(bytes));
   if (r.layout != LayoutId(layout_, impl_->options.in_place)) {
     return absl::FailedPreconditionError(fmt::format(
@@ -1018,14 +1028,10 @@ absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
   if (impl_->options.in_place) {
     // Note [state in place]: a progress object of the step after the last commit names a
     // torn step; one of an earlier step is stale (its step was committed).
-    auto info = impl_->volume->Stat(ProgressName());
-    if (info.ok()) {
-      std::string bytes(info->size, '\0');
-      MEMASCEND_RETURN_IF_ERROR(
-          impl_->volume
-              ->Get(ProgressName(), {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()})
-              .status());
-      MEMASCEND_ASSIGN_OR_RETURN(UnfinishedStep u, DecodeProgress(bytes));
+    MEMASCEND_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
+                               ReadObject(impl_->volume, ProgressName()));
+    if (bytes.has_value()) {
+      MEMASCEND_ASSIGN_OR_RETURN(UnfinishedStep u, DecodeProgress(*bytes));
       // Torn: this run's and layout's, the step after the last commit, some parts done.
       // Anything else is stale (a step since committed, or a state since replaced).
       if (u.intent.record.step == last->first.step + 1 && u.parts_done > 0 &&
@@ -1033,8 +1039,6 @@ absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
           u.intent.record.layout == LayoutId(layout_, true) &&
           u.intent.record.fingerprint == fingerprint)
         impl_->unfinished = std::move(u);
-    } else if (info.status().code() != absl::StatusCode::kNotFound) {
-      return info.status();
     }
   }
   return std::move(last->first);
