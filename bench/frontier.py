@@ -76,20 +76,33 @@ GRIDS = {"full": ZERO_GRID, "reduced": REDUCED_ZERO_GRID,
          "complete": dict(ZERO_GRID, pipeline=[(False, False)] + PIPELINE_ON)}
 
 
-def zero_configs(grid):
-    """The grid's configurations. The pipeline flags appear in a configuration only when
-    on (a configuration without them, as every run before them, has them off), with the
-    optimizer buffers they need."""
+# DeepSpeed's releases whose rules the baseline follows (--zero-release; Note [zero rules]):
+# 0.19.5 pins the swap buffers at their size and turns both pin_memory flags on.
+RELEASES = ["0.16.5", "0.19.5"]
+DEFAULT_RELEASE = "0.16.5"  # a configuration without "release" is one of 0.16.5
+DEFAULT_REDUCE_BUCKET = 500_000_000
+
+
+def zero_configs(grid, releases=(DEFAULT_RELEASE,), reduce_buckets=(DEFAULT_REDUCE_BUCKET,)):
+    """The grid's configurations, under each of RELEASES and REDUCE_BUCKETS (reduce_bucket_size).
+    The pipeline flags, a release other than 0.16.5 and a bucket other than the default
+    appear in a configuration only when set (a configuration without them, as every run
+    before them, has the defaults), with the optimizer buffers the flags need."""
     keys = ["param_buffers", "param_buffer_size", "sub_group_size", "max_in_cpu", "aio"]
     pipeline = grid.get("pipeline", [(False, False)])
-    for values in itertools.product(*(grid[k] for k in keys), pipeline):
+    for values in itertools.product(*(grid[k] for k in keys), pipeline, releases,
+                                    reduce_buckets):
         c = dict(ZERO_DEFAULTS)
-        c.update(zip(keys[:-1], values[:-2]))
-        c["aio_block"], c["queue_depth"] = values[-2]
-        read, write = values[-1]
+        c.update(zip(keys[:-1], values[:-4]))
+        c["aio_block"], c["queue_depth"] = values[-4]
+        read, write = values[-3]
         if read or write:
             c.update(pipeline_read=read, pipeline_write=write,
                      optimizer_buffers=4 * (1 + read + write))
+        if values[-2] != DEFAULT_RELEASE:
+            c["release"] = values[-2]
+        if values[-1] != DEFAULT_REDUCE_BUCKET:
+            c["reduce_bucket"] = values[-1]
         yield c
 
 
@@ -101,7 +114,9 @@ def zero_args(c):
             "--zero-max-in-cpu", str(c["max_in_cpu"]),
             "--zero-block", str(c["aio_block"]), "--zero-queue-depth", str(c["queue_depth"]),
             *(["--zero-pipeline-read", "1"] if c.get("pipeline_read") else []),
-            *(["--zero-pipeline-write", "1"] if c.get("pipeline_write") else [])]
+            *(["--zero-pipeline-write", "1"] if c.get("pipeline_write") else []),
+            "--zero-release", c.get("release", DEFAULT_RELEASE),
+            *(["--zero-reduce-bucket", str(c["reduce_bucket"])] if "reduce_bucket" in c else [])]
 
 
 def plain(settings):
@@ -135,24 +150,37 @@ def merge_earlier(results, treatments, earlier):
     return merged
 
 
-def named_zero_rows(zero_ran):
+def in_release(settings, release):
+    """SETTINGS under RELEASE's rules."""
+    out = {k: v for k, v in settings.items() if k != "release"}
+    if release != DEFAULT_RELEASE:
+        out["release"] = release
+    return out
+
+
+def named_zero_rows(zero_ran, releases=(DEFAULT_RELEASE,)):
     """ZeRO's named rows: DeepSpeed's defaults, and the fastest and the smallest of the
-    sweep's runs that finished (ZERO_RAN, in the sweep's order: a tie goes to the first).
-    A configuration found twice runs once, under both names ("zero-default =
+    sweep's runs that finished (ZERO_RAN, in the sweep's order: a tie goes to the first),
+    each under every one of RELEASES (a release other than 0.16.5 named after the row:
+    "zero-default 0.19.5"), so the frontier meets the stronger of the releases' rules at
+    each point. A configuration found twice runs once, under both names ("zero-default =
     zero-speed-tuned")."""
-    named = [("zero-default", dict(ZERO_DEFAULTS, name="zero-default"))]
-    if not zero_ran:
-        return named
-    fast = min(zero_ran, key=lambda r: r["step_seconds"])
-    small = min(zero_ran, key=lambda r: r["peak_rss_bytes"])
-    for name, r in (("zero-speed-tuned", fast), ("zero-memory-tuned", small)):
-        same = [n for n, s in named if plain(s) == plain(r["settings"])]
-        if same:
-            print(f"frontier: {name} is {same[0]}'s configuration", file=sys.stderr)
-            named = [(n, dict(s, name=f"{s['name']} = {name}") if n == same[0] else s)
-                     for n, s in named]
-        else:
-            named.append((name, dict(plain(r["settings"]), name=name)))
+    candidates = [("zero-default", ZERO_DEFAULTS)]
+    if zero_ran:
+        candidates.append(("zero-speed-tuned", min(zero_ran, key=lambda r: r["step_seconds"])["settings"]))
+        candidates.append(("zero-memory-tuned", min(zero_ran, key=lambda r: r["peak_rss_bytes"])["settings"]))
+    named = []
+    for base, settings in candidates:
+        for release in releases:
+            name = base if release == DEFAULT_RELEASE else f"{base} {release}"
+            c = in_release(plain(settings), release)
+            same = [n for n, s in named if plain(s) == c]
+            if same:
+                print(f"frontier: {name} is {same[0]}'s configuration", file=sys.stderr)
+                named = [(n, dict(s, name=f"{s['name']} = {name}") if n == same[0] else s)
+                         for n, s in named]
+            else:
+                named.append((name, dict(c, name=name)))
     return named
 
 
@@ -375,6 +403,11 @@ def main():
                     help="the smallest model, a grid of 4, budgets 10/25/60%%, 3 steps")
     ap.add_argument("--grid", choices=sorted(GRIDS), help="override --reduced's grid (full: "
                     "without the pipeline flags; pipelined: the same with both on; complete: both)")
+    ap.add_argument("--releases", default=",".join(RELEASES),
+                    help="DeepSpeed releases whose rules ZeRO's grid and named rows run under "
+                    "(comma-separated; default both: the frontier meets the stronger)")
+    ap.add_argument("--reduce-buckets", default=str(DEFAULT_REDUCE_BUCKET),
+                    help="reduce_bucket_size values the grid sweeps (comma-separated elements)")
     ap.add_argument("--budgets", choices=["all", "reduced", "none"],
                     help="override --reduced's budgets (none: ZeRO's sweep only)")
     ap.add_argument("--cap", help="run each command under bench/memcap.sh at this limit "
@@ -424,6 +457,10 @@ def main():
     budgets = {"all": BUDGETS, "reduced": REDUCED_BUDGETS, "none": []}[
         a.budgets or ("reduced" if a.reduced else "all")]
     grid = GRIDS[a.grid or ("reduced" if a.reduced else "full")]
+    releases = [x.strip() for x in a.releases.split(",")]
+    if not releases or set(releases) - set(RELEASES):
+        raise SystemExit(f"frontier: --releases {a.releases}: one or more of {RELEASES}")
+    buckets = [int(float(x)) for x in a.reduce_buckets.split(",")]
     summary = {}
     summary_path = os.path.join(a.out, "frontier-summary.json")
     if a.append and os.path.exists(summary_path):  # the other models' results stay
@@ -432,7 +469,7 @@ def main():
     for model in a.models.split(","):
         print(f"frontier: {model}", file=sys.stderr)
         # 1. the sweep, in a random order
-        configs = [("zero-infinity", c) for c in zero_configs(grid)]
+        configs = [("zero-infinity", c) for c in zero_configs(grid, releases, buckets)]
         configs += [("memascend", {"budget_percent": b}) for b in budgets]
         rng.shuffle(configs)
         if a.tuned_from:
@@ -443,7 +480,7 @@ def main():
             if a.add_to_earlier:  # the part of the grid an earlier session ran
                 zero_ran = earlier_sweep(before, model, zero_ran) + zero_ran
         # 2. ZeRO's named rows
-        named = named_zero_rows(zero_ran)
+        named = named_zero_rows(zero_ran, releases)
         # 3. the repeats, a Williams design
         treatments = [("zero-infinity", s) for _, s in named]
         treatments += [("memascend", {"budget_percent": b}) for b in budgets]

@@ -333,6 +333,11 @@ const std::vector<Section>& Table() {
                [](CommandLine& c,
                   std::size_t
                       i) { c.train.policy = i == 1 ? Policy::kZeroInfinity : Policy::kMemAscend; }),
+           Choice("--zero-release", {"0.16.5", "0.19.5"}, "0.16.5",
+                  "whose rules: 0.19.5 pins swap buffers at their size, pin_memory on",
+                  [](CommandLine& c, std::size_t i) {
+                    c.train.zero.release = i == 1 ? ZeroRelease::k0_19_5 : ZeroRelease::k0_16_5;
+                  }),
            Path("--nvme-path", "DIR", "<volume>.zero", "swap directory, one file per tensor",
                 [](CommandLine& c) { return &c.train.zero.nvme_path; }),
            Number("--zero-param-buffers", "N", "offload_param.buffer_count",
@@ -361,8 +366,16 @@ const std::vector<Section>& Table() {
            Number(
                "--zero-max-in-cpu", "ELEMS", "offload_param.max_in_cpu",
                [](CommandLine& c) { return &c.train.zero.max_in_cpu; }, "1e9"),
-           Number("--zero-pin-optimizer", "0|1", "offload_optimizer.pin_memory",
-                  [](CommandLine& c) { return &c.train.zero.optimizer_pin_memory; }),
+           {"--zero-pin-optimizer", "0|1", "the release's", "offload_optimizer.pin_memory",
+            [](CommandLine& c, const std::string& v, std::string* why) {
+              c.zero_pin_optimizer_given = true;
+              return ParseNumber(v, &c.train.zero.optimizer_pin_memory, why);
+            }},
+           {"--zero-pin-param", "0|1", "the release's", "offload_param.pin_memory",
+            [](CommandLine& c, const std::string& v, std::string* why) {
+              c.zero_pin_param_given = true;
+              return ParseNumber(v, &c.train.zero.param_pin_memory, why);
+            }},
            Number(
                "--zero-reduce-bucket", "ELEMS", "reduce_bucket_size",
                [](CommandLine& c) { return &c.train.zero.reduce_bucket_size; }, "5e8"),
@@ -526,6 +539,9 @@ absl::Status ResolveModel(CommandLine* cl) {
         static_cast<std::size_t>(cl->budget_factor * static_cast<double>(base)) / 4096 * 4096;
   }
   if (o.dtype == memascend::DType::kBF16 && !cl->loss_scale_given) o.initial_loss_scale = 1.0f;
+  const ZeroOptions release = ZeroDefaults(o.zero.release);
+  if (!cl->zero_pin_optimizer_given) o.zero.optimizer_pin_memory = release.optimizer_pin_memory;
+  if (!cl->zero_pin_param_given) o.zero.param_pin_memory = release.param_pin_memory;
   return absl::OkStatus();
 }
 

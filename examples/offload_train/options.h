@@ -37,6 +37,9 @@ struct CommandLine {
   bool json = false;
   bool quiet = false;
   bool loss_scale_given = false;  // --loss-scale given (bf16 defaults to 1 otherwise)
+  // --zero-pin-optimizer / --zero-pin-param given (--zero-release's defaults otherwise)
+  bool zero_pin_optimizer_given = false;
+  bool zero_pin_param_given = false;
   // --host-budget Fx or P%: F times the minimum, or P/100 of the training state, applied
   // once the model is known (ApplyHostBudgetFactor); 0: bytes or the default.
   double budget_factor = 0;

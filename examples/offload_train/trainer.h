@@ -23,12 +23,14 @@
 #ifndef MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_TRAINER_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <absl/status/statusor.h>
@@ -50,21 +52,34 @@ enum class Mode { kOffload, kReference };
 // Whose host-memory and storage rules an offloaded run follows.
 enum class Policy { kMemAscend, kZeroInfinity };
 
+// Which DeepSpeed release's rules the baseline follows (Note [zero rules], zero_infinity.h):
+// 0.16.5's, or those 0.19.5 (August 2026) changed: swap buffers page-locked at their exact
+// size, and both offloads' pin_memory on by default.
+enum class ZeroRelease { k0_16_5, k0_19_5 };
+std::string_view ToString(ZeroRelease release) noexcept;
+
 // ZeRO-Infinity's settings, DeepSpeed's defaults (zero_infinity.h, ../shared/guide/ANCHORS.md).
+// The pin_memory defaults are 0.16.5's; ZeroDefaults(release) gives a release's.
 struct ZeroOptions {
+  ZeroRelease release = ZeroRelease::k0_16_5;
   std::size_t param_buffer_count = 5;             // offload_param.buffer_count
   std::uint64_t param_buffer_size = 100'000'000;  // elements; raised to the largest parameter
   std::size_t optimizer_buffer_count = 4;         // offload_optimizer.buffer_count
   std::uint64_t sub_group_size = 1'000'000'000;   // elements
   std::size_t aio_block_bytes = 1u << 20;         // aio.block_size
   std::size_t aio_queue_depth = 8;                // aio.queue_depth: requests in flight
-  std::size_t min_swap_bytes = 1u << 20;          // smaller tensors stay in memory
+  // DeepSpeed's MIN_AIO_BYTES: a tensor is swapped from max(this, aio_block_bytes) bytes;
+  // smaller ones stay in memory.
+  std::size_t min_swap_bytes = 1u << 20;
   // offload_param.max_in_cpu (elements): while the 16-bit parameters total at most this,
   // stage 3 keeps them in one pinned buffer and never swaps them; the sub-groups beyond
   // it go to NVMe (zero_infinity.h, Note [zero rules]).
   std::uint64_t max_in_cpu = 1'000'000'000;
   // offload_optimizer.pin_memory: the flat gradient buffer is pinned only when set.
   bool optimizer_pin_memory = false;
+  // offload_param.pin_memory: the parameters too small to swap, kept in CPU memory, are
+  // pinned (each through torch's allocator) only when set.
+  bool param_pin_memory = false;
   // reduce_bucket_size (elements): gradients are partitioned, and their fp32 copies
   // swapped out, a bucket at a time.
   std::uint64_t reduce_bucket_size = 500'000'000;
@@ -74,7 +89,13 @@ struct ZeroOptions {
   bool pipeline_read = false;
   bool pipeline_write = false;
   std::string nvme_path;  // the swap directory (one file per tensor); empty: next to the volume
+
+  // The size from which a tensor is swapped (swappable_tensor's min_aio_bytes).
+  std::size_t SwapThresholdBytes() const { return std::max(min_swap_bytes, aio_block_bytes); }
 };
+
+// DeepSpeed's defaults under `release`'s rules.
+ZeroOptions ZeroDefaults(ZeroRelease release);
 
 struct TrainOptions {
   ModelConfig model;  // the demo's GPT, or a Hugging Face model (ModelConfig::hf)

@@ -34,6 +34,46 @@ using zero_infinity::Pow2;
 using zero_infinity::Round4k;
 using zero_infinity::SwapPath;
 
+// One page-locked swap buffer: through torch's caching host allocator (a pow2 block) up
+// to 0.16.5, or from 0.19.5 new_cpu_locked_tensor's posix_memalign and mlock at its exact
+// size (an arena allocation of its own). Move-only; frees what it holds.
+class SwapBuffer {
+ public:
+  SwapBuffer() = default;
+  explicit SwapBuffer(memascend::PinnedBlock block) : block_(std::move(block)) {}
+  SwapBuffer(memascend::HostArena* arena, memascend::ArenaAllocation a)
+      : arena_(arena), exact_(a.data) {}
+  SwapBuffer(SwapBuffer&& o) noexcept
+      : block_(std::move(o.block_)),
+        arena_(std::exchange(o.arena_, nullptr)),
+        exact_(std::exchange(o.exact_, nullptr)) {}
+  SwapBuffer& operator=(SwapBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      block_ = std::move(o.block_);
+      arena_ = std::exchange(o.arena_, nullptr);
+      exact_ = std::exchange(o.exact_, nullptr);
+    }
+    return *this;
+  }
+  SwapBuffer(const SwapBuffer&) = delete;
+  SwapBuffer& operator=(const SwapBuffer&) = delete;
+  ~SwapBuffer() { Reset(); }
+
+  std::byte* data() const { return exact_ != nullptr ? exact_ : block_.data(); }
+  void Reset() {
+    block_.Reset();
+    if (exact_ != nullptr) (void)arena_->Free(exact_);
+    exact_ = nullptr;
+    arena_ = nullptr;
+  }
+
+ private:
+  memascend::PinnedBlock block_;
+  memascend::HostArena* arena_ = nullptr;
+  std::byte* exact_ = nullptr;
+};
+
 class ZeroBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<ZeroBackend>> Create(
@@ -53,6 +93,7 @@ class ZeroBackend final : public Backend {
     flat_grads_.Reset();
     flat_params_.Reset();
     partitioned_swap_.Reset();
+    pinned_params_.clear();
     pool_.reset();
     if (ledger_ != nullptr) {
       for (const auto& [use, bytes] : pageable_)
@@ -135,12 +176,14 @@ class ZeroBackend final : public Backend {
 
   bool ChecksOverflowAfterBackward() const override { return true; }
 
-  // isinf(flat).any(), then isnan(flat).any(): each a 1-byte temporary per element.
+  // isinf(flat).any(), then isnan(flat).any(): each a 1-byte temporary per element; fp16
+  // only (_overflow_check_and_loss_scale_update checks nothing in bf16).
   absl::StatusOr<bool> CheckOverflow() override {
     // The end of the backward pass (independent_gradient_partition_epilogue): the last
     // bucket's gradients partitioned and swapped out, then the step's check.
     MEMASCEND_RETURN_IF_ERROR(FlushBucket());
     MEMASCEND_RETURN_IF_ERROR(deferred_);
+    if (o_.dtype != DType::kF16) return false;
     const std::uint16_t exp_mask = o_.dtype == DType::kF16 ? 0x7c00 : 0x7f80;
     const std::uint16_t man_mask = o_.dtype == DType::kF16 ? 0x03ff : 0x007f;
     const auto* flat = reinterpret_cast<const std::uint16_t*>(grads_);
@@ -390,16 +433,21 @@ class ZeroBackend final : public Backend {
     MEMASCEND_ASSIGN_OR_RETURN(pool_, memascend::PinnedPool::Create(arena_.get(), po));
     MEMASCEND_ASSIGN_OR_RETURN(
         param_pool_,
-        pool_->Allocate(layout_.param_buffer_bytes * o_.zero.param_buffer_count, Use::kParameters));
+        PinSwapBuffer(layout_.param_buffer_bytes * o_.zero.param_buffer_count, Use::kParameters));
     param_busy_.assign(o_.zero.param_buffer_count, false);
     for (std::size_t i = 0; i < o_.zero.optimizer_buffer_count; ++i) {
+      const std::size_t bytes = layout_.optimizer_buffer_bytes + 4096 * layout_.groups;
+      if (exact_swap_buffers()) {  // new_cpu_locked_tensor(n).zero_(): zeroed in place
+        MEMASCEND_ASSIGN_OR_RETURN(SwapBuffer b, PinSwapBuffer(bytes, Use::kOptimizerState));
+        std::memset(b.data(), 0, bytes);
+        optimizer_buffers_.push_back(std::move(b));
+        continue;
+      }
       // SwapBufferManager: pin_memory(torch.zeros(n)): a zeroed pageable tensor, then its
       // pinned copy; both exist until the copy is made.
-      const std::size_t bytes = layout_.optimizer_buffer_bytes + 4096 * layout_.groups;
       std::vector<std::byte> zeros(bytes);
       Account(Use::kStaging, static_cast<std::int64_t>(bytes));
-      MEMASCEND_ASSIGN_OR_RETURN(memascend::PinnedBlock b,
-                                 pool_->Allocate(bytes, Use::kOptimizerState));
+      MEMASCEND_ASSIGN_OR_RETURN(SwapBuffer b, PinSwapBuffer(bytes, Use::kOptimizerState));
       std::memcpy(b.data(), zeros.data(), bytes);
       zeros = {};
       Account(Use::kStaging, -static_cast<std::int64_t>(bytes));
@@ -422,7 +470,7 @@ class ZeroBackend final : public Backend {
     }
     if (layout_.partitioned_swap_bytes > 0) {
       MEMASCEND_ASSIGN_OR_RETURN(partitioned_swap_,
-                                 pool_->Allocate(layout_.partitioned_swap_bytes, Use::kParameters));
+                                 PinSwapBuffer(layout_.partitioned_swap_bytes, Use::kParameters));
     }
     // _create_fp32_partitions: each sub-group's fp32 master weights made in a pageable
     // buffer of the sub-group (its 16-bit parameters converted, or swapped in and
@@ -433,18 +481,36 @@ class ZeroBackend final : public Backend {
       fp32 = {};
       Account(Use::kStaging, -static_cast<std::int64_t>(layout_.largest_sub_group * 4));
     }
-    // Tensors under min_swap_bytes stay in pageable memory.
+    // Tensors under the swap threshold stay in memory: pageable, but parameters with
+    // offload_param.pin_memory, each pinned through torch's allocator.
+    pinned_params_.resize(layout_.groups);
     for (Kind k : {Kind::kParameters, Kind::kMaster, Kind::kExpAvg, Kind::kExpAvgSq}) {
       auto& mem = memory_[static_cast<int>(k)];
       mem.resize(layout_.groups);
       for (std::size_t g = 0; g < layout_.groups; ++g) {
         if (Swapped(k, g) || (k == Kind::kParameters && layout_.param_in_cpu[g])) continue;
+        if (k == Kind::kParameters && o_.zero.param_pin_memory) {
+          MEMASCEND_ASSIGN_OR_RETURN(pinned_params_[g],
+                                     pool_->Allocate(numel(g) * Element(k), Use::kParameters));
+          continue;
+        }
         mem[g].resize(numel(g) * Element(k));
         Account(k == Kind::kParameters ? Use::kParameters : Use::kOptimizerState,
                 static_cast<std::int64_t>(mem[g].size()));
       }
     }
     return absl::OkStatus();
+  }
+
+  // From 0.19.5 the swap buffers are page-locked at their exact size (Note [zero rules]).
+  bool exact_swap_buffers() const { return o_.zero.release >= ZeroRelease::k0_19_5; }
+  absl::StatusOr<SwapBuffer> PinSwapBuffer(std::size_t bytes, Use use) {
+    if (exact_swap_buffers()) {
+      MEMASCEND_ASSIGN_OR_RETURN(memascend::ArenaAllocation a, arena_->Allocate(bytes, use));
+      return SwapBuffer(arena_.get(), a);
+    }
+    MEMASCEND_ASSIGN_OR_RETURN(memascend::PinnedBlock b, pool_->Allocate(bytes, use));
+    return SwapBuffer(std::move(b));
   }
 
   std::size_t numel(std::size_t g) const { return layout_.numel[g]; }
@@ -454,7 +520,7 @@ class ZeroBackend final : public Backend {
   }
   bool Swapped(Kind k, std::size_t g) const {
     if (k == Kind::kParameters && layout_.param_in_cpu[g]) return false;  // max_in_cpu
-    return numel(g) * Element(k) >= o_.zero.min_swap_bytes;
+    return numel(g) * Element(k) >= o_.zero.SwapThresholdBytes();
   }
   std::size_t FileBytes(Kind k, std::size_t g) const { return Round4k(numel(g) * Element(k)); }
   std::string Path(Kind k, std::size_t g) const { return SwapPath(root_, k, g); }
@@ -499,22 +565,12 @@ class ZeroBackend final : public Backend {
     }
     return b;
   }
-  // partition_grads: the bucket's gradients copied to fp32 temporaries (all at once, in
-  // pageable memory), then each swapped out, staged through the optimizer buffers (free
-  // outside the step), and the temporaries freed.
+  // partition_grads: the bucket's gradients made fp32 (grad_buffer.float(), on the GPU,
+  // where the bucket's copies live: no host memory), then each swapped out, staged
+  // through the optimizer buffers (free outside the step).
   absl::Status FlushBucket() {
     if (bucket_.empty()) return absl::OkStatus();
     const std::size_t half = memascend::SizeOf(o_.dtype);
-    std::vector<std::vector<float>> temps;
-    std::int64_t bytes = 0;
-    for (std::size_t g : bucket_) {
-      temps.emplace_back(numel(g));
-      bytes += static_cast<std::int64_t>(numel(g) * 4);
-      MEMASCEND_RETURN_IF_ERROR(
-          memascend::Convert({grads_ + layout_.offset[g] * half, numel(g), o_.dtype},
-                             {temps.back().data(), numel(g), DType::kF32}));
-    }
-    Account(Use::kStaging, bytes);
     absl::Status s;
     std::vector<std::shared_ptr<Aio::Op>> staged(optimizer_buffers_.size());
     for (std::size_t i = 0; i < bucket_.size() && s.ok(); ++i) {
@@ -524,7 +580,9 @@ class ZeroBackend final : public Backend {
       if (staged[slot] != nullptr) s = Aio::Wait(staged[slot]);
       if (!s.ok()) break;
       std::byte* buf = optimizer_buffers_[slot].data();
-      std::memcpy(buf, temps[i].data(), numel(g) * 4);
+      s = memascend::Convert({grads_ + layout_.offset[g] * half, numel(g), o_.dtype},
+                             {reinterpret_cast<float*>(buf), numel(g), DType::kF32});
+      if (!s.ok()) break;
       staged[slot] =
           aio_.Submit(Path(Kind::kGradient, g), buf, FileBytes(Kind::kGradient, g), true);
     }
@@ -534,8 +592,6 @@ class ZeroBackend final : public Backend {
         if (s.ok()) s = w;
       }
     }
-    temps.clear();
-    Account(Use::kStaging, -bytes);
     bucket_.clear();
     bucket_elements_ = 0;
     return s;
@@ -544,6 +600,11 @@ class ZeroBackend final : public Backend {
     Buf b;
     if (k == Kind::kParameters && layout_.param_in_cpu[g]) {
       b.data = flat_params_.data() + layout_.offset[g] * memascend::SizeOf(o_.dtype);
+      b.bytes = numel(g) * memascend::SizeOf(o_.dtype);
+      return b;
+    }
+    if (k == Kind::kParameters && pinned_params_[g].data() != nullptr) {
+      b.data = pinned_params_[g].data();
       b.bytes = numel(g) * memascend::SizeOf(o_.dtype);
       return b;
     }
@@ -569,16 +630,17 @@ class ZeroBackend final : public Backend {
   std::string root_;
   std::unique_ptr<memascend::HostArena> arena_;
   std::unique_ptr<memascend::PinnedPool> pool_;
-  memascend::PinnedBlock param_pool_;
+  SwapBuffer param_pool_;
   std::vector<bool> param_busy_;
-  std::vector<memascend::PinnedBlock> optimizer_buffers_;
+  std::vector<SwapBuffer> optimizer_buffers_;
   std::vector<BufferSet> sets_;                         // optimizer_buffers_ by fours
   std::vector<std::shared_ptr<Aio::Op>> param_writes_;  // the last sub-group's parameters
   memascend::PinnedBlock flat_grads_;                   // with optimizer_pin_memory
   std::unique_ptr<std::byte[]> pageable_grads_;         // without it
   std::byte* grads_ = nullptr;                          // the flat 16-bit gradients, either way
   memascend::PinnedBlock flat_params_;                  // max_in_cpu's
-  memascend::PinnedBlock partitioned_swap_;             // a sub-group's new parameters, to NVMe
+  SwapBuffer partitioned_swap_;                         // a sub-group's new parameters, to NVMe
+  std::vector<memascend::PinnedBlock> pinned_params_;   // offload_param.pin_memory's, by group
   std::vector<std::size_t> bucket_;                     // gradients written, not yet partitioned
   std::uint64_t bucket_elements_ = 0;
   std::array<std::vector<std::vector<std::byte>>, 5> memory_;

@@ -2,7 +2,8 @@
 // storage rules (../shared/guide/ANCHORS.md), implemented as written, not weakened.
 //
 // Note [zero rules]: each rule, and the DeepSpeed source it comes from
-// (deepspeed/runtime/zero/ and deepspeed/runtime/swap_tensor/):
+// (deepspeed/runtime/zero/ and deepspeed/runtime/swap_tensor/, v0.16.5; what 0.19.5
+// changed is said where it applies, under ZeroOptions::release):
 // - Parameter swap buffers (partitioned_param_swapper.py, AsyncPartitionedParameterSwapper,
 //   made whenever offload_param's device is nvme): one pinned allocation of
 //   param_buffer_count x param_buffer_size elements (16-bit), param_buffer_size raised to
@@ -23,24 +24,30 @@
 // - Gradients (stage3.py, partition_grads): the backward pass writes 16-bit gradients to
 //   the flat grad_partitions_flat_buffer, pinned only with offload_optimizer.pin_memory
 //   (pageable and zero-filled otherwise). A bucket of reduce_bucket_size elements at a
-//   time (and the rest at the end of the backward pass), each gradient is copied to an
-//   fp32 temporary (grad_buffer.float(), pageable; the bucket's all at once) and, with the
+//   time (and the rest at the end of the backward pass), each gradient is made fp32 on
+//   the GPU (grad_buffer.to(device), then .float(): no host memory) and, with the
 //   optimizer on NVMe, swapped out (swap_out_gradients, staged through the optimizer swap
 //   buffers); the step swaps them back in.
 // - Every pinned allocation goes through the pow2 pool (PyTorch's caching host
-//   allocator rounds to powers of two).
+//   allocator rounds to powers of two). From 0.19.5 the swap buffers (parameter,
+//   partitioned and optimizer) are new_cpu_locked_tensor's instead: posix_memalign and
+//   mlock at their exact size, zeroed in place (no pageable copy at start-up); and
+//   offload_optimizer.pin_memory and offload_param.pin_memory default to true
+//   (offload_config.py), the latter pinning each parameter too small to swap
+//   (partition_parameters.py, _partition_param).
 // - Storage: one file per tensor on a file system
 //   (<nvme_path>/zero_stage_3/<dtype>params/rank0/<id>_param.tensor.swp), opened per
 //   transfer with O_DIRECT and moved in aio_block_bytes requests with
-//   aio_queue_depth in flight on a thread pool. Tensors under min_swap_bytes stay in
-//   (pageable) memory.
+//   aio_queue_depth in flight on a thread pool. Tensors under max(MIN_AIO_BYTES = 1 MiB,
+//   aio block_size) bytes stay in memory (swappable_tensor's min_aio_bytes).
 // - Overflow check (stage3.py, has_overflow_partitioned_grads_serial and
-//   CheckOverflow): isinf(flat).any(), then isnan(flat).any(), each over a 1-byte
-//   temporary per gradient element, on the intra-op threads as ATen runs them.
+//   CheckOverflow), fp16 only (_overflow_check_and_loss_scale_update: bf16 checks
+//   nothing): isinf(flat).any(), then isnan(flat).any(), each over a 1-byte temporary per
+//   gradient element, on the intra-op threads as ATen runs them.
 // - Start-up (swap_buffer_manager.py, SwapBufferManager; stage3.py,
 //   _create_fp32_partitions): each optimizer swap buffer is pin_memory(torch.zeros(n)),
-//   a zeroed pageable copy beside the pinned one until it is made; each sub-group's fp32
-//   master weights are made in a pageable buffer of the sub-group before they go out.
+//   a zeroed pageable copy beside the pinned one until it is made (up to 0.16.5); each sub-group's
+//   fp32 master weights are made in a pageable buffer of the sub-group before they go out.
 // - Pipelining (pipelined_optimizer_swapper.py, PipelinedOptimizerSwapper, used when
 //   offload_optimizer's pipeline_read or pipeline_write is set): with pipeline_read the
 //   next sub-group's states and gradient are read while one steps; with pipeline_write

@@ -75,15 +75,37 @@ using zero_infinity::Layout;
 using zero_infinity::MakeLayout;
 using zero_infinity::Pow2;
 
+std::string_view ToString(ZeroRelease release) noexcept {
+  return release == ZeroRelease::k0_19_5 ? "0.19.5" : "0.16.5";
+}
+
+ZeroOptions ZeroDefaults(ZeroRelease release) {
+  ZeroOptions z;
+  z.release = release;
+  // 0.19.5's offload_config.py: pin_memory True for both offloads.
+  z.optimizer_pin_memory = z.param_pin_memory = release >= ZeroRelease::k0_19_5;
+  return z;
+}
+
 std::uint64_t ZeroPinnedBytes(const TrainOptions& o) {
   const Layout l = MakeLayout(o);
   const std::size_t half = memascend::SizeOf(o.dtype);
+  // The swap buffers: pow2 blocks up to 0.16.5, page-locked at their size from 0.19.5
+  // (multiples of 4096 already). The rest through torch's allocator either way.
+  const bool exact = o.zero.release >= ZeroRelease::k0_19_5;
+  const auto swap = [exact](std::size_t n) -> std::uint64_t { return exact ? n : Pow2(n); };
   std::uint64_t bytes =
-      Pow2(l.param_buffer_bytes * o.zero.param_buffer_count) +
-      o.zero.optimizer_buffer_count * Pow2(l.optimizer_buffer_bytes + 4096 * l.groups);
+      swap(l.param_buffer_bytes * o.zero.param_buffer_count) +
+      o.zero.optimizer_buffer_count * swap(l.optimizer_buffer_bytes + 4096 * l.groups);
+  if (l.partitioned_swap_bytes > 0) bytes += swap(l.partitioned_swap_bytes);
   if (o.zero.optimizer_pin_memory) bytes += Pow2(l.total * half);
   if (l.flat_param_elements > 0) bytes += Pow2(l.flat_param_elements * half);
-  if (l.partitioned_swap_bytes > 0) bytes += Pow2(l.partitioned_swap_bytes);
+  if (o.zero.param_pin_memory) {  // the parameters too small to swap, outside the flat buffer
+    for (std::size_t g = 0; g < l.groups; ++g) {
+      if (!l.param_in_cpu[g] && l.numel[g] * half < o.zero.SwapThresholdBytes())
+        bytes += Pow2(std::max<std::size_t>(l.numel[g] * half, 4096));
+    }
+  }
   return bytes;
 }
 

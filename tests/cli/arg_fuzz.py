@@ -82,7 +82,8 @@ TRAIN_OPTS = ["--steps", "--layers", "--channels", "--heads", "--seq", "--batch"
               "--warmup", "--clip", "--weight-decay", "--seed", "--loss-scale", "--json",
               "--sample", "--timeline", "--zero-param-buffers", "--zero-optimizer-buffers",
               "--zero-sub-group-size", "--zero-min-swap", "--zero-max-in-cpu", "--zero-block",
-              "--zero-pin-optimizer", "--zero-reduce-bucket", "--config", "--init-from", "--export",
+              "--zero-pin-optimizer", "--zero-pin-param", "--zero-release", "--zero-reduce-bucket",
+              "--config", "--init-from", "--export",
               "--export-dtype", "--export-shard", "--export-overwrite", "--tokens", "--eval",
               "--checkpoint-activations", "--matmul", "--pool", "--bogus"]
 FLAGS = {"--force", "--resume", "--json", "--scratch", "--verify-data", "--quiet", "--repair",

@@ -101,6 +101,41 @@ def test_named_rows_are_the_defaults_and_the_sweeps_fastest_and_smallest():
     assert "zero-speed-tuned" not in named
 
 
+def test_named_rows_run_under_every_release_asked():
+    def ran(step, rss, **settings):
+        return {"step_seconds": step, "peak_rss_bytes": rss,
+                "settings": dict(frontier.ZERO_DEFAULTS, name="sweep", **settings)}
+    both = frontier.RELEASES
+    assert [n for n, _ in frontier.named_zero_rows([], both)] == ["zero-default",
+                                                                   "zero-default 0.19.5"]
+    # the sweep's fastest ran under 0.19.5, its smallest under 0.16.5: each under both
+    named = dict(frontier.named_zero_rows([ran(2.0, 1500, release="0.19.5", param_buffers=1),
+                                           ran(3.0, 800, max_in_cpu=0)], both))
+    assert sorted(named) == ["zero-default", "zero-default 0.19.5", "zero-memory-tuned",
+                             "zero-memory-tuned 0.19.5", "zero-speed-tuned",
+                             "zero-speed-tuned 0.19.5"]
+    assert "release" not in named["zero-speed-tuned"]
+    assert named["zero-speed-tuned 0.19.5"]["release"] == "0.19.5"
+    assert named["zero-memory-tuned 0.19.5"] == dict(frontier.ZERO_DEFAULTS, max_in_cpu=0,
+                                                     release="0.19.5",
+                                                     name="zero-memory-tuned 0.19.5")
+    args = frontier.zero_args(named["zero-default 0.19.5"])
+    assert args[args.index("--zero-release") + 1] == "0.19.5"
+    assert "--zero-reduce-bucket" not in args
+
+
+def test_the_grid_crosses_releases_and_reduce_buckets():
+    grid = frontier.GRIDS["reduced"]
+    one = list(frontier.zero_configs(grid))
+    crossed = list(frontier.zero_configs(grid, frontier.RELEASES, [50_000_000, 500_000_000]))
+    assert len(crossed) == 4 * len(one)
+    assert one == [c for c in crossed if "release" not in c and "reduce_bucket" not in c]
+    small = [c for c in crossed if c.get("reduce_bucket") == 50_000_000]
+    assert len(small) == 2 * len(one)
+    args = frontier.zero_args(small[0])
+    assert args[args.index("--zero-reduce-bucket") + 1] == "50000000"
+
+
 def test_the_pipelined_grid_is_the_full_one_with_both_flags_and_the_buffers_they_need():
     full = list(frontier.zero_configs(frontier.GRIDS["full"]))
     piped = list(frontier.zero_configs(frontier.GRIDS["pipelined"]))

@@ -306,6 +306,7 @@ TEST(Train, KeptOptimizerStateReadsLessAndTrainsTheSame) {
 void SwapEverything(TrainOptions* o) {
   o->policy = Policy::kZeroInfinity;
   o->zero.min_swap_bytes = 0;
+  o->zero.aio_block_bytes = 4096;    // the threshold is max(min_swap_bytes, aio block)
   o->zero.param_buffer_size = 1000;  // raised to the largest parameter by the rule
   o->zero.sub_group_size = 30'000;
 }
@@ -419,6 +420,81 @@ TEST(Train, ZeroInfinityPipelinedSwapperTrainsIdentically) {
   }
 }
 
+// What DeepSpeed does not pay (Note [zero rules]): a bucket's fp32 gradient copies are
+// made on the GPU, so the host holds none; bf16 runs no overflow check (no temporaries);
+// a tensor under the aio block stays in memory. And 0.19.5's rules: the swap buffers
+// page-locked at their exact size with no pageable copy at start-up, both pin_memory
+// flags on. The same losses under each.
+TEST(Train, ZeroInfinityPaysOnlyWhatDeepSpeedPays) {
+  ScratchPath path("train");
+  const Data d = MakeData(256);
+  TrainOptions o = Tiny(path.path());
+  o.steps = 4;
+  o.dtype = memascend::DType::kBF16;
+  o.initial_loss_scale = 1.0f;
+  ASSERT_OK_AND_ASSIGN(TrainSummary ours, Train(o, d.tokens, d.tok));
+  SwapEverything(&o);
+  o.zero.sub_group_size = 1;  // a sub-group per tensor: start-up's buffers well below the model
+  const std::int64_t params = static_cast<std::int64_t>(TotalParams(o.model));
+  const auto staging = [](const TrainSummary& s) {
+    return s.ledger.use(memascend::Tier::kPageableHost, memascend::Use::kStaging).live_peak;
+  };
+  // One bucket for the whole backward pass (reduce_bucket_size 5e8): its fp32 copies were
+  // 4 bytes a parameter of host memory; they are the GPU's. No check in bf16.
+  ASSERT_OK_AND_ASSIGN(TrainSummary z16, Train(o, d.tokens, d.tok));
+  EXPECT_EQ(z16.losses, ours.losses);
+  EXPECT_EQ(z16.peak_pinned_bytes, ZeroPinnedBytes(o));
+  EXPECT_GT(staging(z16), 0);  // the start-up's pageable buffers
+  EXPECT_LT(staging(z16), 4 * params);
+  // fp16 runs the check: a 1-byte temporary per element, twice in turn.
+  {
+    ScratchPath half("train");
+    TrainOptions f = o;
+    f.volume_path = half.path();
+    f.dtype = memascend::DType::kF16;
+    ASSERT_OK_AND_ASSIGN(TrainSummary z16f, Train(f, d.tokens, d.tok));
+    EXPECT_GE(staging(z16f), params);
+  }
+
+  // 0.19.5's rules: the same losses; the swap buffers at their size, no pageable copy.
+  TrainOptions z = o;
+  z.zero = ZeroDefaults(ZeroRelease::k0_19_5);
+  ASSERT_TRUE(z.zero.optimizer_pin_memory && z.zero.param_pin_memory);
+  z.zero.min_swap_bytes = 0;
+  z.zero.aio_block_bytes = 4096;
+  z.zero.param_buffer_size = 1000;
+  z.zero.sub_group_size = 1;
+  ScratchPath other("train");
+  z.volume_path = other.path();
+  ASSERT_OK_AND_ASSIGN(TrainSummary z19, Train(z, d.tokens, d.tok));
+  EXPECT_EQ(z19.losses, ours.losses);
+  EXPECT_EQ(z19.peak_pinned_bytes, ZeroPinnedBytes(z));
+  EXPECT_LT(staging(z19), staging(z16));  // the largest sub-group's fp32 master weights alone
+  TrainOptions rounded = z;               // the same flags under 0.16.5's pow2 swap buffers
+  rounded.zero.release = ZeroRelease::k0_16_5;
+  EXPECT_LT(ZeroPinnedBytes(z), ZeroPinnedBytes(rounded));
+  // The small parameters pinned with offload_param.pin_memory: at the threshold of 1 MiB
+  // every tensor of this model stays in memory, each pinned through the pow2 pool.
+  ScratchPath third("train");
+  z.volume_path = third.path();
+  z.zero.min_swap_bytes = 1u << 20;
+  z.zero.max_in_cpu = 0;
+  TrainOptions unpinned = z;
+  unpinned.zero.param_pin_memory = false;
+  EXPECT_GT(ZeroPinnedBytes(z), ZeroPinnedBytes(unpinned));
+  ASSERT_OK_AND_ASSIGN(TrainSummary small, Train(z, d.tokens, d.tok));
+  EXPECT_EQ(small.losses, ours.losses);
+  EXPECT_EQ(small.peak_pinned_bytes, ZeroPinnedBytes(z));
+  EXPECT_EQ(small.io_read_bytes, 0u);
+
+  // The swap threshold is max(1 MiB, aio block), as swappable_tensor says.
+  ZeroOptions t;
+  t.aio_block_bytes = 8u << 20;
+  EXPECT_EQ(t.SwapThresholdBytes(), 8u << 20);
+  t.aio_block_bytes = 4096;
+  EXPECT_EQ(t.SwapThresholdBytes(), 1u << 20);
+}
+
 TEST(Train, AWordVocabularyMakesTheEmbeddingTheLargestTensor) {
   const Data d = MakeData(1024);
   EXPECT_EQ(d.tok.size(), 1024u);  // 15 words in this text: the rest are unused ids
@@ -464,6 +540,7 @@ TEST(Train, GroupsInManyPartsTrainUnderABudgetBelowOneGroup) {
   o.mode = Mode::kOffload;
   o.policy = Policy::kZeroInfinity;
   o.zero.min_swap_bytes = 0;
+  o.zero.aio_block_bytes = 4096;
   o.zero.param_buffer_size = 1000;  // raised to the largest parameter (not 1e8 elements pinned)
   o.zero.sub_group_size = 300'000;
   ASSERT_OK_AND_ASSIGN(TrainSummary zero, Train(o, d.tokens, d.tok));

@@ -302,10 +302,11 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   std::uint64_t pinned = sizes.pinned_bytes;
   if (in_cpu > 0) pinned += std::bit_ceil(in_cpu * half);
   if (on_nvme > 0) pinned += std::bit_ceil(largest_sub * half);
-  p.zero_overflow_temporary_bytes = p.params;  // isinf(flat) then isnan(flat): 1 B each
-  const std::uint64_t bucket = std::min(p.params, r.zero_reduce_bucket) * 4;
+  // isinf(flat) then isnan(flat), 1 B each, in fp16 only. The fp32 copies of a
+  // reduce_bucket_size bucket are made on the GPU: no host bytes (Note [zero rules]).
+  p.zero_overflow_temporary_bytes = r.dtype == DType::kF16 ? p.params : 0;
   p.zero.pinned_bytes = pinned;
-  p.zero.pageable_bytes = gradients + std::max(bucket, p.zero_overflow_temporary_bytes) + working;
+  p.zero.pageable_bytes = gradients + p.zero_overflow_temporary_bytes + working;
   p.zero.peak_rss_bytes = pinned + p.zero.pageable_bytes + r.base_rss_bytes;
   p.zero.disk_bytes = p.params * 16 + on_nvme * half;
   p.zero.io_read_bytes_per_step = p.params * 16 + 2 * on_nvme * half;

@@ -35,8 +35,9 @@
 // allocation, and four optimizer buffers of the largest sub-group in fp32, each rounded to
 // a power of two; the 16-bit parameters kept in one pinned buffer while they total at most
 // max_in_cpu (else on NVMe, with a swap buffer of the largest sub-group); a pageable flat
-// 16-bit gradient buffer, fp32 gradient copies a reduce bucket at a time, and the overflow
-// check's 1-byte-per-element temporary; on disk one file per tensor: fp32 master weights,
+// 16-bit gradient buffer and, in fp16, the overflow check's 1-byte-per-element temporary
+// (a reduce bucket's fp32 gradient copies are the GPU's); 0.16.5's rules, whose
+// pin_memory defaults are off; on disk one file per tensor: fp32 master weights,
 // moments and gradients (16 B/param), and the 16-bit parameters beyond max_in_cpu.
 // The GPU figure (with gpu_memory_bytes) is an estimate for either: two groups of 16-bit
 // parameters and their gradients in flight, and the activations in 16 bits.
@@ -94,8 +95,7 @@ struct PlanRequest {
   std::uint64_t gpu_memory_bytes = 0;   // 0: no GPU figure's verdict
   std::uint64_t base_rss_bytes = std::uint64_t{256} << 20;  // Note [plan model]
   ZeroSwapConfig zero;
-  std::uint64_t zero_max_in_cpu = 1'000'000'000;   // offload_param.max_in_cpu
-  std::uint64_t zero_reduce_bucket = 500'000'000;  // reduce_bucket_size
+  std::uint64_t zero_max_in_cpu = 1'000'000'000;  // offload_param.max_in_cpu
 };
 
 // One system's needs, in bytes.
