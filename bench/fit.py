@@ -48,12 +48,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LADDER = [("llama-56m", "bench/configs/llama-dp-56m.json"),
           ("llama-250m", "bench/configs/llama-250m.json"),
           ("llama-1b", "bench/configs/llama-3.2-1b.json")]
+ZERO_SMALLEST = ["--zero-param-buffers", "1", "--zero-param-buffer-size", "1",
+                 "--zero-optimizer-buffers", "4", "--zero-sub-group-size", "1",
+                 "--zero-max-in-cpu", "0"]
+# ZeRO under 0.16.5's rules and under 0.19.5's (swap buffers at their size, both
+# pin_memory flags on; Note [zero rules]): each configuration under both.
 POLICIES = {
     "memascend": None,  # --host-budget: a quarter of the cap (below)
-    "zero-default": ["--policy", "zero-infinity"],
-    "zero-smallest": ["--policy", "zero-infinity", "--zero-param-buffers", "1",
-                      "--zero-param-buffer-size", "1", "--zero-optimizer-buffers", "4",
-                      "--zero-sub-group-size", "1", "--zero-max-in-cpu", "0"],
+    "zero-default": ["--policy", "zero-infinity", "--zero-release", "0.16.5"],
+    "zero-smallest": ["--policy", "zero-infinity", "--zero-release", "0.16.5", *ZERO_SMALLEST],
+    "zero-default-0.19.5": ["--policy", "zero-infinity", "--zero-release", "0.19.5"],
+    "zero-smallest-0.19.5": ["--policy", "zero-infinity", "--zero-release", "0.19.5",
+                             *ZERO_SMALLEST],
 }
 
 
