@@ -324,6 +324,10 @@ const std::vector<Section>& Table() {
                   "the state on a volume, or in a directory (--volume names it) with a file per "
                   "tensor as ZeRO-Infinity's (an ablation)",
                   [](CommandLine& c, std::size_t i) { c.train.file_per_tensor = i == 1; }),
+           Choice("--state-versions", {"1", "2"}, "1",
+                  "the state once, updated in place, or in two versions (an ablation; "
+                  "data-parallel ranks keep two)",
+                  [](CommandLine& c, std::size_t i) { c.train.two_versions = i == 1; }),
        }},
       {"the ZeRO-Infinity baseline (zero_infinity.h)",
        {

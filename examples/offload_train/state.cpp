@@ -65,7 +65,7 @@ absl::Status OpenFiles(const TrainOptions& o, OffloadState* s) {
 memascend::VersionedTrainingStateOptions StateOptions(const TrainOptions& o) {
   memascend::VersionedTrainingStateOptions v;
   v.record_name = "train.checkpoint";
-  if (o.comm != nullptr && o.comm->size() > 1) {
+  if (o.two_versions || (o.comm != nullptr && o.comm->size() > 1)) {
     v.in_place = false;
     v.max_staged_bytes = 0;
   }

@@ -85,7 +85,7 @@ TRAIN_OPTS = ["--steps", "--layers", "--channels", "--heads", "--seq", "--batch"
               "--zero-pin-optimizer", "--zero-pin-param", "--zero-release", "--zero-reduce-bucket",
               "--config", "--init-from", "--export",
               "--export-dtype", "--export-shard", "--export-overwrite", "--tokens", "--eval",
-              "--checkpoint-activations", "--matmul", "--pool", "--bogus"]
+              "--checkpoint-activations", "--matmul", "--pool", "--state-versions", "--bogus"]
 FLAGS = {"--force", "--resume", "--json", "--scratch", "--verify-data", "--quiet", "--repair",
          "--allow-data-loss", "--help", "--export-overwrite", "--checkpoint-activations"}
 
