@@ -294,7 +294,8 @@ def train(a, device, record):
         rss.append(rss_bytes())
         io.append(proc_io())
         print(f"[{a.system}] step {step}: loss {losses[-1]:.5f}, {times[-1]:.3f} s", flush=True)
-    record.update(losses=losses, step_seconds=times, rss_bytes=rss)
+    record.update(losses=losses, step_seconds=times, rss_bytes=rss, gpu_peak_bytes=None,
+                  torch_pinned_peak_bytes=None)
     if cuda:
         record["torch_gpu_peak_bytes"] = torch.cuda.max_memory_reserved()
         stats = getattr(torch.cuda, "host_memory_stats", None)
