@@ -87,8 +87,8 @@ def parser():
     add("--keep-scratch", action="store_true")
     add("--seed", type=int, help="the order's (default: from the clock; recorded)")
     add("--run-timeout", type=int, default=900, help="seconds per run")
-    add("--time-budget", type=int, default=0, help="seconds for the call: no run starts "
-        "after it (0: none)")
+    add("--time-budget", type=int, default=0, help="seconds for the whole call (0: none): "
+        "no run starts with under a minute of it left, and none runs past it")
     # DeepSpeed: DeepSpeed's defaults, the parameter buffer raised to the largest tensor;
     # one run per aio point (block:queue depth): its default and ds_nvme_tune's corner.
     add("--ds-aio", default="1M:8,8M:32")
@@ -190,8 +190,11 @@ class Parent:
         cmd = self.worker_cmd(run, record_path, index, overrides, group is not None)
         t0 = time.time()
         status, tail = None, ""
+        timeout = a.run_timeout
+        if a.time_budget:
+            timeout = max(1, min(timeout, int(a.time_budget - (t0 - self.started))))
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.run_timeout,
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                preexec_fn=group.join if group else None)
             status, tail = p.returncode, (p.stdout[-2000:] + p.stderr[-3000:])
         except subprocess.TimeoutExpired as e:
@@ -207,7 +210,7 @@ class Parent:
                  "error": f"the worker left no record (exit {status})", "log_tail": tail,
                  "fits": False if group is not None and limit else None}
             if status == "timeout":
-                r["error"] = f"killed after --run-timeout {a.run_timeout} s"
+                r["error"] = f"killed after {timeout} s (--run-timeout, --time-budget)"
         r.update({k: v for k, v in run.items() if k not in r or r[k] is None})
         r.update(model=r.get("model") or model_name(a), commit=self.commit, order=self.order,
                  exit=status, parent_command=" ".join([sys.executable] + sys.argv),
@@ -286,7 +289,7 @@ def compare(a):
     print(f"[compare] ceiling {p.ceiling}; order (seed {seed}): {', '.join(p.order)}", flush=True)
     records, not_run = [], []
     for i, run in enumerate(runs):
-        if a.time_budget and time.time() - p.started > a.time_budget:
+        if a.time_budget and time.time() - p.started > a.time_budget - 60:
             not_run.append(label(run))
             continue
         records.append(p.launch(run, f"compare-{i:02d}-{label(run)}", i))
