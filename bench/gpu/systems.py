@@ -303,8 +303,8 @@ def train(a, device, record):
             h = stats()
             record["torch_pinned"] = h
             record["torch_pinned_peak_bytes"] = next(
-                (h[k] for k in ("reserved_bytes.all.peak", "allocated_bytes.all.peak") if k in h),
-                None)
+                (h[k] for k in ("allocated_bytes.peak", "reserved_bytes.peak",
+                                "allocated_bytes.all.peak") if k in h), None)
     if None not in io:
         reads = [b[0] - a_[0] for a_, b in zip(io, io[1:])]
         writes = [b[1] - a_[1] for a_, b in zip(io, io[1:])]
