@@ -221,7 +221,10 @@ class MemAscend:
         if a.offload_activations:
             vol = memascend.Volume.open_or_create(os.path.join(a.scratch, "activations.vol"),
                                                   size=a.activation_volume)
-            self.act_store = memascend.TensorStore(vol, host_budget=a.activation_budget)
+            # On a GPU, CUDA-registered so the copies are DMA (docs/python.md, "On a GPU").
+            self.act_store = memascend.TensorStore(
+                vol, host_budget=a.activation_budget,
+                host_backing="cuda" if device.startswith("cuda") else "auto")
             self.activations = mt.offload_activations(self.act_store)
 
     def context(self):
