@@ -36,6 +36,18 @@ def proc_status(key):
     return None
 
 
+def reset_peak_rss():
+    """Resets VmHWM to the current RSS (/proc/self/clear_refs, "5"): (VmHWM before, None),
+    or (VmHWM, why it could not be reset)."""
+    before = proc_status("VmHWM")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError as e:
+        return before, f"/proc/self/clear_refs: {e}"
+    return before, None
+
+
 def proc_io():
     """(read_bytes, write_bytes) of /proc/self/io (storage I/O of the whole process, every
     thread), or None where the kernel does not account it."""
@@ -94,9 +106,16 @@ def llama_shapes(overrides=None):
 def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", seed=0):
     """(model, implementation): transformers' LlamaForCausalLM built from a config (no
     download), seeded, in `dtype` on `device`; where transformers cannot be imported,
-    bench/gpu/llama.py's, which keeps its structure and loss."""
+    bench/gpu/llama.py's, which keeps its structure and loss.
+
+    Built on the CPU (the same weights in every process, whatever its device) with `dtype`
+    the default dtype, so the parameters are made and initialised in `dtype`: no float32
+    copy of the whole model passes through host memory (4 bytes a parameter, which would
+    set the peak RSS of a system that holds little on the host, and fill a host cap)."""
     import torch
     torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
         import transformers
@@ -106,6 +125,8 @@ def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", se
         from llama import LlamaForCausalLM
         model = LlamaForCausalLM(dict(shapes, num_hidden_layers=layers))
         impl = f"bench/gpu/llama.py LlamaForCausalLM (transformers: {e})"
+    finally:
+        torch.set_default_dtype(previous)
     model = model.to(getattr(torch, dtype)).to(device)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -23,7 +23,7 @@ import time
 import traceback
 
 from common import BETAS, EPS, LR, WD, ROOT, build_llama, device_name, proc_io, proc_status, \
-    rss_bytes, token_stream
+    reset_peak_rss, rss_bytes, token_stream
 import cgroup
 
 SYSTEMS = ("torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend")
@@ -31,6 +31,20 @@ SYSTEMS = ("torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend")
 
 class Skip(Exception):
     """The system cannot run here; the message says why."""
+
+
+BUILT = {}  # the model's construction: its peak RSS, and whether VmHWM was reset after it
+
+
+def build(a, device):
+    """build_llama, then VmHWM reset: peak_rss_bytes is the system's own peak from here on
+    (what it keeps of the model, its setup and its training), not the harness's
+    construction of the model, which every system shares (build_peak_rss_bytes)."""
+    model, impl = build_llama(a.layers, a.shapes, device, a.checkpointing)
+    BUILT["build_peak_rss_bytes"], why = reset_peak_rss()
+    BUILT["peak_rss_scope"] = ("VmHWM from after the model was built on its device" if why is None
+                               else f"VmHWM of the whole process (not reset: {why})")
+    return model, impl
 
 
 def make_adamw(params, device):
@@ -59,7 +73,7 @@ def counts(model):
 class TorchGPU:
     def __init__(self, a, device):
         import torch
-        self.model, self.impl = build_llama(a.layers, a.shapes, device, a.checkpointing)
+        self.model, self.impl = build(a, device)
         self.counts = counts(self.model)
         self.params = list(self.model.parameters())
         self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
@@ -102,7 +116,7 @@ class FSDP2:
                        f"import fully_shard, CPUOffloadPolicy: {type(e).__name__}: {e}")
         self.dist = init_world("nccl" if device.startswith("cuda") else "gloo")
         # Built in bf16 and widened, so its fp32 master weights are the reference's.
-        model, self.impl = build_llama(a.layers, a.shapes, "cpu", a.checkpointing)
+        model, self.impl = build(a, "cpu")
         model.float()
         self.counts = counts(model)
         kw = dict(offload_policy=CPUOffloadPolicy(pin_memory=True),
@@ -173,7 +187,7 @@ class DeepSpeed:
             raise Skip("ZeRO-Infinity needs a CUDA device")
         init_world("nccl")
         deepspeed.init_distributed(dist_backend="nccl")
-        model, self.impl = build_llama(a.layers, a.shapes, "cpu", a.checkpointing)
+        model, self.impl = build(a, "cpu")
         self.counts = counts(model)
         nvme = os.path.join(a.scratch, "deepspeed")
         os.makedirs(nvme, exist_ok=True)
@@ -200,7 +214,7 @@ class MemAscend:
         import memascend
         import memascend.torch as mt
         from memascend import _core
-        self.model, self.impl = build_llama(a.layers, a.shapes, device, a.checkpointing)
+        self.model, self.impl = build(a, device)
         self.counts = counts(self.model)
         params = list(self.model.parameters())
         layout = [(f"p{i}", p.numel()) for i, p in enumerate(params)]
@@ -385,6 +399,7 @@ def worker(a):
         record.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
     record["seconds"] = round(time.time() - t0, 2)
     record["peak_rss_bytes"] = proc_status("VmHWM")
+    record.update(BUILT)
     if a.own_cgroup:
         record["cgroup_scope"] = "a group of this run's own"
     else:
