@@ -132,7 +132,7 @@ class FSDP2:
     def update(self):
         try:
             self.opt.step()
-        except RuntimeError as e:  # fused accepted at construction, refused at the step
+        except Exception as e:  # noqa: BLE001 - fused accepted at construction, refused at the step
             if self.optimizer != "fused":
                 raise
             import torch
@@ -179,6 +179,10 @@ def deepspeed_config(a, largest, nvme):
 
 class DeepSpeed:
     def __init__(self, a, device):
+        # Its ops (cpu_adam, async_io) are built on first use (JIT, ninja). 0.14.5 refuses to
+        # build when nvcc's CUDA minor differs from torch's outside its table, which stops
+        # at 12.5 (op_builder/builder.py, assert_no_cuda_mismatch); cpu_adam is host code.
+        self.env = {"DS_SKIP_CUDA_CHECK": os.environ.setdefault("DS_SKIP_CUDA_CHECK", "1")}
         try:
             import deepspeed
         except Exception as e:  # noqa: BLE001 - ImportError, or what its import raised
@@ -205,7 +209,9 @@ class DeepSpeed:
         pass
 
     def finish(self):
-        return {"deepspeed": self.version, "ds_config": self.config}
+        return {"deepspeed": self.version, "ds_config": self.config, "ds_env": self.env,
+                "optimizer": type(self.engine.optimizer).__name__ + " over " +
+                type(getattr(self.engine.optimizer, "optimizer", None)).__name__}
 
 
 class MemAscend:
