@@ -44,6 +44,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -193,14 +194,21 @@ class Parent:
         timeout = a.run_timeout
         if a.time_budget:
             timeout = max(1, min(timeout, int(a.time_budget - (t0 - self.started))))
+        # A session of its own, killed whole on a timeout: a compiler or ninja the worker
+        # started (DeepSpeed builds its ops on first use) would hold the pipes open.
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, preexec_fn=group.join if group else None)
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               preexec_fn=group.join if group else None)
-            status, tail = p.returncode, (p.stdout[-2000:] + p.stderr[-3000:])
-        except subprocess.TimeoutExpired as e:
+            out, err = p.communicate(timeout=timeout)
+            status = p.returncode
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            out, err = p.communicate()
             status = "timeout"
-            tail = (e.stdout or b"")[-2000:].decode(errors="replace") if isinstance(
-                e.stdout, bytes) else (e.stdout or "")[-2000:]
+        tail = (out or "")[-6000:] + "\n--- stderr ---\n" + (err or "")[-6000:]
         print(f"[compare] {name}: exit {status} in {time.time() - t0:.1f} s", flush=True)
         try:
             with open(record_path) as f:
@@ -211,6 +219,8 @@ class Parent:
                  "fits": False if group is not None and limit else None}
             if status == "timeout":
                 r["error"] = f"killed after {timeout} s (--run-timeout, --time-budget)"
+        if status != 0 or r.get("error"):
+            r.setdefault("log_tail", tail)  # the compiler's or the library's own words
         r.update({k: v for k, v in run.items() if k not in r or r[k] is None})
         r.update(model=r.get("model") or model_name(a), commit=self.commit, order=self.order,
                  exit=status, parent_command=" ".join([sys.executable] + sys.argv),
@@ -314,7 +324,10 @@ def main():
     if a.ds_aio_point:
         a.ds_aio_point = aio_point(a.ds_aio_point)
     if a.system:
-        return systems.worker(a)
+        rc = systems.worker(a)  # the record is written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)  # no teardown (NCCL, DeepSpeed's I/O threads) to hang the call on
     os.makedirs(a.out, exist_ok=True)
     if a.fit:
         import fit_under_cap
