@@ -376,8 +376,11 @@ class Check:
         # The limit counts from the check's start (the probe before it takes 10-30 s), so the
         # whole call stays inside a 600 s device command.
         timeout = min(560, 580 - int(time.time() - self.started))
+        # Volumes and swap files on the check's scratch disk (probed for O_DIRECT above), not
+        # under $OUT, which goes back to the caller (a run killed midway leaves them there).
         cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "compare.py"), "--out", self.out,
-               "--time-budget", str(timeout - 40)] + args
+               "--time-budget", str(timeout - 40),
+               "--nvme-path", os.path.join(self.scratch(), "compare")] + args
         rc, out = self.run("bench-gpu", cmd, timeout=timeout)
         records = sorted(glob.glob(os.path.join(self.out, "compare-*.json")) +
                          glob.glob(os.path.join(self.out, "fit-*.json")))
