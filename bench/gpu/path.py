@@ -30,31 +30,13 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-# Llama-3.2-1B's shapes (its config.json): the layers are the variable.
-LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
-                rope_theta=500000.0, tie_word_embeddings=True, max_position_embeddings=131072)
-LR, BETAS, EPS, WD = 1e-5, (0.9, 0.95), 1e-8, 0.01
-
-
-def rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, parse_bytes,
+                    rss_bytes, token_stream)
 
 
 def build(a):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(num_hidden_layers=a.layers, **LLAMA_1B)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).cuda()
-    if a.checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, config.vocab_size, (a.steps, a.batch, a.seq), generator=g)
+    model, _ = build_llama(a.layers, LLAMA_1B, "cuda", bool(a.checkpointing))
+    tokens = token_stream(a.steps, 1, a.batch, a.seq, LLAMA_1B["vocab_size"])[:, 0]
     return model, tokens
 
 
@@ -158,11 +140,6 @@ def pcie_ceiling(cli):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def parse_bytes(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", choices=["reference", "memascend"])
@@ -205,9 +182,7 @@ def main():
         record["torch"] = torch.__version__
     except Exception as e:  # noqa: BLE001 - the record says why
         record["device"] = f"unknown ({e})"
-    manifest = os.path.join(ROOT, ".device", "manifest.json")
-    if os.path.exists(manifest):
-        record["commit"] = json.load(open(manifest)).get("commit")
+    record["commit"] = commit()
     if "error" not in mem:
         tail = slice(min(5, a.steps - 1), None)
         fb, st = statistics.median(mem["forward_backward_seconds"][tail]), \

@@ -13,10 +13,15 @@ import math
 import os
 import struct
 import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "bench", "gpu"))
+from llama import inv_freq, rms_norm, rotate_half  # noqa: E402  (shared with the benchmark)
 
 BIN = os.environ.get("MEMASCEND_HF_REFERENCE")
 pytestmark = pytest.mark.skipif(not BIN, reason="MEMASCEND_HF_REFERENCE is not set (run by ctest)")
@@ -55,32 +60,6 @@ def read_safetensors(path):
         out[name] = torch.frombuffer(bytearray(blob[8 + n + b:8 + n + end]),
                                      dtype=torch.float32).reshape(e["shape"])
     return out
-
-
-def inv_freq(cfg):
-    dim = cfg["head_dim"]
-    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    rs = cfg.get("rope_scaling")
-    if not rs:
-        return inv
-    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
-    old = rs["original_max_position_embeddings"]
-    low_wavelen, high_wavelen = old / low, old / high
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)
-
-
-def rms_norm(x, w, eps):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 def forward(cfg, p, ids):

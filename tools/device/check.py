@@ -14,6 +14,9 @@ bundle `./run device-prep` made (.device/) or a native CUDA build (build/device/
               CUDA tests under compute-sanitizer memcheck
     bench-gpu-path  bench/gpu/path.py: the GPU training path against the model on the GPU
               (its options after --path-args "...")
+    bench-gpu  bench/gpu/compare.py: memascend against torch on the GPU, FSDP2 CPU offload
+              and DeepSpeed ZeRO-Infinity, one record per run into $OUT (its options
+              after --compare-args "...", e.g. "--systems memascend,torch-gpu --layers 4")
 
 Everything lands in $OUT (or --out): summary.json (device, runtime, commit, date, probe,
 ceilings with the command behind each figure, tests with passed/failed/skipped counts)
@@ -37,7 +40,7 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUNDLE = os.path.join(ROOT, ".device")
 NATIVE = os.environ.get("MEMASCEND_DEVICE_BUILD") or os.path.join(ROOT, "build", "device")
-WHATS = ("check", "probe", "ceilings", "tests", "bench-gpu-path")
+WHATS = ("check", "probe", "ceilings", "tests", "bench-gpu-path", "bench-gpu")
 
 
 class Check:
@@ -367,6 +370,24 @@ class Check:
                                           "records": [os.path.basename(r) for r in records]}
         self.save()
 
+    def bench_gpu(self, args):
+        # Each run's record lands as it ends, and the script ends its last run 40 s before
+        # this step's limit (--time-budget), so a plan longer than the call keeps what ran.
+        # The limit counts from the check's start (the probe before it takes 10-30 s), so the
+        # whole call stays inside a 600 s device command.
+        timeout = min(560, 580 - int(time.time() - self.started))
+        # Volumes and swap files on the check's scratch disk (probed for O_DIRECT above), not
+        # under $OUT, which goes back to the caller (a run killed midway leaves them there).
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "compare.py"), "--out", self.out,
+               "--time-budget", str(timeout - 40),
+               "--nvme-path", os.path.join(self.scratch(), "compare")] + args
+        rc, out = self.run("bench-gpu", cmd, timeout=timeout)
+        records = sorted(glob.glob(os.path.join(self.out, "compare-*.json")) +
+                         glob.glob(os.path.join(self.out, "fit-*.json")))
+        self.summary["bench_gpu"] = {"rc": rc, "command": " ".join(cmd),
+                                     "records": [os.path.basename(r) for r in records]}
+        self.save()
+
 
 def unpack(manifest):
     """The bundle's archive, unpacked afresh into .device/unpacked (a second or two)."""
@@ -414,6 +435,7 @@ def main():
     ap.add_argument("what", nargs="*", default=["check"], help=" | ".join(WHATS))
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "device-out"))
     ap.add_argument("--path-args", default="", help="options for bench/gpu/path.py")
+    ap.add_argument("--compare-args", default="", help="options for bench/gpu/compare.py")
     a = ap.parse_args()
     for w in a.what:
         if w not in WHATS:
@@ -429,6 +451,8 @@ def main():
         c.tests()
     if "bench-gpu-path" in what:
         c.bench_gpu_path(a.path_args.split())
+    if "bench-gpu" in what:
+        c.bench_gpu(a.compare_args.split())
     c.save()
     s = c.summary
     print(f"[device] {s['device']} on {s['runtime']['name']} ({s['runtime']['kernel']}), "

@@ -10,18 +10,19 @@ import torch
 N = 8192
 
 
-def main():
+def measure(n=N, reps=20):
+    """The figures as a dict (bench/gpu/compare.py measures its ceiling with it)."""
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device")
     g = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(N, N, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(N, N, device="cuda", dtype=torch.bfloat16, generator=g)
-    c = torch.empty(N, N, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         torch.matmul(a, b, out=c)
     torch.cuda.synchronize()
     times = []
-    for _ in range(20):
+    for _ in range(reps):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         torch.matmul(a, b, out=c)
@@ -33,11 +34,15 @@ def main():
     err = ((c[:256, :256].float() - ref).norm() / ref.norm()).item()
     if not err < 1e-2:
         raise SystemExit(f"bf16 product off by {err} relative")
-    flop = 2 * N ** 3
-    print(json.dumps({"shape": [N, N, N], "device": torch.cuda.get_device_name(0),
-                      "median_tflops": flop / statistics.median(times) / 1e12,
-                      "best_tflops": flop / min(times) / 1e12, "relative_error": err,
-                      "torch": torch.__version__}))
+    flop = 2 * n ** 3
+    return {"shape": [n, n, n], "device": torch.cuda.get_device_name(0),
+            "median_tflops": flop / statistics.median(times) / 1e12,
+            "best_tflops": flop / min(times) / 1e12, "relative_error": err,
+            "torch": torch.__version__}
+
+
+def main():
+    print(json.dumps(measure()))
 
 
 if __name__ == "__main__":

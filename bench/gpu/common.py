@@ -1,0 +1,142 @@
+"""What the GPU benchmarks (bench/gpu/path.py, bench/gpu/compare.py) share: the model
+(Llama-3.2-1B's shapes, layers as an option), the token stream, the optimizer's
+hyperparameters, and the probes of the process and the machine each record names."""
+import json
+import os
+import subprocess
+
+ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+# Llama-3.2-1B's shapes (its config.json): the layers are the variable.
+LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+                rope_theta=500000.0, tie_word_embeddings=True, max_position_embeddings=131072)
+LR, BETAS, EPS, WD = 1e-5, (0.9, 0.95), 1e-8, 0.01
+
+
+def parse_bytes(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def proc_status(key):
+    """A /proc/self/status figure in bytes (VmHWM: the peak resident set), or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss():
+    """Resets VmHWM to the current RSS (/proc/self/clear_refs, "5"): (VmHWM before, None),
+    or (VmHWM, why it could not be reset)."""
+    before = proc_status("VmHWM")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError as e:
+        return before, f"/proc/self/clear_refs: {e}"
+    return before, None
+
+
+def proc_io():
+    """(read_bytes, write_bytes) of /proc/self/io (storage I/O of the whole process, every
+    thread), or None where the kernel does not account it."""
+    try:
+        with open("/proc/self/io") as f:
+            d = dict(line.split(": ") for line in f.read().splitlines())
+        return int(d["read_bytes"]), int(d["write_bytes"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def commit():
+    """The commit measured: the device bundle's manifest, else git, else
+    $MEMASCEND_COMMIT (a tree that is not a git checkout)."""
+    manifest = os.path.join(ROOT, ".device", "manifest.json")
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            c = json.load(f).get("commit")
+        if c:
+            return c
+    try:
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
+                           text=True, timeout=30)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return os.environ.get("MEMASCEND_COMMIT")
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def device_name(device):
+    import torch
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    return f"CPU: {cpu_model()} ({os.cpu_count()} cores)"
+
+
+def llama_shapes(overrides=None):
+    """Llama-3.2-1B's shapes with the given ones (hidden_size, ...) replaced; None keeps."""
+    shapes = dict(LLAMA_1B)
+    shapes.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return shapes
+
+
+def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", seed=0):
+    """(model, implementation): transformers' LlamaForCausalLM built from a config (no
+    download), seeded, in `dtype` on `device`; where transformers cannot be imported,
+    bench/gpu/llama.py's, which keeps its structure and loss.
+
+    Built on the CPU (the same weights in every process, whatever its device) with `dtype`
+    the default dtype, so the parameters are made and initialised in `dtype`: no float32
+    copy of the whole model passes through host memory (4 bytes a parameter, which would
+    set the peak RSS of a system that holds little on the host, and fill a host cap)."""
+    import torch
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        import transformers
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **shapes))
+        impl = f"transformers {transformers.__version__} LlamaForCausalLM"
+    except ImportError as e:
+        from llama import LlamaForCausalLM
+        model = LlamaForCausalLM(dict(shapes, num_hidden_layers=layers))
+        impl = f"bench/gpu/llama.py LlamaForCausalLM (transformers: {e})"
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to(getattr(torch, dtype)).to(device)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, impl
+
+
+def token_stream(steps, accum, batch, seq, vocab, seed=1):
+    """Every step's micro-batches of token ids, [steps, accum, batch, seq]: the same in
+    every process and for every system."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (steps, accum, batch, seq), generator=g)

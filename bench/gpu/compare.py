@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""MemAscend against what a GPU user runs instead, side by side on one machine (issue 40):
+one model, one token stream, one sequence length and batch, several systems, each in a
+process of its own, in a random order (seeded; the order is recorded).
+
+    python3 bench/gpu/compare.py --out DIR [--systems torch-gpu,fsdp2-offload,...]
+        [--budgets 5,10,...] [--layers 16] [--seq 2048] [--batch 1] [--accum 1] [--steps 20]
+    python3 bench/gpu/compare.py --fit --out DIR ...   # what each system trains under a cap
+
+Run by `./run device bench-gpu` (docs/gpu.md). The systems (bench/gpu/systems.py): torch-gpu
+(everything on the device, torch.optim.AdamW over fp32 master weights: the reference, where
+it fits), fsdp2-offload (FSDP2 with CPUOffloadPolicy(pin_memory=True), world size 1),
+deepspeed-zero-infinity (ZeRO-3, parameters and optimizer state on NVMe; one run per aio
+point of --ds-aio), memascend (memascend.torch at each budget of --budgets, percent of the
+training state, fixed before any run: the CPU frontier's list). A system that cannot run
+here (no FSDP2 in torch 1.13, no deepspeed importable) is recorded skipped, with the reason.
+
+The model: transformers' LlamaForCausalLM from a config (Llama-3.2-1B's shapes, --layers;
+bench/gpu/llama.py's where transformers is missing), bf16, activation checkpointing.
+
+Every run writes its record, DIR/compare-NN-SYSTEM[-BUDGET].json, as soon as it ends (a
+call cut short keeps what finished; a run past --run-timeout is killed and recorded so):
+system, model, device, commit, command, budget, peak_rss_bytes (the worker's VmHWM),
+cgroup_peak_bytes (a cgroup of the run's own where one can be made, else the enclosing
+group's, said in cgroup_scope), torch_pinned_peak_bytes (torch.cuda.host_memory_stats),
+memascend_pinned_peak_bytes (the store's page-locked arena), gpu_peak_bytes (torch's
+reserved peak plus memascend's device budget), losses and step_seconds per step,
+tokens_per_s (over the median step, the first left out), io_bytes_per_step (/proc/self/io
+deltas, median), mfu, run_index. At the end each record gains loss_rel_diff_max against the
+reference (torch-gpu; where it did not fit, fsdp2-offload, whose update is the same AdamW
+over fp32 master weights; `reference` names it) and `void` (true where any step's loss
+differs from the reference's by more than 1e-2 relatively), and DIR/compare-summary.json
+holds the table.
+
+MFU: FLOPs per step = 6 * P * T + 12 * L * d * s * T, over the median step time and the
+matrix-product ceiling the parent measures first in the same call (bf16 8192^3 on a GPU;
+float32 1024^3 on the CPU, labelled). P: parameters in matrix products (the input embedding
+only where tied to the head), T: tokens per step, L: layers, d: hidden size, s: sequence
+length. Recomputation under activation checkpointing is not counted (model FLOPs).
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import cgroup  # noqa: E402
+from common import ROOT, commit, llama_shapes, parse_bytes  # noqa: E402
+from frontier import BUDGETS  # noqa: E402  (the CPU frontier's budgets, percent of the state)
+import systems  # noqa: E402
+
+VOID_REL = 1e-2
+# Options every worker gets as the parent has them (dest names).
+SHARED = ["layers", "seq", "batch", "accum", "steps", "hidden", "heads", "kv_heads",
+          "intermediate", "vocab", "checkpointing", "device", "offload_activations",
+          "activation_budget", "activation_volume", "ds_param_buffers", "ds_param_buffer_size",
+          "ds_optimizer_buffers", "ds_sub_group_size", "ds_max_in_cpu", "ds_pipeline",
+          "ds_pin", "ds_threads"]
+
+
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = ap.add_argument
+    add("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "gpu-compare"))
+    add("--systems", default=",".join(systems.SYSTEMS))
+    add("--budgets", default=",".join(map(str, BUDGETS)), help="memascend's, percent of the state")
+    add("--layers", type=int, default=16)
+    add("--seq", type=int, default=2048)
+    add("--batch", type=int, default=1)
+    add("--accum", type=int, default=1, help="micro-batches per step (gradient accumulation)")
+    add("--steps", type=int, default=20)
+    for name in ("hidden", "heads", "kv-heads", "intermediate", "vocab"):
+        add(f"--{name}", type=int, help="replaces Llama-3.2-1B's (tiny models for tests)")
+    add("--checkpointing", type=int, default=1)
+    add("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    add("--offload-activations", type=int, default=0, help="memascend: offload_activations")
+    add("--activation-budget", type=parse_bytes, default=parse_bytes("512M"))
+    add("--activation-volume", type=parse_bytes, default=parse_bytes("8G"))
+    add("--nvme-path", help="where the volumes and DeepSpeed's swap files go (default OUT/"
+        "scratch; each run's removed after it)")
+    add("--keep-scratch", action="store_true")
+    add("--seed", type=int, help="the order's (default: from the clock; recorded)")
+    add("--run-timeout", type=int, default=900, help="seconds per run")
+    add("--time-budget", type=int, default=0, help="seconds for the whole call (0: none): "
+        "no run starts with under a minute of it left, and none runs past it")
+    # DeepSpeed: DeepSpeed's defaults, the parameter buffer raised to the largest tensor;
+    # one run per aio point (block:queue depth): its default and ds_nvme_tune's corner.
+    add("--ds-aio", default="1M:8,8M:32")
+    add("--ds-param-buffers", type=int, default=5)
+    add("--ds-param-buffer-size", type=int, default=100_000_000)
+    add("--ds-optimizer-buffers", type=int, default=4)
+    add("--ds-sub-group-size", type=int, default=1_000_000_000)
+    add("--ds-max-in-cpu", type=int, default=1_000_000_000)
+    add("--ds-pipeline", type=int, default=0, help="pipeline_read and pipeline_write")
+    add("--ds-pin", type=int, default=1, help="pin_memory of both offloads")
+    add("--ds-threads", type=int, default=1)
+    # --fit: under a host memory cap
+    add("--fit", action="store_true")
+    add("--host-cap", type=parse_bytes, default=parse_bytes("16G"))
+    add("--fit-layers", default="16,24,32,48,64")
+    add("--fit-seqs", default="2048,4096,8192,16384,32768,65536,131072")
+    add("--fit-steps", type=int, default=3)
+    add("--fit-budget", type=float, default=10.0, help="memascend's budget in --fit")
+    # the worker's
+    add("--system", help=argparse.SUPPRESS)
+    add("--budget", type=float, help=argparse.SUPPRESS)
+    add("--ds-aio-point", help=argparse.SUPPRESS)
+    add("--record", help=argparse.SUPPRESS)
+    add("--scratch", help=argparse.SUPPRESS)
+    add("--ceiling-flops", type=float, default=0.0, help=argparse.SUPPRESS)
+    add("--run-index", type=int, default=0, help=argparse.SUPPRESS)
+    add("--own-cgroup", type=int, default=0, help=argparse.SUPPRESS)
+    return ap
+
+
+def shapes_of(a):
+    return llama_shapes({"hidden_size": a.hidden, "num_attention_heads": a.heads,
+                         "num_key_value_heads": a.kv_heads, "intermediate_size": a.intermediate,
+                         "vocab_size": a.vocab})
+
+
+def model_name(a):
+    s = shapes_of(a)
+    base = "llama-3.2-1b-shapes" if s == llama_shapes() else \
+        f"llama-h{s['hidden_size']}-i{s['intermediate_size']}-v{s['vocab_size']}"
+    return f"{base}-{a.layers}-layers"
+
+
+def aio_point(text):
+    block, qd = text.split(":")
+    return parse_bytes(block), int(qd)
+
+
+def plan(a):
+    runs = []
+    for name in a.systems.split(","):
+        if name not in systems.SYSTEMS:
+            sys.exit(f"compare: unknown system '{name}' (known: {', '.join(systems.SYSTEMS)})")
+        if name == "memascend":
+            runs += [{"system": name, "budget": float(b)} for b in a.budgets.split(",")]
+        elif name == "deepspeed-zero-infinity":
+            runs += [{"system": name, "ds_aio_point": p} for p in a.ds_aio.split(",")]
+        else:
+            runs.append({"system": name})
+    return runs
+
+
+def label(run):
+    if "budget" in run:
+        return f"{run['system']}-{run['budget']:g}pct"
+    if "ds_aio_point" in run:
+        return f"{run['system']}-{run['ds_aio_point'].replace(':', 'x')}"
+    return run["system"]
+
+
+class Parent:
+    def __init__(self, a):
+        self.a = a
+        self.started = time.time()
+        self.scratch_root = a.nvme_path or os.path.join(a.out, "scratch")
+        self.group_why = None
+
+    def worker_cmd(self, run, record, index, overrides=None, own_cgroup=False):
+        a, cmd = self.a, [sys.executable, os.path.abspath(__file__)]
+        for dest in SHARED:
+            v = (overrides or {}).get(dest, getattr(a, dest))
+            if v is not None:
+                cmd.append(f"--{dest.replace('_', '-')}={v}")
+        cmd += [f"--system={run['system']}", f"--record={record}", f"--run-index={index}",
+                f"--scratch={os.path.join(self.scratch_root, os.path.basename(record)[:-5])}",
+                f"--ceiling-flops={self.ceiling.get('flops') or 0}", f"--own-cgroup={int(own_cgroup)}"]
+        if "budget" in run:
+            cmd.append(f"--budget={run['budget']}")
+        if "ds_aio_point" in run:
+            cmd.append(f"--ds-aio-point={run['ds_aio_point']}")
+        return cmd
+
+    def launch(self, run, name, index, overrides=None, limit=None):
+        """Runs one worker; returns its record (written by it, or here when it left none)."""
+        a = self.a
+        record_path = os.path.join(a.out, name + ".json")
+        group, why = cgroup.make(f"memascend-compare-{os.getpid()}-{index}", limit)
+        self.group_why = why
+        cmd = self.worker_cmd(run, record_path, index, overrides, group is not None)
+        t0 = time.time()
+        status, tail = None, ""
+        timeout = a.run_timeout
+        if a.time_budget:
+            timeout = max(1, min(timeout, int(a.time_budget - (t0 - self.started))))
+        # A session of its own, killed whole on a timeout: a compiler or ninja the worker
+        # started (DeepSpeed builds its ops on first use) would hold the pipes open.
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, preexec_fn=group.join if group else None)
+        try:
+            out, err = p.communicate(timeout=timeout)
+            status = p.returncode
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            out, err = p.communicate()
+            status = "timeout"
+        tail = (out or "")[-6000:] + "\n--- stderr ---\n" + (err or "")[-6000:]
+        print(f"[compare] {name}: exit {status} in {time.time() - t0:.1f} s", flush=True)
+        try:
+            with open(record_path) as f:
+                r = json.load(f)
+        except (OSError, ValueError):
+            r = {"system": run["system"], "run_index": index, "command": " ".join(cmd),
+                 "error": f"the worker left no record (exit {status})", "log_tail": tail,
+                 "fits": False if group is not None and limit else None}
+            if status == "timeout":
+                r["error"] = f"killed after {timeout} s (--run-timeout, --time-budget)"
+        if status != 0 or r.get("error"):
+            r.setdefault("log_tail", tail)  # the compiler's or the library's own words
+        r.update({k: v for k, v in run.items() if k not in r or r[k] is None})
+        r.update(model=r.get("model") or model_name(a), commit=self.commit, order=self.order,
+                 exit=status, parent_command=" ".join([sys.executable] + sys.argv),
+                 ceiling=self.ceiling)
+        if group is not None:
+            r.update(cgroup_peak_bytes=group.peak(), cgroup_scope="a group of this run's own",
+                     cgroup_limit_bytes=limit, cgroup_oom_kills=group.oom_kills())
+            group.remove()
+        elif "cgroup_scope" not in r:
+            r["cgroup_peak_bytes"], r["cgroup_scope"] = None, why
+        r["cgroup_why_none"] = why
+        r["record_file"] = os.path.basename(record_path)
+        write(record_path, r)
+        if not a.keep_scratch:
+            shutil.rmtree(os.path.join(self.scratch_root, name), ignore_errors=True)
+        return r
+
+    def measure_ceiling(self):
+        self.ceiling = {}
+        r = self.launch({"system": "ceiling"}, "compare-ceiling", -1)
+        self.ceiling = {k: r.get(k) for k in ("flops", "label", "device", "error") if k in r}
+        return r
+
+
+def write(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def compare_losses(records):
+    """Picks the reference and marks each row void or not. Returns (reference name, why)."""
+    ran = {r["system"]: r for r in records if r.get("losses") and not r.get("error")}
+    if "torch-gpu" in ran:
+        ref, why = ran["torch-gpu"], "torch-gpu: everything on the device"
+    elif "fsdp2-offload" in ran:
+        ref, why = ran["fsdp2-offload"], ("fsdp2-offload: torch-gpu did not run or fit; its "
+                                          "update is the same AdamW over fp32 master weights")
+    else:
+        ref, why = None, "none: neither torch-gpu nor fsdp2-offload ran"
+    for r in records:
+        r["reference"] = ref["system"] if ref else None
+        if not r.get("losses") or r.get("error"):
+            r["void"], r["void_reason"] = None, "did not train"
+            continue
+        if ref is None:
+            r["void"], r["void_reason"] = None, why
+            continue
+        if len(r["losses"]) != len(ref["losses"]):
+            r["void"], r["void_reason"] = True, "a different number of steps than the reference"
+            continue
+        diff = max(abs(x - y) / abs(y) for x, y in zip(r["losses"], ref["losses"]))
+        r["loss_rel_diff_max"] = diff
+        r["void"] = diff > VOID_REL
+        r["void_reason"] = (f"a loss differs from {ref['system']}'s by {diff:.3g} relatively "
+                            f"(over {VOID_REL:g})") if r["void"] else None
+    return (ref["system"] if ref else None), why
+
+
+def table(records):
+    keys = ["system", "budget", "ds_aio_point", "fits", "skipped", "reason", "error",
+            "peak_rss_bytes", "cgroup_peak_bytes", "torch_pinned_peak_bytes",
+            "memascend_pinned_peak_bytes", "gpu_peak_bytes", "tokens_per_s", "mfu",
+            "io_bytes_per_step", "loss_rel_diff_max", "void", "void_reason"]
+    return [{k: r.get(k) for k in keys} for r in records]
+
+
+def compare(a):
+    p = Parent(a)
+    p.commit = commit()
+    runs = plan(a)
+    seed = a.seed if a.seed is not None else time.time_ns() % (1 << 31)
+    random.Random(seed).shuffle(runs)
+    p.order = [label(r) for r in runs]
+    p.measure_ceiling()
+    print(f"[compare] ceiling {p.ceiling}; order (seed {seed}): {', '.join(p.order)}", flush=True)
+    records, not_run = [], []
+    for i, run in enumerate(runs):
+        if a.time_budget and time.time() - p.started > a.time_budget - 60:
+            not_run.append(label(run))
+            continue
+        records.append(p.launch(run, f"compare-{i:02d}-{label(run)}", i))
+    ref, why = compare_losses(records)
+    for r in records:  # the records again, with the comparison
+        write(os.path.join(a.out, r["record_file"]), r)
+    summary = {"kind": "gpu-compare", "date": datetime.datetime.now(datetime.timezone.utc)
+               .isoformat(timespec="seconds"), "command": " ".join([sys.executable] + sys.argv),
+               "commit": p.commit, "model": model_name(a), "seq": a.seq, "batch": a.batch,
+               "accum": a.accum, "steps": a.steps, "seed": seed, "order": p.order,
+               "not_run": not_run, "ceiling": p.ceiling, "reference": ref,
+               "reference_why": why, "void_threshold": VOID_REL, "rows": table(records),
+               "wall_seconds": round(time.time() - p.started, 1)}
+    write(os.path.join(a.out, "compare-summary.json"), summary)
+    print(json.dumps(summary["rows"], indent=1, default=str))
+    return 0
+
+
+def main():
+    a = parser().parse_args()
+    a.shapes, a.model_name = shapes_of(a), model_name(a)
+    if a.ds_aio_point:
+        a.ds_aio_point = aio_point(a.ds_aio_point)
+    if a.system:
+        rc = systems.worker(a)  # the record is written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)  # no teardown (NCCL, DeepSpeed's I/O threads) to hang the call on
+    os.makedirs(a.out, exist_ok=True)
+    if a.fit:
+        import fit_under_cap
+        return fit_under_cap.fit(a, Parent, plan, label)
+    return compare(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""bench/gpu/compare.py on the CPU at a tiny size (2 layers, hidden 64, seq 32, 3 steps):
+the plain-torch reference (the torch-gpu row, here on the CPU) and memascend at one budget
+train the same losses; every run leaves a record with the fields the GPU comparison
+reads; FSDP2 and DeepSpeed, which Debian's torch 1.13 cannot run, are recorded skipped with
+the reason."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("memascend.torch")
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "gpu",
+                      "compare.py")
+TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
+        "--intermediate", "172", "--vocab", "256", "--seq", "32", "--batch", "2",
+        "--steps", "3", "--seed", "7", "--run-timeout", "120"]
+FIELDS = ["system", "model", "device", "commit", "command", "peak_rss_bytes",
+          "cgroup_peak_bytes", "gpu_peak_bytes", "tokens_per_s", "losses", "step_seconds",
+          "io_bytes_per_step", "mfu", "order", "run_index", "void"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    env = dict(os.environ, MEMASCEND_COMMIT="test")
+    p = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--budgets", "25",
+                        "--ds-aio", "1M:8"] + TINY, capture_output=True, text=True, env=env,
+                       timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    records = {}
+    for path in glob.glob(str(out / "compare-[0-9]*.json")):
+        r = json.load(open(path))
+        records[r["system"]] = r
+    return out, records
+
+
+def test_every_system_leaves_one_record_in_the_recorded_order(run):
+    out, records = run
+    assert set(records) == {"torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend"}
+    summary = json.load(open(out / "compare-summary.json"))
+    assert sorted(summary["order"]) == sorted(["torch-gpu", "fsdp2-offload", "memascend-25pct",
+                                               "deepspeed-zero-infinity-1Mx8"])
+    assert summary["seed"] == 7 and summary["reference"] == "torch-gpu"
+    for r in records.values():
+        assert r["order"] == summary["order"]
+        assert summary["order"][r["run_index"]].startswith(r["system"])
+    assert not os.listdir(out / "scratch")  # each run's volumes removed after it
+
+
+def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
+    _, records = run
+    ref = records["torch-gpu"]
+    for name in ("torch-gpu", "memascend"):
+        r = records[name]
+        for k in FIELDS:
+            assert k in r, (name, k)
+        assert "llama" in r["model"] and r["device"].startswith("CPU")
+        assert r["commit"]
+        assert len(r["losses"]) == len(r["step_seconds"]) == 3
+        assert r["peak_rss_bytes"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1
+        assert r["ceiling"]["label"].startswith("CPU float32 matmul")
+        assert r["void"] is False and r["loss_rel_diff_max"] <= 1e-2
+        for x, y in zip(r["losses"], ref["losses"]):
+            assert abs(x - y) <= 1e-2 * abs(y)
+    budget = records["memascend"]["budget"]
+    assert budget["percent_of_state"] == 25 and budget["bytes"] > 0
+    assert records["memascend"]["memascend_pinned_peak_bytes"] > 0
+    assert records["memascend"]["io_bytes_per_step"]["write"] >= 0
+
+
+def test_systems_torch_1_13_cannot_run_are_skipped_with_the_reason(run):
+    import torch
+    _, records = run
+    if not torch.__version__.startswith("1."):
+        pytest.skip("FSDP2 imports in this torch")
+    fsdp, ds = records["fsdp2-offload"], records["deepspeed-zero-infinity"]
+    assert fsdp["skipped"] is True and "FSDP2" in fsdp["reason"]
+    # Without a GPU, whether or not deepspeed imports, ZeRO-Infinity is not run.
+    assert ds["skipped"] is True and ("import deepspeed" in ds["reason"] or
+                                      "CUDA" in ds["reason"])
+    for r in (fsdp, ds):
+        assert r["void"] is None and "losses" not in r
