@@ -88,8 +88,14 @@ def main():
     ap.add_argument("--python", default="", help="the interpreter the build's Python tests name")
     a = ap.parse_args()
     build, source, out = (os.path.realpath(p) for p in (a.build, a.source, a.out))
-    if os.path.exists(out):
-        shutil.rmtree(out)
+    # Its own outputs, not .device/deepspeed (tools/device/deepspeed_bundle.py's).
+    for name in os.listdir(out) if os.path.isdir(out) else ():
+        if name != "deepspeed":
+            path = os.path.join(out, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
     stage = os.path.join(out, "stage")
     out_build, out_lib = os.path.join(stage, "build"), os.path.join(stage, "lib")
     os.makedirs(out_lib)
