@@ -200,6 +200,7 @@ class DeepSpeed:
                                                     model_parameters=model.parameters())
         self.model = self.engine
         self.version = deepspeed.__version__
+        self.origin = os.path.dirname(deepspeed.__file__)  # .device/deepspeed's, or installed
 
     def backward(self, loss):
         self.engine.backward(loss)  # divides by the accumulation steps itself
@@ -209,7 +210,8 @@ class DeepSpeed:
         pass
 
     def finish(self):
-        return {"deepspeed": self.version, "ds_config": self.config, "ds_env": self.env,
+        return {"deepspeed": self.version, "deepspeed_from": self.origin, "ds_config": self.config,
+                "ds_env": self.env,
                 "optimizer": type(self.engine.optimizer).__name__ + " over " +
                 type(getattr(self.engine.optimizer, "optimizer", None)).__name__}
 

@@ -16,7 +16,9 @@ bundle `./run device-prep` made (.device/) or a native CUDA build (build/device/
               (its options after --path-args "...")
     bench-gpu  bench/gpu/compare.py: memascend against torch on the GPU, FSDP2 CPU offload
               and DeepSpeed ZeRO-Infinity, one record per run into $OUT (its options
-              after --compare-args "...", e.g. "--systems memascend,torch-gpu --layers 4")
+              after --compare-args "...", e.g. "--systems memascend,torch-gpu --layers 4");
+              with .device/deepspeed (`./run device-prep --deepspeed`) in its workers'
+              environment where it was carried (tools/device/deepspeed_bundle.py)
 
 Everything lands in $OUT (or --out): summary.json (device, runtime, commit, date, probe,
 ceilings with the command behind each figure, tests with passed/failed/skipped counts)
@@ -39,6 +41,7 @@ import xml.etree.ElementTree as ET
 
 ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUNDLE = os.path.join(ROOT, ".device")
+DEEPSPEED_BUNDLE = os.path.join(BUNDLE, "deepspeed")
 NATIVE = os.environ.get("MEMASCEND_DEVICE_BUILD") or os.path.join(ROOT, "build", "device")
 WHATS = ("check", "probe", "ceilings", "tests", "bench-gpu-path", "bench-gpu")
 
@@ -381,7 +384,12 @@ class Check:
         cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "compare.py"), "--out", self.out,
                "--time-budget", str(timeout - 40),
                "--nvme-path", os.path.join(self.scratch(), "compare")] + args
-        rc, out = self.run("bench-gpu", cmd, timeout=timeout)
+        env = None
+        if os.path.isdir(DEEPSPEED_BUNDLE):
+            import deepspeed_bundle  # beside this file
+            env, self.summary["deepspeed_bundle"] = deepspeed_bundle.environ(DEEPSPEED_BUNDLE,
+                                                                             self.env)
+        rc, out = self.run("bench-gpu", cmd, timeout=timeout, env=env)
         records = sorted(glob.glob(os.path.join(self.out, "compare-*.json")) +
                          glob.glob(os.path.join(self.out, "fit-*.json")))
         self.summary["bench_gpu"] = {"rc": rc, "command": " ".join(cmd),
