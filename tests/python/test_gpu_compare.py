@@ -85,3 +85,68 @@ def test_systems_torch_1_13_cannot_run_are_skipped_with_the_reason(run):
                                       "CUDA" in ds["reason"])
     for r in (fsdp, ds):
         assert r["void"] is None and "losses" not in r
+
+
+# ---- tools/device/deepspeed_bundle.py: the environment bench-gpu's workers get --------
+TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "device")
+
+
+def deepspeed_bundle():
+    sys.path.insert(0, TOOLS)
+    try:
+        import deepspeed_bundle as m
+    finally:
+        sys.path.remove(TOOLS)
+    return m
+
+
+def test_the_deepspeed_bundle_env_adds_fallbacks_only_for_what_is_missing(tmp_path):
+    m = deepspeed_bundle()
+    b = str(tmp_path)
+    env, notes = m.environ(b, {"PYTHONPATH": "/mine", "PATH": "/usr/bin", "CPATH": "/inc"},
+                           has_module=lambda name: name == "pydantic", has_ninja=lambda: False)
+    assert env["PYTHONPATH"].split(":") == [f"{b}/python", "/mine", f"{b}/fallback/cpuinfo",
+                                            f"{b}/fallback/tqdm"]
+    assert env["PATH"] == f"/usr/bin:{b}/bin" and env["CPATH"] == f"/inc:{b}/include"
+    assert env["LIBRARY_PATH"] == env["LD_LIBRARY_PATH"] == f"{b}/lib"
+    assert env["DS_SKIP_CUDA_CHECK"] == "1"
+    assert notes["fallbacks"] == ["cpuinfo", "tqdm"] and notes["ninja_from_bundle"] is True
+    env, notes = m.environ(b, {"PATH": "/usr/bin", "DS_SKIP_CUDA_CHECK": "0"},
+                           has_module=lambda name: True, has_ninja=lambda: True)
+    assert env["PYTHONPATH"] == f"{b}/python" and env["PATH"] == "/usr/bin"
+    assert env["DS_SKIP_CUDA_CHECK"] == "0" and notes["fallbacks"] == []
+
+
+def test_the_deepspeed_bundle_env_sh_agrees_with_environ(tmp_path):
+    m = deepspeed_bundle()
+    b = str(tmp_path)
+    m.write_env_sh(b)
+    base = {"PATH": os.environ["PATH"], "PYTHONPATH": "/mine", "DS_PYTHON": sys.executable}
+    p = subprocess.run(["bash", "-c", f". {b}/env.sh && env -0"], env=base,
+                       capture_output=True, text=True, check=True)
+    got = dict(kv.split("=", 1) for kv in p.stdout.split("\0") if "=" in kv)
+    # The fallbacks as env.sh probes them: with sys.executable and no PYTHONPATH of ours.
+    probe = {name: subprocess.run([sys.executable, "-c", f"import {name}"],
+                                  capture_output=True).returncode == 0 for name in m.FALLBACK}
+    want, _ = m.environ(b, base, has_module=probe.get)
+    for key in ("PYTHONPATH", "PATH", "CPATH", "LIBRARY_PATH", "LD_LIBRARY_PATH",
+                "DS_SKIP_CUDA_CHECK"):
+        assert got.get(key) == want.get(key), key
+
+
+def test_the_hjson_shim_reads_a_deepspeed_config_as_json(tmp_path):
+    m = deepspeed_bundle()
+    ns = {}
+    exec(compile(m.HJSON, "hjson.py", "exec"), ns)
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}')
+
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), keys
+        return dict(pairs)
+    with open(path) as f:
+        cfg = ns["load"](f, object_pairs_hook=no_duplicates)
+    assert cfg == ns["loads"](path.read_text()) and cfg["zero_optimization"]["stage"] == 3
+    with pytest.raises(AssertionError):
+        ns["loads"]('{"a": 1, "a": 2}', object_pairs_hook=no_duplicates)
