@@ -96,7 +96,7 @@ export PYTHONPATH="$_ds/python${PYTHONPATH:+:$PYTHONPATH}"
 for _m in @FALLBACK@; do
   "${DS_PYTHON:-python3}" -c "import $_m" 2>/dev/null || PYTHONPATH="$PYTHONPATH:$_ds/fallback/$_m"
 done
-command -v ninja >/dev/null 2>&1 || export PATH="${PATH:+$PATH:}$_ds/bin"
+command -v ninja >/dev/null 2>&1 || { chmod +x "$_ds/bin/ninja" 2>/dev/null; export PATH="${PATH:+$PATH:}$_ds/bin"; }
 export CPATH="${CPATH:+$CPATH:}$_ds/include"
 export LIBRARY_PATH="${LIBRARY_PATH:+$LIBRARY_PATH:}$_ds/lib"
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$_ds/lib"
@@ -128,6 +128,10 @@ def environ(bundle=BUNDLE, base=None, has_module=None, has_ninja=None):
     ninja = not has_ninja()
     if ninja:
         _append(env, "PATH", os.path.join(bundle, "bin"))
+        try:  # a carry that lost the mode bits
+            os.chmod(os.path.join(bundle, "bin", "ninja"), 0o755)
+        except OSError:
+            pass
     _append(env, "CPATH", os.path.join(bundle, "include"))
     for key in ("LIBRARY_PATH", "LD_LIBRARY_PATH"):
         _append(env, key, os.path.join(bundle, "lib"))
