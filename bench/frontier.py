@@ -430,6 +430,12 @@ def main():
                     help="the summary also counts this model's earlier repeats in "
                     "frontier.jsonl (a design's rows run over several sessions: the 1B model); "
                     "implies --append")
+    ap.add_argument("--named-only", action="store_true",
+                    help="the statements count the design's rows only, not the sweep's runs "
+                    "(--tuned-from a sweep that ran under other rules)")
+    ap.add_argument("--summarize", action="store_true",
+                    help="run nothing: the summary of the repeats in OUT/frontier.jsonl of "
+                    "--models, by label, without sweep points")
     ap.add_argument("--append", action="store_true",
                     help="add to frontier.jsonl and the summary (other models' results stay)")
     a = ap.parse_args()
@@ -441,6 +447,8 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
+    if a.summarize:
+        return summarize_file(a, rng)
     earlier, before = [], []
     if a.first_row > 1 and not (a.add_to_earlier and a.tuned_from):
         raise SystemExit("frontier: --first-row ends a design an earlier session began: "
@@ -504,34 +512,58 @@ def main():
         if a.add_to_earlier:
             results = merge_earlier(results, treatments, [
                 r for r in before if r["model"] == model and r["phase"] == "repeat"])
-        # The summary: medians with intervals; the sweep's ZeRO points for the frontier.
-        points, ours = [], []
-        for lab, rs in results.items():
-            ok = [r for r in rs if r["fits"]]
-            st = bootstrap([r["step_seconds"] for r in ok], rng)
-            rss = bootstrap([r["peak_rss_bytes"] for r in ok], rng)
-            if st is None:
-                continue
-            pt = {"label": lab, "policy": rs[0]["policy"], "step": st["median"], "rss": rss["median"],
-                  "step_ci": st, "rss_ci": rss, "named": rs[0]["policy"] == "zero-infinity"}
-            points.append(pt)
-            if pt["policy"] == "memascend":
-                ours.append(pt)
         # the sweep's points: this model's, run now or by an earlier session
-        for r in ([] if a.tuned_from not in (None, model) else zero_ran):
-            points.append({"label": r["label"], "policy": "zero-infinity", "step": r["step_seconds"],
-                           "rss": r["peak_rss_bytes"], "named": False})
-        zero_points = [p for p in points if p["policy"] == "zero-infinity"]
-        losses = {}
-        for rs in results.values():
-            for r in rs:
-                if r["fits"]:
-                    losses.setdefault(tuple(r["losses"]), []).append(r["label"])
-        summary[model] = {"points": points, "statements": frontier_statements(zero_points, ours),
-                          "distinct_loss_sequences": len(losses)}
+        sweep_points = [] if a.tuned_from not in (None, model) or a.named_only else zero_ran
+        summary[model] = summarize(results, sweep_points, rng)
+    write_summary(summary, summary_path, a.out)
+
+
+def summarize(results, sweep, rng):
+    """A model's summary: each configuration's medians with intervals (RESULTS: label ->
+    rows), the SWEEP's ZeRO runs as points of their own, the frontier's statements over
+    every ZeRO point, and the distinct loss sequences."""
+    points, ours = [], []
+    for lab, rs in results.items():
+        ok = [r for r in rs if r["fits"]]
+        st = bootstrap([r["step_seconds"] for r in ok], rng)
+        rss = bootstrap([r["peak_rss_bytes"] for r in ok], rng)
+        if st is None:
+            continue
+        pt = {"label": lab, "policy": rs[0]["policy"], "step": st["median"], "rss": rss["median"],
+              "step_ci": st, "rss_ci": rss, "named": rs[0]["policy"] == "zero-infinity"}
+        points.append(pt)
+        if pt["policy"] == "memascend":
+            ours.append(pt)
+    for r in sweep:
+        points.append({"label": r["label"], "policy": "zero-infinity", "step": r["step_seconds"],
+                       "rss": r["peak_rss_bytes"], "named": False})
+    zero_points = [p for p in points if p["policy"] == "zero-infinity"]
+    losses = {tuple(r["losses"]) for rs in results.values() for r in rs if r["fits"]}
+    return {"points": points, "statements": frontier_statements(zero_points, ours),
+            "distinct_loss_sequences": len(losses)}
+
+
+def summarize_file(a, rng):
+    """--summarize: the summary of the repeats in OUT/frontier.jsonl alone, model by model
+    (each configuration's rows by label; the named rows and memascend's budgets, no sweep
+    points), without running anything."""
+    with open(os.path.join(a.out, "frontier.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    summary = {}
+    for model in a.models.split(","):
+        results = {}
+        for r in rows:
+            if r["model"] == model and r["phase"] == "repeat":
+                results.setdefault(r["label"], []).append(r)
+        if results:
+            summary[model] = summarize(results, [], rng)
+    write_summary(summary, os.path.join(a.out, "frontier-summary.json"), a.out)
+
+
+def write_summary(summary, summary_path, out):
     with open(summary_path, "w") as f:
         json.dump(summary, f, indent=1)
-    plot(summary, os.path.join(os.path.dirname(a.out), "frontier.svg"))
+    plot(summary, os.path.join(os.path.dirname(out), "frontier.svg"))
     for model, s in summary.items():
         print(f"\n{model}: {s['distinct_loss_sequences']} distinct loss sequence(s) among the repeats")
         print("| configuration | step s (95% CI) | peak RSS MiB (95% CI) |")

@@ -251,3 +251,20 @@ def test_memcap_lets_what_fits_run_and_the_kernel_kills_what_does_not():
     assert "oom_kills=1" in big.stderr
     bad = subprocess.run([cap, "lots", "true"], capture_output=True, text=True)
     assert bad.returncode == 2 and "is not a number" in bad.stderr
+
+
+def test_a_summary_of_the_repeats_alone_counts_no_sweep_point():
+    def row(label, policy, step, rss, losses=(3.0, 2.0)):
+        return {"label": label, "policy": policy, "fits": True, "step_seconds": step,
+                "peak_rss_bytes": rss, "losses": list(losses)}
+    results = {"zero-default": [row("zero-default", "zero-infinity", 8.0, 7000)] * 2,
+               "memascend 25%": [row("memascend 25%", "memascend", 12.0, 1500)] * 2}
+    rng = frontier.random.Random(1)
+    s = frontier.summarize(results, [], rng)
+    assert [p["label"] for p in s["points"]] == ["zero-default", "memascend 25%"]
+    [st] = s["statements"]
+    assert st["time_ratio_at_rss"] == pytest.approx(1.5) and st["rss_ratio_at_time"] is None
+    assert s["distinct_loss_sequences"] == 1
+    # an earlier sweep's run (under other rules) is a point only when passed
+    old = {"label": "zero old", "step_seconds": 20.0, "peak_rss_bytes": 2000}
+    assert len(frontier.summarize(results, [old], rng)["statements"]) == 2
