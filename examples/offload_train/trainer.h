@@ -168,8 +168,8 @@ struct TrainOptions {
   // The state in a directory with a file per tensor (FileObjectStore, ZeRO-Infinity's
   // layout: volume_path names the directory), not a volume: for ablations.
   bool file_per_tensor = false;
-  // The state in two versions, each step's written beside the last (the layout before
-  // memascend Note [state in place]; data-parallel ranks always): for ablations.
+  // The state in two versions, each step's written beside the last and committed once a
+  // step (as data-parallel ranks keep it; memascend Note [state in place]): for ablations.
   bool two_versions = false;
   std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;

@@ -472,9 +472,10 @@ class ZeroBackend final : public Backend {
       MEMASCEND_ASSIGN_OR_RETURN(partitioned_swap_,
                                  PinSwapBuffer(layout_.partitioned_swap_bytes, Use::kParameters));
     }
-    // _create_fp32_partitions: each sub-group's fp32 master weights made in a pageable
-    // buffer of the sub-group (its 16-bit parameters converted, or swapped in and
-    // converted) before they are swapped out; the largest is the start-up's peak.
+    // Start-up's pageable fp32 buffer of the largest sub-group: _create_fp32_partitions'
+    // (a sub-group on NVMe: its parameters swapped in and converted) and
+    // initialize_optimizer_states' gradient_buffer (torch.zeros(largest), both tags); one
+    // of them at a time.
     {
       std::vector<float> fp32(layout_.largest_sub_group, 0.0f);
       Account(Use::kStaging, static_cast<std::int64_t>(fp32.size() * 4));

@@ -469,7 +469,7 @@ TEST(Train, ZeroInfinityPaysOnlyWhatDeepSpeedPays) {
   ASSERT_OK_AND_ASSIGN(TrainSummary z19, Train(z, d.tokens, d.tok));
   EXPECT_EQ(z19.losses, ours.losses);
   EXPECT_EQ(z19.peak_pinned_bytes, ZeroPinnedBytes(z));
-  EXPECT_LT(staging(z19), staging(z16));  // the largest sub-group's fp32 master weights alone
+  EXPECT_LT(staging(z19), staging(z16));  // the largest sub-group's fp32 buffer alone
   TrainOptions rounded = z;               // the same flags under 0.16.5's pow2 swap buffers
   rounded.zero.release = ZeroRelease::k0_16_5;
   EXPECT_LT(ZeroPinnedBytes(z), ZeroPinnedBytes(rounded));
