@@ -48,11 +48,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# A group can be made where the memory controller is not enabled for children (cgroup v2
+# without "+memory" in the parent's cgroup.subtree_control; a sandbox's read-only files):
+# no cap then, said as a group that cannot be made.
 if [ $version = 2 ]; then
-  echo "$bytes" > "$group/memory.max"
+  echo "$bytes" 2>/dev/null > "$group/memory.max" ||
+    die "cannot make a capped group: $group/memory.max cannot be written (is +memory in $parent/cgroup.subtree_control?)"
   [ -f "$group/memory.swap.max" ] && echo 0 > "$group/memory.swap.max"
 else
-  echo "$bytes" > "$group/memory.limit_in_bytes"
+  echo "$bytes" 2>/dev/null > "$group/memory.limit_in_bytes" ||
+    die "cannot make a capped group: $group/memory.limit_in_bytes cannot be written"
   [ -f "$group/memory.memsw.limit_in_bytes" ] &&
     echo "$bytes" > "$group/memory.memsw.limit_in_bytes" 2>/dev/null || true
 fi

@@ -153,8 +153,8 @@ class FSDP2:
 def deepspeed_config(a, largest, nvme):
     """ZeRO-3 with parameters and optimizer state on NVMe: DeepSpeed's defaults where
     ANCHORS-style tuning leaves them (buffer counts 5 and 4, max_in_cpu and sub_group_size
-    1e9), the parameter buffer raised to the largest parameter (DeepSpeed refuses a smaller
-    one), the aio block and queue depth of this run (a point of ds_nvme_tune's grid)."""
+    1e9), the parameter buffer raised past the largest parameter (DeepSpeed asserts a
+    parameter's elements are fewer than the buffer's), the aio block and queue depth of this run (a point of ds_nvme_tune's grid)."""
     block, qd = a.ds_aio_point
     return {
         "train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": a.accum,
@@ -165,7 +165,8 @@ def deepspeed_config(a, largest, nvme):
             "stage": 3, "sub_group_size": a.ds_sub_group_size,
             "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": bool(a.ds_pin),
                               "buffer_count": a.ds_param_buffers,
-                              "buffer_size": max(a.ds_param_buffer_size, largest),
+                              # DeepSpeed asserts numel < buffer_size (strictly)
+                              "buffer_size": max(a.ds_param_buffer_size, largest + 1),
                               "max_in_cpu": a.ds_max_in_cpu},
             "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": bool(a.ds_pin),
                                   "buffer_count": a.ds_optimizer_buffers,
