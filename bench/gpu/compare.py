@@ -90,7 +90,7 @@ def parser():
     add("--run-timeout", type=int, default=900, help="seconds per run")
     add("--time-budget", type=int, default=0, help="seconds for the whole call (0: none): "
         "no run starts with under a minute of it left, and none runs past it")
-    # DeepSpeed: DeepSpeed's defaults, the parameter buffer raised to the largest tensor;
+    # DeepSpeed: DeepSpeed's defaults, the parameter buffer raised past the largest tensor;
     # one run per aio point (block:queue depth): its default and ds_nvme_tune's corner.
     add("--ds-aio", default="1M:8,8M:32")
     add("--ds-param-buffers", type=int, default=5)

@@ -266,6 +266,14 @@ class TensorStore {
   PrefetchTicket Prefetch(TensorId id, Tier tier, CudaStreamView stream = {});
   // Writes the tensor back if dirty (copying a dirty device copy back first).
   absl::Status WriteBack(TensorId id);
+  // Writes back each of `ids` that is dirty, kWriteBackDepth at a time (Note [write-back
+  // depth]), and returns once all are written: the first error, after the others ended.
+  absl::Status WriteBack(std::span<const TensorId> ids);
+  // Note [write-back depth]: one write-back is one tensor's put, a request of a few MiB
+  // at a time, which leaves a device's queue nearly empty (an H200 machine's disk wrote
+  // 1.7 GB/s so, 3.6 GiB/s with 32 requests in flight). A commit writes many tensors, so
+  // it writes them this many at once, each on a thread of its own for the call.
+  static constexpr std::size_t kWriteBackDepth = 8;
   // Writes back if dirty and frees its memory in every tier. kFailedPrecondition while
   // leased.
   absl::Status Evict(TensorId id);

@@ -388,7 +388,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   absl::Status WritingNext();
   absl::Status WritingInPlace(StateKind k, bool step_write);
   absl::Status CommitBatch();
-  absl::Status WriteBackPart(std::size_t g, std::size_t part, bool gradient);
+  absl::Status WriteBackParts(std::size_t from, std::size_t to, bool gradient);
   absl::Status PutRecord(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(
       const std::string& name, std::uint64_t fingerprint) const;

@@ -17,21 +17,34 @@ absl::Status TensorStore::Impl::WriteBackLocked(Tensor& t) {
   t.state = State::kWriting;
   t.dirty = false;
   const auto start = Clock::now();
-  mu.Unlock();
   // Durable tensors are staged: committed together at Flush (Note [staged puts]).
   // Staged objects keep their previous versions' extents until committed: when the
-  // volume runs out of room, commit what is staged (freeing those) and try again.
+  // volume runs out of room, commit what is staged (freeing those) and try again. Other
+  // write-backs in flight (Note [write-back depth]) hold extents no commit frees until
+  // they are staged: wait for them first, then commit.
   const std::span<const std::byte> bytes{t.block.data(), t.spec.bytes};
-  const auto put = [&] {
-    return t.spec.durability == Durability::kDurable
-               ? volume->PutStaged(t.spec.name, bytes, store::Metadata(t.spec))
-               : volume->Put(t.spec.name, bytes, Durability::kScratch);
+  const auto put = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ++puts_in_flight;
+    mu.Unlock();
+    absl::Status s = t.spec.durability == Durability::kDurable
+                         ? volume->PutStaged(t.spec.name, bytes, store::Metadata(t.spec))
+                         : volume->Put(t.spec.name, bytes, Durability::kScratch);
+    mu.Lock();
+    --puts_in_flight;
+    cv.SignalAll();
+    return s;
   };
   absl::Status s = put();
-  if (s.code() == absl::StatusCode::kResourceExhausted && commit_when_full.load() &&
-      volume->Sync().ok())
+  for (std::size_t tries = 0; s.code() == absl::StatusCode::kResourceExhausted &&
+                              commit_when_full.load() && tries <= TensorStore::kWriteBackDepth;
+       ++tries) {
+    while (puts_in_flight > 0) cv.Wait(&mu);
+    mu.Unlock();
+    absl::Status synced = volume->Sync();
+    mu.Lock();
+    if (!synced.ok()) break;
     s = put();
-  mu.Lock();
+  }
   t.state = State::kResident;
   cv.SignalAll();
   if (!s.ok()) {

@@ -1,9 +1,12 @@
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
@@ -402,6 +405,35 @@ absl::Status TensorStore::WriteBack(TensorId id) {
   return m.WriteBackLocked(t);
 }
 
+absl::Status TensorStore::WriteBack(std::span<const TensorId> ids) {
+  // Note [write-back depth]: workers take the next id in turn; WriteBackLocked releases mu
+  // during each put, so their I/O overlaps.
+  const std::size_t workers = std::min(ids.size(), kWriteBackDepth);
+  if (workers <= 1) {
+    absl::Status first;
+    for (TensorId id : ids) first.Update(WriteBack(id));
+    return first;
+  }
+  std::atomic<std::size_t> next{0};
+  absl::Mutex mu;
+  absl::Status first;
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < ids.size();) {
+      absl::Status s = WriteBack(ids[i]);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu);
+        first.Update(std::move(s));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(workers - 1);
+  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  return first;
+}
+
 absl::Status TensorStore::Evict(TensorId id, Tier tier) {
   if (tier == Tier::kPinnedHost) return Evict(id);
   if (tier != Tier::kGpu) {
@@ -492,8 +524,7 @@ absl::Status TensorStore::Flush() {
       if (impl_->tensors[id]->spec.durability == Durability::kDurable) durable.push_back(id);
     }
   }
-  absl::Status first;
-  for (TensorId id : durable) first.Update(WriteBack(id));
+  absl::Status first = WriteBack(durable);
   if (first.ok()) first = impl_->volume->Sync();  // one commit for everything written back
   return first;
 }

@@ -104,6 +104,7 @@ struct TensorStore::Impl {
   std::vector<std::unique_ptr<Tensor>> tensors ABSL_GUARDED_BY(mu);
   std::map<std::string, TensorId, std::less<>> names ABSL_GUARDED_BY(mu);
   std::uint64_t tick ABSL_GUARDED_BY(mu) = 0;
+  int puts_in_flight ABSL_GUARDED_BY(mu) = 0;  // write-backs' puts under way (WriteBackLocked)
   TensorStoreStats counters ABSL_GUARDED_BY(mu);
 
   std::unique_ptr<store::DevicePool> device_pool ABSL_GUARDED_BY(mu);  // at the first GPU use

@@ -473,9 +473,7 @@ VersionedTrainingState::~VersionedTrainingState() {
   // could commit its parts without their progress object.
   Impl& m = *impl_;
   if (m.options.in_place && m.intent.has_value() && m.done > m.batch_from && m.commit_status.ok()) {
-    absl::Status s;
-    for (std::size_t n = m.done; s.ok() && !m.batched && n < m.order.size(); ++n)
-      s = WriteBackPart(m.order[n].first, m.order[n].second, true);
+    absl::Status s = m.batched ? absl::OkStatus() : WriteBackParts(m.done, m.order.size(), true);
     if (s.ok()) (void)CommitBatch();  // with the gradients: one journal commit
   }
   {  // every state Open made is in Registry() (Note [state ownership])
@@ -858,23 +856,46 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
     return m.volume->staged_bytes() > 0 ? m.volume->Sync() : absl::OkStatus();
   }
   // The redo record: every gradient durable before any part of the step is written back,
-  // committed in batches of the bound (the parts on the volume are still whole).
-  for (std::size_t n = m.done; n < m.order.size(); ++n) {
-    MEMASCEND_RETURN_IF_ERROR(WriteBackPart(m.order[n].first, m.order[n].second, true));
-    if (m.volume->staged_bytes() > m.options.max_staged_bytes)
-      MEMASCEND_RETURN_IF_ERROR(m.volume->Sync());
+  // committed in batches of the bound (the parts on the volume are still whole). The
+  // gradients go several parts at a time (Note [write-back depth] in tensor_store.h), as
+  // many as the bound has room for, and at least one: the bound is passed by at most a
+  // part, as one part at a time would.
+  const std::uint64_t bound = m.options.max_staged_bytes;
+  const auto gradient_bytes = [&](std::size_t n) {
+    constexpr std::uint64_t kUnit = 64 * 1024;  // the volume counts staging in units
+    const auto [begin, end] = layout_.PartRange(m.order[n].first, m.order[n].second);
+    return ((end - begin) * layout_.ElementBytes(StateKind::kGradient) + kUnit - 1) / kUnit *
+           kUnit;
+  };
+  for (std::size_t n = m.done; n < m.order.size();) {
+    const std::uint64_t staged = m.volume->staged_bytes();
+    const std::uint64_t room = bound > staged ? bound - staged : 0;
+    std::size_t end = n + 1;
+    for (std::uint64_t bytes = gradient_bytes(n);
+         end < m.order.size() && bytes + gradient_bytes(end) <= room; ++end)
+      bytes += gradient_bytes(end);
+    MEMASCEND_RETURN_IF_ERROR(WriteBackParts(n, end, true));
+    n = end;
+    if (m.volume->staged_bytes() > bound) MEMASCEND_RETURN_IF_ERROR(m.volume->Sync());
   }
   return m.volume->Sync();
 }
 
-// Writes back a part's gradient, or every other kind of it.
-absl::Status VersionedTrainingState::WriteBackPart(std::size_t g, std::size_t part, bool gradient) {
-  for (StateKind k : kKinds) {
-    if ((k == StateKind::kGradient) != gradient || !layout_.Stored(k, g)) continue;
-    MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
-    MEMASCEND_RETURN_IF_ERROR(impl_->store->WriteBack(id));
+// Writes back the parts order[from, to): their gradients, or every other kind of them,
+// several tensors at once (Note [write-back depth] in tensor_store.h).
+absl::Status VersionedTrainingState::WriteBackParts(std::size_t from, std::size_t to,
+                                                    bool gradient) {
+  Impl& m = *impl_;
+  std::vector<TensorId> ids;
+  for (std::size_t n = from; n < to; ++n) {
+    const auto [g, part] = m.order[n];
+    for (StateKind k : kKinds) {
+      if ((k == StateKind::kGradient) != gradient || !layout_.Stored(k, g)) continue;
+      MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
+      ids.push_back(id);
+    }
   }
-  return absl::OkStatus();
+  return m.store->WriteBack(ids);
 }
 
 absl::Status VersionedTrainingState::PartUpdated(std::size_t g, std::size_t part) {
@@ -896,8 +917,7 @@ absl::Status VersionedTrainingState::PartUpdated(std::size_t g, std::size_t part
 // commit: each part's kinds are written back first, so none commits half updated.
 absl::Status VersionedTrainingState::CommitBatch() {
   Impl& m = *impl_;
-  for (std::size_t i = m.batch_from; i < m.done; ++i)
-    MEMASCEND_RETURN_IF_ERROR(WriteBackPart(m.order[i].first, m.order[i].second, false));
+  MEMASCEND_RETURN_IF_ERROR(WriteBackParts(m.batch_from, m.done, false));
   const std::string bytes = EncodeProgress(*m.intent, m.done);
   MEMASCEND_RETURN_IF_ERROR(m.volume->PutStaged(
       ProgressName(), {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},

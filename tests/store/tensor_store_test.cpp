@@ -384,6 +384,73 @@ TEST(TensorStore, AHostMemoryFailureSaysWhyTheBudgetCouldNotBeUsed) {
                                             "6: wrong code, 7: the reason is missing)";
 }
 
+// Note [write-back depth]: many tensors written back at once, each exactly once, their
+// bytes those of the last lease; clean and cold ones cost nothing; on a volume without
+// room the first error comes back, after the others ended, and what failed stays dirty.
+TEST(TensorStore, ManyTensorsWrittenBackAtOnceHoldTheirBytesAndErrorsKeepThemDirty) {
+  ScratchPath path("store");
+  constexpr std::size_t kCount = 40;
+  std::vector<TensorId> ids;
+  {
+    auto volume = MakeVolume(path.path());
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(64 * kMiB)));
+    for (std::size_t i = 0; i < kCount; ++i) {
+      ASSERT_OK_AND_ASSIGN(TensorId id,
+                           store->Register(Spec("t" + std::to_string(i), 192 * kKiB + 4096 * i)));
+      ids.push_back(id);
+      ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+      Fill(lease, "t" + std::to_string(i), 3);
+    }
+    ASSERT_OK(store->WriteBack(std::span<const TensorId>(ids)));
+    EXPECT_EQ(store->stats().write_backs, kCount);
+    ASSERT_OK(store->WriteBack(std::span<const TensorId>(ids)));  // clean now: nothing to do
+    EXPECT_EQ(store->stats().write_backs, kCount);
+    ASSERT_OK(store->WriteBack(std::span<const TensorId>()));
+    ASSERT_OK(volume->Sync());
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(auto volume, Volume::Open(path.path(), {}));
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(64 * kMiB)));
+    for (std::size_t i = 0; i < kCount; ++i) {
+      ASSERT_OK_AND_ASSIGN(TensorId id,
+                           store->Register(Spec("t" + std::to_string(i), 192 * kKiB + 4096 * i)));
+      ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+      EXPECT_TRUE(Holds(lease, "t" + std::to_string(i), 3)) << i;
+    }
+  }
+  // A volume with room for the tensors once and not for their new versions staged beside
+  // them, and no commit when full: some write-backs fail, the first error comes back.
+  ScratchPath small("store-small");
+  VolumeFormatOptions f;
+  f.size = 8 * kMiB;
+  ASSERT_OK(Volume::Format(small.path(), f));
+  ASSERT_OK_AND_ASSIGN(auto volume, Volume::Open(small.path(), {}));
+  const std::size_t n = volume->stats().free_bytes / (512 * kKiB) - 1;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(16 * kMiB)));
+  ids.clear();
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("s" + std::to_string(i), 512 * kKiB)));
+    ids.push_back(id);
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+    Fill(lease, "s" + std::to_string(i), 1);
+  }
+  ASSERT_OK(store->Flush());
+  store->SetCommitWhenFull(false);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(ids[i]));
+    Fill(lease, "s" + std::to_string(i), 2);
+  }
+  EXPECT_THAT(store->WriteBack(std::span<const TensorId>(ids)),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  // Those that failed are dirty still: with room made (a commit), they are written.
+  ASSERT_OK(volume->Sync());
+  store->SetCommitWhenFull(true);
+  ASSERT_OK(store->Flush());
+  EXPECT_EQ(store->stats().write_backs, 2 * n);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, volume->Fsck(true));
+  EXPECT_TRUE(r.clean);
+}
+
 TEST(TensorStore, FlushedDurableTensorsSurviveAReopenAndScratchOnesDoNot) {
   ScratchPath path("store");
   {

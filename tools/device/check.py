@@ -78,14 +78,28 @@ class Check:
         with open(os.path.join(self.out, "summary.json"), "w") as f:
             json.dump(self.summary, f, indent=1)
 
-    def run(self, name, cmd, timeout=300, env=None, shell=False):
-        """Runs one step; its output goes to <out>/logs.txt. Returns (rc, stdout)."""
+    def run(self, name, cmd, timeout=300, env=None, shell=False, stream=None):
+        """Runs one step; its output goes to <out>/logs.txt. Returns (rc, stdout).
+        With `stream` (a file name in <out>), stdout and stderr go there as they come, so
+        a step cut short by the device call's limit still leaves what it printed."""
         text = cmd if shell else " ".join(cmd)
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               env=env or self.env, cwd=ROOT, shell=shell)
-            rc, out, err = p.returncode, p.stdout, p.stderr
+            if stream:
+                path = os.path.join(self.out, stream)
+                with open(path, "w") as f:
+                    try:
+                        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                            timeout=timeout, env=env or self.env, cwd=ROOT,
+                                            shell=shell).returncode
+                    except subprocess.TimeoutExpired:
+                        rc = 124
+                out, err = open(path).read(), f"(streamed to {stream})" + (
+                    f"\n[timed out after {timeout} s]" if rc == 124 else "")
+            else:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                   env=env or self.env, cwd=ROOT, shell=shell)
+                rc, out, err = p.returncode, p.stdout, p.stderr
         except subprocess.TimeoutExpired as e:
             rc = 124
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -327,12 +341,16 @@ class Check:
 
         junit = os.path.join(self.out, "pytest.xml")
         py = os.path.join(ROOT, "tests", "python")
+        # Each test's name as it starts and ends (-v), the slowest at the end, and every
+        # thread's stack of a test still running after 150 s (faulthandler), into pytest.log
+        # as they come: the first H200 run of these was cut short at 229 s with no word.
         self.run("pytest (cuda, core, torch)",
-                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                 [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rs",
+                  "--durations=20", "-o", "faulthandler_timeout=150",
                   f"--junitxml={junit}", os.path.join(py, "test_cuda.py"),
                   os.path.join(py, "test_device_paths.py"),
                   os.path.join(py, "test_core.py"), os.path.join(py, "test_torch.py"),
-                  "-k", "not rss"], timeout=420)
+                  "-k", "not rss"], timeout=420, stream="pytest.log")
         self.count_junit("pytest", junit)
         self.save()
 
