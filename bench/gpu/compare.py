@@ -43,6 +43,7 @@ import datetime
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -219,6 +220,7 @@ class Parent:
                  "fits": False if group is not None and limit else None}
             if status == "timeout":
                 r["error"] = f"killed after {timeout} s (--run-timeout, --time-budget)"
+            r.update(partial(out))
         if status != 0 or r.get("error"):
             r.setdefault("log_tail", tail)  # the compiler's or the library's own words
         r.update({k: v for k, v in run.items() if k not in r or r[k] is None})
@@ -249,6 +251,23 @@ def write(path, obj):
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=1, default=str)
     os.replace(path + ".tmp", path)
+
+
+STEP_LINE = re.compile(r"^\[[\w-]+\] step (\d+): loss (\S+), ([0-9.]+) s(?:, VmHWM (\d+))?$")
+
+
+def partial(out):
+    """What a worker that left no record printed of its steps (systems.train's lines): the
+    steps it finished, their losses and seconds, and its VmHWM at the last (a peak so far,
+    not the run's). Nothing when it finished none."""
+    steps = [m.groups() for m in map(STEP_LINE.match, (out or "").splitlines()) if m]
+    if not steps:
+        return {}
+    hwm = [int(h) for *_, h in steps if h]
+    return {"partial": {"steps_done": len(steps), "losses": [float(x) for _, x, _, _ in steps],
+                        "step_seconds": [float(t) for _, _, t, _ in steps],
+                        "peak_rss_bytes_so_far": hwm[-1] if hwm else None,
+                        "why": "read from the step lines of a run that left no record"}}
 
 
 def compare_losses(records):

@@ -319,7 +319,9 @@ def train(a, device, record):
         losses.append(sum(micro) / len(micro))
         rss.append(rss_bytes())
         io.append(proc_io())
-        print(f"[{a.system}] step {step}: loss {losses[-1]:.5f}, {times[-1]:.3f} s", flush=True)
+        # The parent reads these lines back from a run it had to kill (compare.py, partial).
+        print(f"[{a.system}] step {step}: loss {losses[-1]:.5f}, {times[-1]:.3f} s, "
+              f"VmHWM {proc_status('VmHWM')}", flush=True)
     record.update(losses=losses, step_seconds=times, rss_bytes=rss, gpu_peak_bytes=None,
                   torch_pinned_peak_bytes=None)
     if cuda:

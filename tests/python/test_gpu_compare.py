@@ -150,3 +150,22 @@ def test_the_hjson_shim_reads_a_deepspeed_config_as_json(tmp_path):
     assert cfg == ns["loads"](path.read_text()) and cfg["zero_optimization"]["stage"] == 3
     with pytest.raises(AssertionError):
         ns["loads"]('{"a": 1, "a": 2}', object_pairs_hook=no_duplicates)
+
+
+def test_a_killed_run_keeps_the_steps_it_printed():
+    """A run the parent kills (--time-budget) leaves no record; what it printed of its steps
+    (systems.train's lines, parsed back by compare.partial) is kept, as DeepSpeed's first
+    H200 run needed."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import compare
+    out = ("[deepspeed-zero-infinity] step 0: loss 12.16171, 11.466 s, VmHWM 9000\n"
+           "[2026-11-26 18:15:42,307] [INFO] noise\n"
+           "[deepspeed-zero-infinity] step 1: loss 12.17725, 10.907 s, VmHWM 9100\n")
+    p = compare.partial(out)["partial"]
+    assert p["steps_done"] == 2
+    assert p["losses"] == [12.16171, 12.17725] and p["step_seconds"] == [11.466, 10.907]
+    assert p["peak_rss_bytes_so_far"] == 9100
+    assert compare.partial("no step finished\n") == {}
+    # The worker's own line is what the parser reads.
+    line = "[memascend] step 3: loss 5.00000, 0.250 s, VmHWM 12345"
+    assert compare.STEP_LINE.match(line).groups() == ("3", "5.00000", "0.250", "12345")
