@@ -40,6 +40,7 @@ length. Recomputation under activation checkpointing is not counted (model FLOPs
 """
 import argparse
 import datetime
+import glob
 import json
 import os
 import random
@@ -109,6 +110,8 @@ def parser():
     add("--fit-seqs", default="2048,4096,8192,16384,32768,65536,131072")
     add("--fit-steps", type=int, default=3)
     add("--fit-budget", type=float, default=10.0, help="memascend's budget in --fit")
+    add("--summarize", nargs="+", metavar="PATH", help="no run: the records of earlier calls "
+        "(their --out directories, or a file of calls) in one table and one plot, into --out")
     # the worker's
     add("--system", help=argparse.SUPPRESS)
     add("--budget", type=float, help=argparse.SUPPRESS)
@@ -307,6 +310,113 @@ def table(records):
     return [{k: r.get(k) for k in keys} for r in records]
 
 
+def point(r, tokens_per_step):
+    """(peak host RSS, tokens/s, partial?) of a record, or None: a finished run's figures,
+    else those of the steps a killed run printed (the median after its first step)."""
+    if r.get("tokens_per_s") and r.get("peak_rss_bytes"):
+        return r["peak_rss_bytes"], r["tokens_per_s"], False
+    part = r.get("partial") or {}
+    times = part.get("step_seconds") or []
+    if len(times) >= 2 and tokens_per_step:
+        import statistics
+        return (part.get("peak_rss_bytes_so_far"),
+                tokens_per_step / statistics.median(times[1:]), True)
+    return None
+
+
+def row_label(r):
+    b = r.get("budget")
+    if isinstance(b, dict):
+        b = b.get("percent_of_state")
+    return r["system"] + (f" {b:g}%" if b is not None else "") + \
+        (f" {r['ds_aio_point']}" if r.get("ds_aio_point") else "")
+
+
+def plot(records, tokens_per_step, path, title):
+    """tokens/s against peak host RSS, one mark per run (hand-written SVG); a run known
+    only from the steps it printed before it was killed is hollow."""
+    pts = [(row_label(r), *p) for r in records
+           if (p := point(r, tokens_per_step)) and p[0] is not None]
+    if not pts:
+        return False
+    w, h, pad = 560, 340, 60
+    x1 = max(x for _, x, _, _ in pts) / 2**30 * 1.15
+    y1 = max(y for _, _, y, _ in pts) * 1.15
+    sx = lambda x: pad + x / x1 * (w - 2 * pad)  # noqa: E731
+    sy = lambda y: h - pad - y / y1 * (h - 2 * pad)  # noqa: E731
+    colors = {"torch-gpu": "#7f7f7f", "fsdp2-offload": "#2ca02c",
+              "deepspeed-zero-infinity": "#d62728", "memascend": "#1f77b4"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+           'font-family="sans-serif" font-size="10">',
+           f'<text x="{w / 2}" y="16" text-anchor="middle">{title}</text>',
+           f'<line x1="{sx(0)}" y1="{sy(0)}" x2="{sx(x1)}" y2="{sy(0)}" stroke="black"/>',
+           f'<line x1="{sx(0)}" y1="{sy(0)}" x2="{sx(0)}" y2="{sy(y1)}" stroke="black"/>',
+           f'<text x="{w / 2}" y="{h - 14}" text-anchor="middle">peak host RSS (GiB)</text>',
+           f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" '
+           'text-anchor="middle">tokens/s</text>']
+    for k in range(5):
+        out.append(f'<text x="{sx(x1 * k / 4)}" y="{sy(0) + 12}" text-anchor="middle">'
+                   f'{x1 * k / 4:.1f}</text>')
+        out.append(f'<text x="{sx(0) - 4}" y="{sy(y1 * k / 4) + 3}" text-anchor="end">'
+                   f'{y1 * k / 4:,.0f}</text>')
+    for label_, x, y, partial_ in pts:
+        c = colors.get(label_.split()[0], "black")
+        fill = "none" if partial_ else c
+        out.append(f'<circle cx="{sx(x / 2**30):.1f}" cy="{sy(y):.1f}" r="4" fill="{fill}" '
+                   f'stroke="{c}"><title>{label_}</title></circle>')
+        out.append(f'<text x="{sx(x / 2**30) + 6:.1f}" y="{sy(y) - 6:.1f}">{label_}'
+                   f'{" (partial)" if partial_ else ""}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    return True
+
+
+def markdown(records, tokens_per_step):
+    """The table docs/benchmarks.md shows: one line per run."""
+    lines = ["| run | tokens/s | peak host RSS | pinned (torch; memascend) | GPU peak | "
+             "disk written per step | loss vs reference |", "|---|---|---|---|---|---|---|"]
+    gb = lambda b: "-" if b is None else f"{b / 1e9:.2f} GB"  # noqa: E731
+    for r in records:
+        p = point(r, tokens_per_step)
+        io = (r.get("io_bytes_per_step") or {}).get("write")
+        diff = r.get("loss_rel_diff_max")
+        lines.append(
+            f"| {row_label(r)} | {f'{p[1]:,.0f}' if p else '-'}{' (partial)' if p and p[2] else ''}"
+            f" | {gb(p[0]) if p else '-'} | {gb(r.get('torch_pinned_peak_bytes'))}; "
+            f"{gb(r.get('memascend_pinned_peak_bytes'))} | {gb(r.get('gpu_peak_bytes'))} | "
+            f"{gb(io) if io is not None else '-'} | "
+            f"{f'{diff:.1e}' if diff is not None else (r.get('error') or r.get('void_reason') or '-')} |")
+    return "\n".join(lines)
+
+
+def summarize(paths, out):
+    """--summarize: the records of one or more calls (their --out directories, or a file of
+    calls as docs/benchmarks-data/gpu/ keeps them) in one table and one plot."""
+    records = []
+    for path in paths:
+        if os.path.isdir(path):
+            records += [json.load(open(f)) for f in sorted(glob.glob(
+                os.path.join(path, "compare-[0-9]*.json")))]
+        else:
+            for call in json.load(open(path)).get("calls", []):
+                records += call["records"]
+    records = [r for r in records if r.get("system") != "ceiling"]
+    for r in records:  # a killed run recorded before the worker's lines were kept
+        if "partial" not in r and r.get("log_tail") and not r.get("losses"):
+            r.update(partial(r["log_tail"]))
+    tokens = next((r["tokens_per_step"] for r in records if r.get("tokens_per_step")), None)
+    models = sorted({r.get("model") for r in records if r.get("model")})
+    os.makedirs(out, exist_ok=True)
+    plot(records, tokens, os.path.join(out, "compare.svg"),
+         f"{', '.join(models)}: tokens/s against peak host memory")
+    text = markdown(records, tokens)
+    with open(os.path.join(out, "compare-table.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0
+
+
 def compare(a):
     p = Parent(a)
     p.commit = commit()
@@ -333,12 +443,18 @@ def compare(a):
                "reference_why": why, "void_threshold": VOID_REL, "rows": table(records),
                "wall_seconds": round(time.time() - p.started, 1)}
     write(os.path.join(a.out, "compare-summary.json"), summary)
+    tokens = a.accum * a.batch * a.seq
+    plot(records, tokens, os.path.join(a.out, "compare.svg"),
+         f"{model_name(a)}: tokens/s against peak host memory")
     print(json.dumps(summary["rows"], indent=1, default=str))
+    print(markdown(records, tokens))
     return 0
 
 
 def main():
     a = parser().parse_args()
+    if a.summarize:
+        return summarize(a.summarize, a.out)
     a.shapes, a.model_name = shapes_of(a), model_name(a)
     if a.ds_aio_point:
         a.ds_aio_point = aio_point(a.ds_aio_point)

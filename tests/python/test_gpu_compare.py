@@ -169,3 +169,20 @@ def test_a_killed_run_keeps_the_steps_it_printed():
     # The worker's own line is what the parser reads.
     line = "[memascend] step 3: loss 5.00000, 0.250 s, VmHWM 12345"
     assert compare.STEP_LINE.match(line).groups() == ("3", "5.00000", "0.250", "12345")
+
+
+def test_the_calls_are_summarized_in_one_table_and_plot(run, tmp_path):
+    """The call's own plot, and --summarize over its directory (as over several calls'):
+    a line per run, a mark per run that trained."""
+    out, records = run
+    assert open(out / "compare.svg").read().startswith("<svg")
+    p = subprocess.run([sys.executable, SCRIPT, "--summarize", str(out), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    table = open(tmp_path / "compare-table.md").read()
+    assert table == p.stdout
+    for system in records:
+        assert f"| {system}" in table
+    svg = open(tmp_path / "compare.svg").read()
+    trained = [r for r in records.values() if r.get("tokens_per_s")]
+    assert svg.count("<circle") == len(trained) >= 2
