@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -75,6 +76,12 @@ class ObjectStore {
                                  std::string_view metadata = {}) = 0;
   // Commits every staged object. After a failure they stay staged.
   virtual absl::Status Sync() = 0;
+  // Note [selective commit]: commits the staged objects named in `names` alone, in one
+  // commit as Sync() would; the others stay staged for a later one, and a name that is
+  // not staged is passed over. For a writer whose commits must not carry what another
+  // thread stages meanwhile (a state in place committing a batch of parts in the
+  // background while the next parts are updated). After a failure they stay staged.
+  virtual absl::Status SyncOnly(std::span<const std::string> names) = 0;
   // Reads the whole object into `out` (at least its size). kNotFound; kInvalidArgument
   // if `out` is too small; kDataLoss naming the object on a checksum mismatch.
   virtual absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) = 0;
@@ -114,6 +121,7 @@ class FileObjectStore final : public ObjectStore {
   absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
                          std::string_view metadata = {}) override;
   absl::Status Sync() override;
+  absl::Status SyncOnly(std::span<const std::string> names) override;
   absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override;
   absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override;
   std::vector<ObjectInfo> List() const override;
@@ -126,6 +134,7 @@ class FileObjectStore final : public ObjectStore {
  private:
   struct Impl;
   explicit FileObjectStore(std::unique_ptr<Impl> impl);
+  absl::Status SyncStaged(const std::set<std::string_view>* only);  // null: every one
   std::unique_ptr<Impl> impl_;
 };
 

@@ -387,7 +387,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   std::string ProgressName() const;
   absl::Status WritingNext();
   absl::Status WritingInPlace(StateKind k, bool step_write);
-  absl::Status CommitBatch();
+  absl::Status CommitBatch(bool background);
   absl::Status WriteBackParts(std::size_t from, std::size_t to, bool gradient);
   absl::Status PutRecord(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(

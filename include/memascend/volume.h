@@ -133,6 +133,8 @@ class Volume final : public ObjectStore {
                          std::string_view metadata = {}) override;
   // Commits every staged object. After a failure they stay staged.
   absl::Status Sync() override;
+  // Note [selective commit] in object_store.h.
+  absl::Status SyncOnly(std::span<const std::string> names) override;
   // Reads the whole object into `out` (at least its size). kNotFound; kInvalidArgument
   // if `out` is too small; kDataLoss naming the object on a checksum mismatch.
   absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override;

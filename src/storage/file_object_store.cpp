@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <map>
+#include <set>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <thread>
@@ -384,14 +385,21 @@ absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const s
   return absl::OkStatus();
 }
 
-absl::Status FileObjectStore::Sync() {
+absl::Status FileObjectStore::Sync() { return SyncStaged(nullptr); }
+
+absl::Status FileObjectStore::SyncOnly(std::span<const std::string> names) {
+  const std::set<std::string_view> only(names.begin(), names.end());
+  return SyncStaged(&only);
+}
+
+absl::Status FileObjectStore::SyncStaged(const std::set<std::string_view>* only) {
   Impl& m = *impl_;
   absl::MutexLock one_at_a_time(&m.sync_mu);
   std::vector<std::string> staged;
   {
     absl::MutexLock lock(&m.mu);
     for (const auto& [name, e] : m.objects)
-      if (e.staged) staged.push_back(name);
+      if (e.staged && (only == nullptr || only->contains(name))) staged.push_back(name);
   }
   if (staged.empty()) return absl::OkStatus();
   auto still_staged = [&](const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m.mu) {

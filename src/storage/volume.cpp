@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <thread>
@@ -121,6 +122,36 @@ struct Volume::Impl {
       staged_units -= Units(it->second);
       staged.erase(it);
     }
+  }
+  // Commits the staged objects (those `only` names, when given) in one journal commit.
+  // Commit() flushes the data before the records and applies them: the committed
+  // versions' old extents are freed, the staged ones become the objects. An object staged
+  // again while the commit ran keeps its newer staging (only what was committed leaves).
+  absl::Status SyncStaged(const std::set<std::string_view>* only) {
+    absl::MutexLock sync(&sync_mu);
+    std::vector<JournalRecord> records;
+    {
+      absl::ReaderMutexLock lock(&mu);
+      for (const auto& [name, o] : staged) {
+        if (only == nullptr || only->contains(name))
+          records.push_back({RecordType::kPut, name, o.metadata, o.size, o.checksum, o.extents});
+      }
+    }
+    if (records.empty()) return absl::OkStatus();
+    MEMASCEND_RETURN_IF_ERROR(Commit(records));
+    absl::MutexLock lock(&mu);
+    if (only == nullptr) {
+      staged.clear();
+      staged_units = 0;
+      return absl::OkStatus();
+    }
+    for (const JournalRecord& r : records) {
+      auto it = staged.find(r.name);
+      if (it == staged.end() || it->second.extents != r.extents) continue;
+      staged_units -= Units(it->second);
+      staged.erase(it);
+    }
+    return absl::OkStatus();
   }
   std::unique_ptr<storage::ExtentAllocator> alloc ABSL_GUARDED_BY(mu);
   std::uint64_t next_block ABSL_GUARDED_BY(mu) = 0;
@@ -620,23 +651,11 @@ absl::Status Volume::PutStaged(std::string_view name, std::span<const std::byte>
   return absl::OkStatus();
 }
 
-absl::Status Volume::Sync() {
-  Impl& m = *impl_;
-  absl::MutexLock sync(&m.sync_mu);
-  std::vector<JournalRecord> records;
-  {
-    absl::ReaderMutexLock lock(&m.mu);
-    for (const auto& [name, o] : m.staged)
-      records.push_back({RecordType::kPut, name, o.metadata, o.size, o.checksum, o.extents});
-  }
-  if (records.empty()) return absl::OkStatus();
-  // Commit() flushes the data before the records and applies them: the committed
-  // versions' old extents are freed, the staged ones become the objects.
-  MEMASCEND_RETURN_IF_ERROR(m.Commit(records));
-  absl::MutexLock lock(&m.mu);
-  m.staged.clear();
-  m.staged_units = 0;
-  return absl::OkStatus();
+absl::Status Volume::Sync() { return impl_->SyncStaged(nullptr); }
+
+absl::Status Volume::SyncOnly(std::span<const std::string> names) {
+  const std::set<std::string_view> only(names.begin(), names.end());
+  return impl_->SyncStaged(&only);
 }
 
 absl::Status Volume::Delete(std::string_view name) {

@@ -435,6 +435,7 @@ struct VersionedTrainingState::Impl {
   VersionedTrainingStateOptions options;
   // [kind][group][part * versions + version]
   std::array<std::vector<std::vector<TensorId>>, kKinds.size()> ids;
+  std::array<std::vector<std::vector<std::string>>, kKinds.size()> names;  // the ids' objects
   std::thread committer;       // the commit in progress (Note [background commit])
   absl::Status commit_status;  // the last commit's; written by committer before it ends
   std::string last_record;     // as stored: the one a commit keeps as the previous
@@ -448,6 +449,8 @@ struct VersionedTrainingState::Impl {
   std::size_t done = 0;                      // parts updated, in order
   std::size_t batch_from = 0;                // the first part not yet committed
   std::uint64_t since_batch = 0;             // bytes of the parts updated since
+  std::uint64_t batch_bytes = 0;             // a batch commits past this (Note [batch overlap])
+  bool batch_overlap = false;                // and in the background
   std::optional<UnfinishedStep> unfinished;  // found by Resume
 
   // A part's kinds but the gradient, in the volume's 64 KiB units (what staging them takes).
@@ -474,7 +477,7 @@ VersionedTrainingState::~VersionedTrainingState() {
   Impl& m = *impl_;
   if (m.options.in_place && m.intent.has_value() && m.done > m.batch_from && m.commit_status.ok()) {
     absl::Status s = m.batched ? absl::OkStatus() : WriteBackParts(m.done, m.order.size(), true);
-    if (s.ok()) (void)CommitBatch();  // with the gradients: one journal commit
+    if (s.ok()) (void)CommitBatch(false);  // with the gradients: one journal commit
   }
   {  // every state Open made is in Registry() (Note [state ownership])
     OpenStates& r = Registry();
@@ -663,7 +666,9 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
   }
   for (StateKind k : kKinds) {
     auto& ids = impl->ids[static_cast<int>(k)];
+    auto& names = impl->names[static_cast<int>(k)];
     ids.resize(layout.groups.size());
+    names.resize(layout.groups.size());
     for (std::size_t g = 0; g < layout.groups.size(); ++g) {
       if (!layout.Stored(k, g)) continue;
       for (std::size_t part = 0; part < layout.Parts(g); ++part) {
@@ -682,6 +687,7 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
               versions(k) == 2 || options.in_place ? Durability::kDurable : Durability::kScratch;
           MEMASCEND_ASSIGN_OR_RETURN(TensorId id, store->Register(spec));
           ids[g].push_back(id);
+          names[g].push_back(spec.name);
         }
       }
     }
@@ -755,9 +761,11 @@ absl::Status VersionedTrainingState::WritingNext() {
 // staged past the bound are committed too; a step's own writes (Update, Overwrite of the
 // next version) come between BeginUpdate and Commit only, whose commits the state orders.
 absl::Status VersionedTrainingState::WritingInPlace(StateKind k, bool step_write) {
-  MEMASCEND_RETURN_IF_ERROR(Settle());
   Impl& m = *impl_;
+  // Inside a step the only commit in flight is a batch's (BeginUpdate settled the last
+  // step's), which the parts still to update need not wait for (Note [batch overlap]).
   if (m.intent.has_value()) return absl::OkStatus();
+  MEMASCEND_RETURN_IF_ERROR(Settle());
   if (step_write) {
     return absl::FailedPreconditionError(fmt::format(
         "training state: {} written as a step's update before BeginUpdate: a state updated in "
@@ -850,6 +858,18 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   }
   m.intent = std::move(i);
   m.batched = m.options.max_staged_bytes != 0 && m.state_bytes > m.options.max_staged_bytes;
+  // Note [batch overlap]: two batches in flight (one committing, the next one's parts
+  // written back as the budget evicts them) stay within the bound plus a part, as one
+  // batch at a time did, when each is under half the bound less a part; a bound too
+  // small for that commits one batch at a time, as it comes.
+  std::uint64_t largest = 0;
+  if (m.batched) {
+    for (const auto& [g, part] : m.order)
+      largest = std::max(largest, m.PartBytes(layout_, g, part));
+  }
+  const std::uint64_t bound = m.options.max_staged_bytes;
+  m.batch_overlap = m.batched && bound >= 4 * largest;
+  m.batch_bytes = m.batch_overlap ? (bound - largest) / 2 : bound;
   if (!m.batched) {
     // The gradients the backward pass staged are committed now (no part is written yet):
     // the commit then stages the state alone, within the bound.
@@ -860,7 +880,6 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   // gradients go several parts at a time (Note [write-back depth] in tensor_store.h), as
   // many as the bound has room for, and at least one: the bound is passed by at most a
   // part, as one part at a time would.
-  const std::uint64_t bound = m.options.max_staged_bytes;
   const auto gradient_bytes = [&](std::size_t n) {
     constexpr std::uint64_t kUnit = 64 * 1024;  // the volume counts staging in units
     const auto [begin, end] = layout_.PartRange(m.order[n].first, m.order[n].second);
@@ -909,22 +928,51 @@ absl::Status VersionedTrainingState::PartUpdated(std::size_t g, std::size_t part
   }
   ++m.done;
   m.since_batch += m.PartBytes(layout_, g, part);
-  if (m.batched && m.since_batch > m.options.max_staged_bytes) return CommitBatch();
+  if (m.batched && m.since_batch > m.batch_bytes) return CommitBatch(m.batch_overlap);
   return absl::OkStatus();
 }
 
 // Commits the parts updated since the last batch with the progress object, in one journal
 // commit: each part's kinds are written back first, so none commits half updated.
-absl::Status VersionedTrainingState::CommitBatch() {
+//
+// Note [batch overlap]: with `background`, the batch is written back and committed on the
+// committer thread (Note [background commit]) while the caller updates the next parts;
+// the next batch, the step's commit and BeginUpdate settle it first. Its journal commit
+// takes the batch's objects and the progress object alone (SyncOnly, Note [selective
+// commit] in object_store.h): a later part that the budget evicts meanwhile is staged,
+// perhaps a kind of it only, and must not be committed before its batch is whole.
+absl::Status VersionedTrainingState::CommitBatch(bool background) {
   Impl& m = *impl_;
-  MEMASCEND_RETURN_IF_ERROR(WriteBackParts(m.batch_from, m.done, false));
-  const std::string bytes = EncodeProgress(*m.intent, m.done);
-  MEMASCEND_RETURN_IF_ERROR(m.volume->PutStaged(
-      ProgressName(), {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},
-      kProgressMetadata));
-  MEMASCEND_RETURN_IF_ERROR(m.volume->Sync());
+  MEMASCEND_RETURN_IF_ERROR(Settle());  // batches commit one at a time, in order
+  std::vector<TensorId> ids;
+  std::vector<std::string> names;
+  for (std::size_t n = m.batch_from; n < m.done; ++n) {
+    const auto [g, part] = m.order[n];
+    for (StateKind k : kKinds) {
+      if (k == StateKind::kGradient || !layout_.Stored(k, g)) continue;
+      MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
+      ids.push_back(id);
+      names.push_back(m.names[static_cast<int>(k)][g][part]);
+    }
+  }
+  names.push_back(ProgressName());
   m.batch_from = m.done;
   m.since_batch = 0;
+  // In the foreground every staged object is committed: the torn step a destroyed state
+  // leaves commits the gradients it wrote back with its parts.
+  auto commit = [this, background, ids = std::move(ids), names = std::move(names),
+                 progress = EncodeProgress(*m.intent, m.done)] {
+    absl::Status s = impl_->store->WriteBack(ids);
+    if (s.ok()) {
+      s = impl_->volume->PutStaged(
+          ProgressName(), {reinterpret_cast<const std::byte*>(progress.data()), progress.size()},
+          kProgressMetadata);
+    }
+    if (s.ok()) s = background ? impl_->volume->SyncOnly(names) : impl_->volume->Sync();
+    return s;
+  };
+  if (!background) return commit();
+  m.committer = std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
   return absl::OkStatus();
 }
 

@@ -39,6 +39,24 @@ std::unique_ptr<FileObjectStore> OpenOk(const std::string& dir, FileObjectStoreO
   return s.ok() ? std::move(*s) : nullptr;
 }
 
+TEST(FileObjectStore, SyncOnlyCommitsTheNamedStagedObjectsAndLeavesTheOthersStaged) {
+  ScratchPath p("fos");
+  {
+    auto s = OpenOk(p.path());
+    ASSERT_NE(s, nullptr);
+    ASSERT_OK(s->Put("a", Pattern("a", 1, 5000), Durability::kDurable));
+    ASSERT_OK(s->Put("b", Pattern("b", 1, 5000), Durability::kDurable));
+    ASSERT_OK(s->PutStaged("a", Pattern("a", 2, 5000)));
+    ASSERT_OK(s->PutStaged("b", Pattern("b", 2, 5000)));
+    ASSERT_OK(s->SyncOnly(std::vector<std::string>{"a", "not-staged"}));
+    EXPECT_EQ(Read(*s, "b"), Pattern("b", 2, 5000));  // seen, not committed
+  }
+  auto s = OpenOk(p.path());
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(Read(*s, "a"), Pattern("a", 2, 5000));
+  EXPECT_EQ(Read(*s, "b"), Pattern("b", 1, 5000));
+}
+
 TEST(FileObjectStore, DurableAndSyncedObjectsSurviveReopenScratchAndStagedDoNot) {
   ScratchPath p("fos");
   {
