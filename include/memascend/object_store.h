@@ -76,9 +76,10 @@ class ObjectStore {
                                  std::string_view metadata = {}) = 0;
   // Commits every staged object. After a failure they stay staged.
   virtual absl::Status Sync() = 0;
-  // Note [selective commit]: commits the staged objects named in `names` alone, in one
-  // commit as Sync() would; the others stay staged for a later one, and a name that is
-  // not staged is passed over. For a writer whose commits must not carry what another
+  // Note [selective commit]: commits the staged objects named in `names` alone, as Sync()
+  // commits them all (a volume: one journal commit; a file store: its renames, one by
+  // one, no more atomic than its Sync); the others stay staged for a later one, and a
+  // name that is not staged is passed over. For a writer whose commits must not carry what another
   // thread stages meanwhile (a state in place committing a batch of parts in the
   // background while the next parts are updated). After a failure they stay staged.
   virtual absl::Status SyncOnly(std::span<const std::string> names) = 0;

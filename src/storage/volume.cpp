@@ -125,8 +125,9 @@ struct Volume::Impl {
   }
   // Commits the staged objects (those `only` names, when given) in one journal commit.
   // Commit() flushes the data before the records and applies them: the committed
-  // versions' old extents are freed, the staged ones become the objects. An object staged
-  // again while the commit ran keeps its newer staging (only what was committed leaves).
+  // versions' old extents are freed, the staged ones become the objects. PutStaged holds
+  // sync_mu shared, so nothing is staged again while the commit runs; the extents are
+  // compared anyway before an entry leaves.
   absl::Status SyncStaged(const std::set<std::string_view>* only) {
     absl::MutexLock sync(&sync_mu);
     std::vector<JournalRecord> records;

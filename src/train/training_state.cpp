@@ -448,6 +448,7 @@ struct VersionedTrainingState::Impl {
   bool batched = false;                      // its parts are committed in batches
   std::size_t done = 0;                      // parts updated, in order
   std::size_t batch_from = 0;                // the first part not yet committed
+  std::size_t committed = 0;                 // the first part not known durable
   std::uint64_t since_batch = 0;             // bytes of the parts updated since
   std::uint64_t batch_bytes = 0;             // a batch commits past this (Note [batch overlap])
   bool batch_overlap = false;                // and in the background
@@ -475,7 +476,13 @@ VersionedTrainingState::~VersionedTrainingState() {
   // is committed as torn, for Resume to finish, before the store's own commit at its close
   // could commit its parts without their progress object.
   Impl& m = *impl_;
-  if (m.options.in_place && m.intent.has_value() && m.done > m.batch_from && m.commit_status.ok()) {
+  if (m.options.in_place && m.intent.has_value() && m.done > m.committed) {
+    // A batch that failed (its error is the state's) is committed again with the rest:
+    // a failed commit leaves what it wrote staged, and writing it back again is harmless.
+    // Left out, the store's own commit at its close would commit those parts without the
+    // progress object that names them.
+    m.commit_status = absl::OkStatus();
+    m.batch_from = m.committed;
     absl::Status s = m.batched ? absl::OkStatus() : WriteBackParts(m.done, m.order.size(), true);
     if (s.ok()) (void)CommitBatch(false);  // with the gradients: one journal commit
   }
@@ -848,12 +855,12 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
     i.record.step = last.step + 1;
     i.record.user = std::move(last.user);
   }
-  m.done = m.batch_from = 0;
+  m.done = m.batch_from = m.committed = 0;
   m.since_batch = 0;
   if (m.unfinished.has_value()) {  // finishing a torn step: its first parts are durable
     if (m.unfinished->intent.record.step != i.record.step)
       return absl::FailedPreconditionError("training state: the torn step is not finished first");
-    m.done = m.batch_from = m.unfinished->parts_done;
+    m.done = m.batch_from = m.committed = m.unfinished->parts_done;
     m.unfinished.reset();
   }
   m.intent = std::move(i);
@@ -940,10 +947,16 @@ absl::Status VersionedTrainingState::PartUpdated(std::size_t g, std::size_t part
 // the next batch, the step's commit and BeginUpdate settle it first. Its journal commit
 // takes the batch's objects and the progress object alone (SyncOnly, Note [selective
 // commit] in object_store.h): a later part that the budget evicts meanwhile is staged,
-// perhaps a kind of it only, and must not be committed before its batch is whole.
+// perhaps a kind of it only, and must not be committed before its batch is whole. A
+// batch that fails is known at the next batch or the step's commit (Settle); `committed`
+// moves only past batches known durable, and a state destroyed with a failed batch
+// commits it again with the parts after it as a torn step. If that fails too, the
+// store's own commit at its close can still commit parts beyond the progress object (as
+// before the overlap): a store switch that stops it is not built.
 absl::Status VersionedTrainingState::CommitBatch(bool background) {
   Impl& m = *impl_;
   MEMASCEND_RETURN_IF_ERROR(Settle());  // batches commit one at a time, in order
+  m.committed = m.batch_from;           // the batch before this one is durable
   std::vector<TensorId> ids;
   std::vector<std::string> names;
   for (std::size_t n = m.batch_from; n < m.done; ++n) {
@@ -971,7 +984,12 @@ absl::Status VersionedTrainingState::CommitBatch(bool background) {
     if (s.ok()) s = background ? impl_->volume->SyncOnly(names) : impl_->volume->Sync();
     return s;
   };
-  if (!background) return commit();
+  if (!background) {
+    const std::size_t end = m.batch_from;
+    absl::Status s = commit();
+    if (s.ok()) m.committed = end;
+    return s;
+  }
   m.committer = std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
   return absl::OkStatus();
 }
