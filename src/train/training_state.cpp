@@ -890,8 +890,7 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   const auto gradient_bytes = [&](std::size_t n) {
     constexpr std::uint64_t kUnit = 64 * 1024;  // the volume counts staging in units
     const auto [begin, end] = layout_.PartRange(m.order[n].first, m.order[n].second);
-    return ((end - begin) * layout_.ElementBytes(StateKind::kGradient) + kUnit - 1) / kUnit *
-           kUnit;
+    return ((end - begin) * layout_.ElementBytes(StateKind::kGradient) + kUnit - 1) / kUnit * kUnit;
   };
   for (std::size_t n = m.done; n < m.order.size();) {
     const std::uint64_t staged = m.volume->staged_bytes();
@@ -990,7 +989,8 @@ absl::Status VersionedTrainingState::CommitBatch(bool background) {
     if (s.ok()) m.committed = end;
     return s;
   }
-  m.committer = std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
+  m.committer =
+      std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
   return absl::OkStatus();
 }
 

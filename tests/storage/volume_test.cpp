@@ -176,8 +176,8 @@ TEST(Volume, SyncOnlyCommitsTheNamedStagedObjectsAndLeavesTheOthersStaged) {
     ASSERT_OK(v->SyncOnly(names));
     EXPECT_EQ(v->stats().commits, commits + 1);
     EXPECT_LT(v->staged_bytes(), staged);
-    EXPECT_GT(v->staged_bytes(), 0u);  // b's
-    ExpectContent(*v, "b", 2, size);   // still seen by this process
+    EXPECT_GT(v->staged_bytes(), 0u);                       // b's
+    ExpectContent(*v, "b", 2, size);                        // still seen by this process
     ASSERT_OK(v->SyncOnly(std::vector<std::string>{"a"}));  // nothing of it staged: no commit
     EXPECT_EQ(v->stats().commits, commits + 1);
     ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));

@@ -358,8 +358,7 @@ TEST(StateInPlace, ABatchCommittedInTheBackgroundCarriesNoPartUpdatedAfterIt) {
 }
 
 // Every stored kind of every part, as the state reads it.
-std::map<std::tuple<int, std::size_t, std::size_t>, std::string> Snapshot(
-    TrainingStateStorage* s) {
+std::map<std::tuple<int, std::size_t, std::size_t>, std::string> Snapshot(TrainingStateStorage* s) {
   std::map<std::tuple<int, std::size_t, std::size_t>, std::string> out;
   const StateLayout& l = s->layout();
   for (std::size_t g = 0; g < l.groups.size(); ++g) {
@@ -369,8 +368,9 @@ std::map<std::tuple<int, std::size_t, std::size_t>, std::string> Snapshot(
         if (!l.Stored(k, g)) continue;
         auto b = s->Read(k, g, p, false);
         EXPECT_TRUE(b.ok()) << b.status();
-        if (b.ok()) out[{static_cast<int>(k), g, p}] = std::string(
-            reinterpret_cast<const char*>(b->data), b->bytes);
+        if (b.ok())
+          out[{static_cast<int>(k), g, p}] =
+              std::string(reinterpret_cast<const char*>(b->data), b->bytes);
       }
     }
   }
@@ -417,7 +417,8 @@ TEST_P(StateInPlaceCrash, AFailedWriteThenCloseLeavesTheStateItsProgressNames) {
       r.kill->FailWrite(n);
       update = r.adam->UpdateAll();
       writes = r.kill->writes() - start;
-    }  // no Commit: the caller stops here
+      // No Commit: the caller stops here, and the state and then the store close.
+    }
     if (update.ok() && n > writes) break;  // past the update's writes
     ++tried;
     Opened r;
@@ -447,7 +448,7 @@ INSTANTIATE_TEST_SUITE_P(Bounds, StateInPlaceCrash,
                          ::testing::Values(std::uint64_t{1} << 20, std::uint64_t{4} << 20),
                          [](const auto& bound) {
                            return bound.param == (std::uint64_t{1} << 20) ? "OneBatchAtATime"
-                                                                         : "BatchesInBackground";
+                                                                          : "BatchesInBackground";
                          });
 
 }  // namespace
