@@ -47,6 +47,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -318,7 +319,6 @@ def point(r, tokens_per_step):
     part = r.get("partial") or {}
     times = part.get("step_seconds") or []
     if len(times) >= 2 and tokens_per_step:
-        import statistics
         return (part.get("peak_rss_bytes_so_far"),
                 tokens_per_step / statistics.median(times[1:]), True)
     return None

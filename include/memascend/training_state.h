@@ -388,6 +388,8 @@ class VersionedTrainingState final : public TrainingStateStorage {
   absl::Status WritingNext();
   absl::Status WritingInPlace(StateKind k, bool step_write);
   absl::Status CommitBatch(bool background);
+  absl::Status PartTensors(std::size_t from, std::size_t to, bool gradient,
+                           std::vector<TensorId>* ids, std::vector<std::string>* names) const;
   absl::Status WriteBackParts(std::size_t from, std::size_t to, bool gradient);
   absl::Status PutRecord(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(

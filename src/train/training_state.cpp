@@ -444,6 +444,7 @@ struct VersionedTrainingState::Impl {
   // Note [state in place]: the parts in layout order, and the step being updated.
   std::vector<std::pair<std::size_t, std::size_t>> order;
   std::uint64_t state_bytes = 0;             // of every part's kinds but the gradient
+  std::uint64_t largest_part = 0;            // the most a part's kinds but the gradient take
   std::optional<StepIntent> intent;          // the step being updated, once BeginUpdate ran
   bool batched = false;                      // its parts are committed in batches
   std::size_t done = 0;                      // parts updated, in order
@@ -454,13 +455,15 @@ struct VersionedTrainingState::Impl {
   bool batch_overlap = false;                // and in the background
   std::optional<UnfinishedStep> unfinished;  // found by Resume
 
-  // A part's kinds but the gradient, in the volume's 64 KiB units (what staging them takes).
-  std::uint64_t PartBytes(const StateLayout& l, std::size_t g, std::size_t part) const {
+  // A part's kinds but the gradient (or its gradient alone), in the volume's 64 KiB units
+  // (what staging them takes).
+  std::uint64_t PartBytes(const StateLayout& l, std::size_t g, std::size_t part,
+                          bool gradient = false) const {
     constexpr std::uint64_t kUnit = 64 * 1024;
     const auto [begin, end] = l.PartRange(g, part);
     std::uint64_t b = 0;
     for (StateKind k : kKinds) {
-      if (k != StateKind::kGradient && l.Stored(k, g))
+      if ((k == StateKind::kGradient) == gradient && l.Stored(k, g))
         b += ((end - begin) * l.ElementBytes(k) + kUnit - 1) / kUnit * kUnit;
     }
     return b;
@@ -703,7 +706,9 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     for (std::size_t g = 0; g < layout.groups.size(); ++g) {
       for (std::size_t part = 0; part < layout.Parts(g); ++part) {
         impl->order.emplace_back(g, part);
-        impl->state_bytes += impl->PartBytes(layout, g, part);
+        const std::uint64_t bytes = impl->PartBytes(layout, g, part);
+        impl->state_bytes += bytes;
+        impl->largest_part = std::max(impl->largest_part, bytes);
       }
     }
     store->SetCommitWhenFull(false);  // only the state's commits (Note [state in place])
@@ -869,14 +874,9 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   // written back as the budget evicts them) stay within the bound plus a part, as one
   // batch at a time did, when each is under half the bound less a part; a bound too
   // small for that commits one batch at a time, as it comes.
-  std::uint64_t largest = 0;
-  if (m.batched) {
-    for (const auto& [g, part] : m.order)
-      largest = std::max(largest, m.PartBytes(layout_, g, part));
-  }
   const std::uint64_t bound = m.options.max_staged_bytes;
-  m.batch_overlap = m.batched && bound >= 4 * largest;
-  m.batch_bytes = m.batch_overlap ? (bound - largest) / 2 : bound;
+  m.batch_overlap = m.batched && bound >= 4 * m.largest_part;
+  m.batch_bytes = m.batch_overlap ? (bound - m.largest_part) / 2 : bound;
   if (!m.batched) {
     // The gradients the backward pass staged are committed now (no part is written yet):
     // the commit then stages the state alone, within the bound.
@@ -888,9 +888,7 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   // many as the bound has room for, and at least one: the bound is passed by at most a
   // part, as one part at a time would.
   const auto gradient_bytes = [&](std::size_t n) {
-    constexpr std::uint64_t kUnit = 64 * 1024;  // the volume counts staging in units
-    const auto [begin, end] = layout_.PartRange(m.order[n].first, m.order[n].second);
-    return ((end - begin) * layout_.ElementBytes(StateKind::kGradient) + kUnit - 1) / kUnit * kUnit;
+    return m.PartBytes(layout_, m.order[n].first, m.order[n].second, true);
   };
   for (std::size_t n = m.done; n < m.order.size();) {
     const std::uint64_t staged = m.volume->staged_bytes();
@@ -906,21 +904,31 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   return m.volume->Sync();
 }
 
-// Writes back the parts order[from, to): their gradients, or every other kind of them,
-// several tensors at once (Note [write-back depth] in tensor_store.h).
-absl::Status VersionedTrainingState::WriteBackParts(std::size_t from, std::size_t to,
-                                                    bool gradient) {
-  Impl& m = *impl_;
-  std::vector<TensorId> ids;
+// The tensors of the parts order[from, to), with their objects' names where asked: their
+// gradients, or every other kind of them.
+absl::Status VersionedTrainingState::PartTensors(std::size_t from, std::size_t to, bool gradient,
+                                                 std::vector<TensorId>* ids,
+                                                 std::vector<std::string>* names) const {
+  const Impl& m = *impl_;
   for (std::size_t n = from; n < to; ++n) {
     const auto [g, part] = m.order[n];
     for (StateKind k : kKinds) {
       if ((k == StateKind::kGradient) != gradient || !layout_.Stored(k, g)) continue;
       MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
-      ids.push_back(id);
+      ids->push_back(id);
+      if (names != nullptr) names->push_back(m.names[static_cast<int>(k)][g][part]);
     }
   }
-  return m.store->WriteBack(ids);
+  return absl::OkStatus();
+}
+
+// Writes back the parts order[from, to): their gradients, or every other kind of them,
+// several tensors at once (Note [write-back depth] in tensor_store.h).
+absl::Status VersionedTrainingState::WriteBackParts(std::size_t from, std::size_t to,
+                                                    bool gradient) {
+  std::vector<TensorId> ids;
+  MEMASCEND_RETURN_IF_ERROR(PartTensors(from, to, gradient, &ids, nullptr));
+  return impl_->store->WriteBack(ids);
 }
 
 absl::Status VersionedTrainingState::PartUpdated(std::size_t g, std::size_t part) {
@@ -958,15 +966,7 @@ absl::Status VersionedTrainingState::CommitBatch(bool background) {
   m.committed = m.batch_from;           // the batch before this one is durable
   std::vector<TensorId> ids;
   std::vector<std::string> names;
-  for (std::size_t n = m.batch_from; n < m.done; ++n) {
-    const auto [g, part] = m.order[n];
-    for (StateKind k : kKinds) {
-      if (k == StateKind::kGradient || !layout_.Stored(k, g)) continue;
-      MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, 0));
-      ids.push_back(id);
-      names.push_back(m.names[static_cast<int>(k)][g][part]);
-    }
-  }
+  MEMASCEND_RETURN_IF_ERROR(PartTensors(m.batch_from, m.done, false, &ids, &names));
   names.push_back(ProgressName());
   m.batch_from = m.done;
   m.since_batch = 0;

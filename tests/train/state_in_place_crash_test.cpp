@@ -153,9 +153,8 @@ absl::Status Start(OffloadedAdam* adam) {
   return adam->Commit(0);
 }
 
-// Step `step`: gradients (the last group first, as a backward pass), the update, the commit
-// in the background (settled by the next step's first gradient).
-absl::Status Step(OffloadedAdam* adam, std::uint64_t step) {
+// Step `step`'s backward pass: its gradients, the last group first, then the plan.
+absl::Status Backward(OffloadedAdam* adam, std::uint64_t step) {
   const StateLayout& l = adam->layout();
   adam->BeginBackward();
   for (std::size_t g = l.groups.size(); g-- > 0;) {
@@ -168,6 +167,13 @@ absl::Status Step(OffloadedAdam* adam, std::uint64_t step) {
   }
   MEMASCEND_ASSIGN_OR_RETURN(StepPlan plan, adam->EndBackward());
   if (plan.skipped) return absl::InternalError("unexpected skipped step");
+  return absl::OkStatus();
+}
+
+// Step `step`: the backward pass, the update, the commit in the background (settled by the
+// next step's first gradient).
+absl::Status Step(OffloadedAdam* adam, std::uint64_t step) {
+  MEMASCEND_RETURN_IF_ERROR(Backward(adam, step));
   MEMASCEND_RETURN_IF_ERROR(adam->UpdateAll());
   return adam->CommitAsync(step).status();
 }
@@ -320,17 +326,7 @@ TEST(StateInPlace, ABatchCommittedInTheBackgroundCarriesNoPartUpdatedAfterIt) {
     Opened r;
     if (!Open(path.path(), 0, &r, std::chrono::milliseconds(300)).ok()) _exit(10);
     if (!r.adam->Resume().ok()) _exit(11);
-    const StateLayout& l = r.adam->layout();
-    r.adam->BeginBackward();
-    for (std::size_t g = l.groups.size(); g-- > 0;) {
-      const auto grad = Gradient(l.groups[g].elements, g, 1);
-      for (std::size_t p = 0; p < l.Parts(g); ++p) {
-        const auto [begin, end] = l.PartRange(g, p);
-        if (!r.adam->SetGradient(g, p, {grad.data() + begin, end - begin, DType::kF32}).ok())
-          _exit(12);
-      }
-    }
-    if (!r.adam->EndBackward().ok()) _exit(13);
+    if (!Backward(r.adam.get(), 1).ok()) _exit(12);
     // The embedding's four parts: the first three pass the batch's bytes and commit in the
     // background; the fourth is updated meanwhile and written back at once.
     if (!r.adam->UpdateGroup(0).ok()) _exit(14);
@@ -403,16 +399,7 @@ TEST_P(StateInPlaceCrash, AFailedWriteThenCloseLeavesTheStateItsProgressNames) {
       Opened r;
       ASSERT_OK(Open(path.path(), 0, &r));
       ASSERT_OK(r.adam->Resume().status());
-      const StateLayout& l = r.adam->layout();
-      r.adam->BeginBackward();
-      for (std::size_t g = l.groups.size(); g-- > 0;) {
-        const auto grad = Gradient(l.groups[g].elements, g, 1);
-        for (std::size_t p = 0; p < l.Parts(g); ++p) {
-          const auto [begin, end] = l.PartRange(g, p);
-          ASSERT_OK(r.adam->SetGradient(g, p, {grad.data() + begin, end - begin, DType::kF32}));
-        }
-      }
-      ASSERT_OK(r.adam->EndBackward().status());
+      ASSERT_OK(Backward(r.adam.get(), 1));
       const std::uint64_t start = r.kill->writes();
       r.kill->FailWrite(n);
       update = r.adam->UpdateAll();
