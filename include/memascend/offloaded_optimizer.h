@@ -38,6 +38,9 @@
 // at once, for a trainer that computes the next step meanwhile: a process killed before
 // the ticket's Wait() (or Settle()) returned may resume at the step before. The storage's
 // own TrainingStateStorage::Commit is the asynchronous one; OffloadedAdam names both.
+// A storage with a commit interval (Note [commit interval] in training_state.h) makes
+// only every commit_every-th step durable: Commit and the ticket then promise durability
+// for those steps, and Persist() for every step committed so far.
 //
 // Note [parts]: every kind of state of a group is stored in parts (StateLayout). The
 // update holds one part's gradient, next parameters, master weights and moments at a
@@ -237,6 +240,8 @@ class OffloadedAdam {
   absl::StatusOr<CommitTicket> CommitAsync(std::uint64_t step, std::string_view user = {});
   // Waits for the commit in progress, if any: durable, or its error.
   absl::Status Settle() { return storage_->Settle(); }
+  // Every step committed so far durable (Note [commit interval] in training_state.h).
+  absl::Status Persist() { return storage_->Persist(); }
 
   // ---- the state, whole: export to and import from another optimizer's format
   // Group g's current `kind` into `out` (the group's elements), part by part: kMaster,

@@ -38,7 +38,11 @@
 // (freeing the extents it replaces) and tries once more. A caller that orders the commits
 // itself, because what each commit holds matters (a training state updated in place,
 // Note [state in place] in training_state.h), turns this off with SetCommitWhenFull(false);
-// the write-back then fails with kResourceExhausted and its tensor stays dirty.
+// the write-back then fails with kResourceExhausted and its tensor stays dirty. Such a
+// caller also turns off the commit at close (SetCommitAtClose(false)): Close() and the
+// destructor then write back and commit nothing (what is dirty or staged is dropped, and
+// the volume keeps its last commit), since a commit the caller did not order could hold
+// half of what it orders (a training state's parts of a step without its record).
 //
 // Note [gpu tier]: with options.gpu_budget_bytes > 0 and a CUDA device, Acquire(id,
 // Tier::kGpu, stream) gives a lease on a device copy. The store takes one device slab of
@@ -298,11 +302,14 @@ class TensorStore {
 
   // Note [commit when full]; true at open. Any thread.
   void SetCommitWhenFull(bool commit) noexcept;
+  // Note [commit when full]: whether Close() (and the destructor) writes back and commits;
+  // true at open. Any thread.
+  void SetCommitAtClose(bool commit) noexcept;
 
-  // Writes back and commits every dirty durable tensor (as Flush), cancels the prefetches
-  // still queued (their tickets report kCancelled) and stops the store's threads. No
-  // lease may be held. After Close only stats() and the destructor may be called; a
-  // second Close returns the first one's status.
+  // Writes back and commits every dirty durable tensor (as Flush; nothing with
+  // SetCommitAtClose(false)), cancels the prefetches still queued (their tickets report
+  // kCancelled) and stops the store's threads. No lease may be held. After Close only
+  // stats() and the destructor may be called; a second Close returns the first one's status.
   absl::Status Close();
 
   TensorStoreStats stats() const;

@@ -86,6 +86,26 @@
 // ways: OffloadedAdam::Commit settles before it returns, CommitAsync returns a ticket
 // (Note [commit durability] in offloaded_optimizer.h).
 //
+// Note [commit interval]: a state in place may make only every commit_every-th step
+// durable (options.commit_every, 1 by default: every step). The whole state is then
+// written once per interval rather than once per step: a step that fits in host memory
+// writes nothing, and on the GPU machines of docs/gpu.md the per-step write of the whole
+// state (16 bytes a parameter) is what the step waits for. Commit() of a step in between
+// returns with the step committed in memory only: later reads, steps and commits see it,
+// a crash loses it, and Resume() then returns the last durable step (at most
+// commit_every - 1 steps back), whose state is whole (the caller replays the steps after
+// it, as from any checkpoint). The interval's commit, Persist() and the state's
+// destruction make every step committed so far durable, in one journal commit: the
+// state's parts written back (not the gradients), the record, a progress object of no
+// step. Parts evicted in between are staged (Note [staged puts]), never committed before
+// that commit, so the volume needs room for a whole version more (max_staged_bytes 0:
+// no batches, and VolumeBytes counts a version); Open refuses commit_every > 1 with a
+// bound the state exceeds, or with two versions. The state's store commits nothing at
+// its close (TensorStore::SetCommitAtClose(false)): if the state's own last commit
+// fails, the volume keeps the last durable step rather than parts of later ones. A step
+// torn while steps wait (the state destroyed mid-update) is committed as Note [state in
+// place] commits one, with the record of the step before it.
+//
 // Note [state layout]: a group of `elements` parameters is stored in parts of
 // `part_elements` (the last part shorter); each kind of state has the same parts. A group
 // with store_parameters false has no stored 16-bit parameters: they are derived from its
@@ -259,6 +279,8 @@ class TrainingStateStorage {
   // commit's error. Once a commit failed, the storage stays failed.
   virtual absl::Status Commit(const CommitRecord& r) = 0;
   virtual absl::Status Settle() { return absl::OkStatus(); }
+  // Note [commit interval]: makes every step committed so far durable, then settles.
+  virtual absl::Status Persist() { return Settle(); }
   // The last committed record; nullopt when nothing was committed. kFailedPrecondition
   // when the record carries another fingerprint or layout (another run's state).
   virtual absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) = 0;
@@ -325,6 +347,9 @@ struct VersionedTrainingStateOptions {
   // than this many bytes wait (the volume keeps the extents they replace until then); 0:
   // only at Commit. What the volume needs beyond the state (VolumeBytes).
   std::uint64_t max_staged_bytes = std::uint64_t{256} << 20;
+  // Note [commit interval]: every commit_every-th step is durable (in place only; above
+  // 1, max_staged_bytes 0 or at least the state). In [1, 1'000'000].
+  std::uint32_t commit_every = 1;
 };
 
 // A training state in a TensorStore, in place or in two versions (Note [state in place],
@@ -360,6 +385,11 @@ class VersionedTrainingState final : public TrainingStateStorage {
   std::optional<UnfinishedStep> Unfinished() const override;
   absl::Status Commit(const CommitRecord& r) override;
   absl::Status Settle() override;
+  absl::Status Persist() override;
+  // Note [commit interval]: the last step made durable (or being made so), and the
+  // steps committed since that a crash would lose.
+  std::uint64_t durable_step() const noexcept;
+  std::uint64_t deferred_steps() const noexcept;
   absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) override;
   absl::StatusOr<std::optional<CommitRecord>> ResumeAtMost(std::uint64_t fingerprint,
                                                            std::uint64_t step) override;
@@ -373,7 +403,8 @@ class VersionedTrainingState final : public TrainingStateStorage {
   // Note [volume size]: the size of a file volume for the layout: StoredBytes, what is
   // staged in flight (max_staged_bytes and a part's tensors, at most a whole version),
   // the journal Volume::Format makes for that size (1/512), and 16 MiB for the records.
-  // Never twice the state. In place and bf16: 16 bytes per parameter and about 300 MiB.
+  // Never twice the state, but with commit_every > 1 (Note [commit interval]: a whole
+  // version staged). In place and bf16: 16 bytes per parameter and about 300 MiB.
   static std::uint64_t VolumeBytes(const StateLayout& layout,
                                    const VersionedTrainingStateOptions& options = {});
   // Of that, the data region the state needs: StoredBytes and what is staged in flight.
@@ -388,6 +419,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   absl::Status WritingNext();
   absl::Status WritingInPlace(StateKind k, bool step_write);
   absl::Status CommitBatch(bool background);
+  absl::Status CommitWhole(std::string record, std::uint64_t step, bool background);
   absl::Status PartTensors(std::size_t from, std::size_t to, bool gradient,
                            std::vector<TensorId>* ids, std::vector<std::string>* names) const;
   absl::Status WriteBackParts(std::size_t from, std::size_t to, bool gradient);

@@ -256,7 +256,8 @@ class PyAdam {
          const std::vector<float>& lrs, const std::vector<float>& weight_decays, float beta1,
          float beta2, float eps, float max_grad_norm, bool dynamic_loss_scale, float initial_scale,
          std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads,
-         std::optional<bool> store_parameters, bool replace_existing, bool data_parallel)
+         std::optional<bool> store_parameters, bool replace_existing, bool data_parallel,
+         std::uint32_t commit_every)
       : store_obj_(std::move(store)) {
     store_ = store_obj_.cast<PyStore*>();
     const StateLayout layout =
@@ -300,6 +301,8 @@ class PyAdam {
         vo.in_place = false;
         vo.max_staged_bytes = 0;
       }
+      vo.commit_every = commit_every;  // Note [commit interval]: unbounded staging
+      if (commit_every > 1) vo.max_staged_bytes = 0;
       state_ = Take(VersionedTrainingState::Open(s, v, layout, vo));
       adam_ = Take(OffloadedAdam::Create(state_.get(), o, threads_.get()));
     }
@@ -322,7 +325,7 @@ class PyAdam {
     absl::Status s;
     {
       py::gil_scoped_release nogil;
-      s = adam_->Settle();
+      s = adam_->Persist();  // Note [commit interval]: every step durable
       adam_.reset();
       state_.reset();
       threads_.reset();
@@ -374,6 +377,8 @@ class PyAdam {
     d["io_write_bytes"] = a->storage()->io_write_bytes();
     if (auto s = a->storage()->store_stats()) d["store"] = StoreStatsDict(*s);
     d["skipped_steps"] = a->scaler().skipped_steps();
+    d["durable_step"] = state_->durable_step();  // Note [commit interval]
+    d["deferred_steps"] = state_->deferred_steps();
     return d;
   }
 
@@ -764,14 +769,15 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<py::object, const std::vector<std::pair<std::string, std::size_t>>&,
                     const std::string&, const std::string&, std::size_t, const std::vector<float>&,
                     const std::vector<float>&, float, float, float, float, bool, float,
-                    std::uint64_t, std::size_t, int, std::optional<bool>, bool, bool>(),
+                    std::uint64_t, std::size_t, int, std::optional<bool>, bool, bool,
+                    std::uint32_t>(),
            py::arg("store"), py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
            py::arg("part_elements"), py::arg("lrs"), py::arg("weight_decays"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("max_grad_norm"),
            py::arg("dynamic_loss_scale"), py::arg("initial_scale"), py::arg("fingerprint"),
            py::arg("read_ahead_bytes"), py::arg("threads"),
            py::arg("store_parameters") = std::nullopt, py::arg("replace_existing") = false,
-           py::arg("data_parallel") = false)
+           py::arg("data_parallel") = false, py::arg("commit_every") = 1)
       .def_static("minimum_host_budget",
                   [](std::size_t max_group_elements, std::size_t part_elements,
                      const std::string& param, const std::string& grad) {
@@ -798,18 +804,19 @@ PYBIND11_MODULE(_core, m) {
           "volume_bytes",
           [](const std::vector<std::pair<std::string, std::size_t>>& groups,
              const std::string& param, const std::string& grad, std::size_t part,
-             std::optional<bool> store_parameters, bool data_parallel) {
+             std::optional<bool> store_parameters, bool data_parallel, std::uint32_t commit_every) {
             const StateLayout l = PyLayout(groups, param, grad, part, store_parameters);
             VersionedTrainingStateOptions vo;  // Note [volume size]
             if (data_parallel) {
               vo.in_place = false;
               vo.max_staged_bytes = 0;
             }
+            if (commit_every > 1) vo.max_staged_bytes = 0;  // Note [commit interval]
             return VersionedTrainingState::VolumeBytes(l, vo);
           },
           py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
           py::arg("part_elements"), py::arg("store_parameters") = std::nullopt,
-          py::arg("data_parallel") = false)
+          py::arg("data_parallel") = false, py::arg("commit_every") = 1)
       .def("resume", &PyAdam::resume, py::arg("at_most") = std::nullopt)
       .def("initialize",
            [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
@@ -869,6 +876,8 @@ PYBIND11_MODULE(_core, m) {
           py::arg("step"), py::arg("user") = py::bytes())
       .def("settle",
            [](PyAdam& self) { NoGil(self, [](OffloadedAdam* a) { return a->Settle(); }); })
+      .def("persist",
+           [](PyAdam& self) { NoGil(self, [](OffloadedAdam* a) { return a->Persist(); }); })
       .def("load_parameters",
            [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,
               const std::string& dtype) {

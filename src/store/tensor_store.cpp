@@ -79,7 +79,8 @@ TensorStore::~TensorStore() {
 
 absl::Status TensorStore::Close() {
   if (impl_->closed) return impl_->close_status;
-  impl_->close_status = Flush();
+  // Note [commit when full]: a caller that orders the commits makes its last one itself.
+  impl_->close_status = impl_->commit_at_close.load() ? Flush() : absl::OkStatus();
   impl_->closed = true;
   {
     absl::MutexLock lock(&impl_->mu);
@@ -530,6 +531,7 @@ absl::Status TensorStore::Flush() {
 }
 
 void TensorStore::SetCommitWhenFull(bool commit) noexcept { impl_->commit_when_full = commit; }
+void TensorStore::SetCommitAtClose(bool commit) noexcept { impl_->commit_at_close = commit; }
 
 TensorStoreStats TensorStore::stats() const {
   absl::MutexLock lock(&impl_->mu);

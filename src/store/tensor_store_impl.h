@@ -93,6 +93,7 @@ struct TensorStore::Impl {
   ObjectStore* volume = nullptr;
   TensorStoreOptions options;
   std::atomic<bool> commit_when_full{true};  // Note [commit when full]
+  std::atomic<bool> commit_at_close{true};   // Note [commit when full]
   std::unique_ptr<MemoryLedger> own_ledger;
   MemoryLedger* ledger = nullptr;
   std::unique_ptr<HostArena> arena;

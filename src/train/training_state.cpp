@@ -443,16 +443,20 @@ struct VersionedTrainingState::Impl {
   bool previous_written = false;
   // Note [state in place]: the parts in layout order, and the step being updated.
   std::vector<std::pair<std::size_t, std::size_t>> order;
-  std::uint64_t state_bytes = 0;             // of every part's kinds but the gradient
-  std::uint64_t largest_part = 0;            // the most a part's kinds but the gradient take
-  std::optional<StepIntent> intent;          // the step being updated, once BeginUpdate ran
-  bool batched = false;                      // its parts are committed in batches
-  std::size_t done = 0;                      // parts updated, in order
-  std::size_t batch_from = 0;                // the first part not yet committed
-  std::size_t committed = 0;                 // the first part not known durable
-  std::uint64_t since_batch = 0;             // bytes of the parts updated since
-  std::uint64_t batch_bytes = 0;             // a batch commits past this (Note [batch overlap])
-  bool batch_overlap = false;                // and in the background
+  std::uint64_t state_bytes = 0;     // of every part's kinds but the gradient
+  std::uint64_t largest_part = 0;    // the most a part's kinds but the gradient take
+  std::optional<StepIntent> intent;  // the step being updated, once BeginUpdate ran
+  bool batched = false;              // its parts are committed in batches
+  std::size_t done = 0;              // parts updated, in order
+  std::size_t batch_from = 0;        // the first part not yet committed
+  std::size_t committed = 0;         // the first part not known durable
+  std::uint64_t since_batch = 0;     // bytes of the parts updated since
+  std::uint64_t batch_bytes = 0;     // a batch commits past this (Note [batch overlap])
+  bool batch_overlap = false;        // and in the background
+  // Note [commit interval]: steps committed in memory since the last durable one.
+  std::uint64_t deferred = 0;
+  std::uint64_t durable_step = 0;
+  std::uint64_t last_step = 0;               // last_record's step
   std::optional<UnfinishedStep> unfinished;  // found by Resume
 
   // A part's kinds but the gradient (or its gradient alone), in the volume's 64 KiB units
@@ -479,16 +483,34 @@ VersionedTrainingState::~VersionedTrainingState() {
   // is committed as torn, for Resume to finish, before the store's own commit at its close
   // could commit its parts without their progress object.
   Impl& m = *impl_;
+  absl::Status final_commit = absl::OkStatus();
   if (m.options.in_place && m.intent.has_value() && m.done > m.committed) {
     // A batch that failed (its error is the state's) is committed again with the rest:
     // a failed commit leaves what it wrote staged, and writing it back again is harmless.
-    // Left out, the store's own commit at its close would commit those parts without the
-    // progress object that names them.
     m.commit_status = absl::OkStatus();
     m.batch_from = m.committed;
-    absl::Status s = m.batched ? absl::OkStatus() : WriteBackParts(m.done, m.order.size(), true);
-    if (s.ok()) (void)CommitBatch(false);  // with the gradients: one journal commit
+    if (!m.batched && m.deferred > 0) {
+      // Note [commit interval]: the parts not yet updated hold the steps committed in
+      // memory, whose record this commit carries.
+      final_commit = WriteBackParts(m.done, m.order.size(), false);
+      if (final_commit.ok()) {
+        final_commit = m.volume->PutStaged(
+            m.options.record_name,
+            {reinterpret_cast<const std::byte*>(m.last_record.data()), m.last_record.size()},
+            kRecordMetadata);
+      }
+    }
+    if (final_commit.ok() && !m.batched)
+      final_commit = WriteBackParts(m.done, m.order.size(), true);
+    if (final_commit.ok()) final_commit = CommitBatch(false);  // one journal commit
+  } else if (m.options.in_place && m.deferred > 0 && m.commit_status.ok()) {
+    final_commit = CommitWhole(m.last_record, m.last_step, false);
   }
+  // Note [commit when full] in tensor_store.h: after a failed last commit the store's close
+  // commits nothing either (the volume keeps the last durable step, or the torn one a
+  // progress object names); after a good one it may again.
+  if (m.options.in_place && final_commit.ok() && m.commit_status.ok())
+    m.store->SetCommitAtClose(true);
   {  // every state Open made is in Registry() (Note [state ownership])
     OpenStates& r = Registry();
     std::lock_guard<std::mutex> lock(r.mu);
@@ -571,6 +593,22 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
         "(Note [state in place]) and cannot share the volume: in_place false, or a volume "
         "of its own");
   }
+  // Note [commit interval].
+  if (requested.commit_every < 1 || requested.commit_every > 1'000'000) {
+    return absl::InvalidArgumentError(fmt::format(
+        "versioned training state: commit_every {} is out of range [1, 1000000] (1: every step "
+        "durable)",
+        requested.commit_every));
+  }
+  if (requested.commit_every > 1 && (!requested.in_place || requested.max_staged_bytes != 0)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "versioned training state: commit_every {} needs a state in place with max_staged_bytes "
+        "0 (the steps in between are staged whole, never committed in batches: Note [commit "
+        "interval]); this one is {}",
+        requested.commit_every,
+        requested.in_place ? fmt::format("bounded at {} bytes", requested.max_staged_bytes)
+                           : std::string("in two versions")));
+  }
   VersionedTrainingStateOptions options = requested;
   if (options.in_place) {
     // A volume written in two versions (an earlier release, or a state opened so) goes on
@@ -578,6 +616,13 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     if (auto bytes = ReadObject(volume, options.record_name); bytes.ok() && bytes->has_value()) {
       auto r = DecodeCommitRecord(**bytes);
       if (r.ok() && r->layout == LayoutId(layout, false)) options.in_place = false;
+      if (!options.in_place && options.commit_every > 1) {
+        return absl::FailedPreconditionError(fmt::format(
+            "versioned training state: the volume holds '{}' in two versions (an earlier "
+            "release's), which commits every step; commit_every {} needs a state in place: "
+            "commit_every 1, or a new volume",
+            options.record_name, options.commit_every));
+      }
     }
   }
   auto impl = std::make_unique<Impl>();
@@ -712,6 +757,7 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
       }
     }
     store->SetCommitWhenFull(false);  // only the state's commits (Note [state in place])
+    store->SetCommitAtClose(false);   // and the last one too (Note [commit interval])
   }
   registry.records.emplace(volume, std::make_pair(options.record_name, options.share_volume));
   return std::unique_ptr<VersionedTrainingState>(
@@ -777,6 +823,10 @@ absl::Status VersionedTrainingState::WritingInPlace(StateKind k, bool step_write
   // Inside a step the only commit in flight is a batch's (BeginUpdate settled the last
   // step's), which the parts still to update need not wait for (Note [batch overlap]).
   if (m.intent.has_value()) return absl::OkStatus();
+  // Unbounded, the gradients are no redo record (no step is committed in batches) and
+  // nothing commits them but the state's commit, which writes back the other kinds: the
+  // backward pass need not wait for it (Note [commit interval]).
+  if (k == StateKind::kGradient && m.options.max_staged_bytes == 0) return absl::OkStatus();
   MEMASCEND_RETURN_IF_ERROR(Settle());
   if (step_write) {
     return absl::FailedPreconditionError(fmt::format(
@@ -879,8 +929,9 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   m.batch_bytes = m.batch_overlap ? (bound - m.largest_part) / 2 : bound;
   if (!m.batched) {
     // The gradients the backward pass staged are committed now (no part is written yet):
-    // the commit then stages the state alone, within the bound.
-    return m.volume->staged_bytes() > 0 ? m.volume->Sync() : absl::OkStatus();
+    // the commit then stages the state alone, within the bound. Unbounded, nothing need
+    // be: and steps committed in memory (Note [commit interval]) may have staged parts.
+    return bound != 0 && m.volume->staged_bytes() > 0 ? m.volume->Sync() : absl::OkStatus();
   }
   // The redo record: every gradient durable before any part of the step is written back,
   // committed in batches of the bound (the parts on the volume are still whole). The
@@ -994,6 +1045,55 @@ absl::Status VersionedTrainingState::CommitBatch(bool background) {
   return absl::OkStatus();
 }
 
+// The record `bytes` of step `step` and every part's kinds but the gradient, in one
+// journal commit with a progress object of no step in progress (any earlier one is then
+// stale), in the background or not. The gradients are not written: no part of this step
+// needs them (a torn step's are written by the state's destruction).
+absl::Status VersionedTrainingState::CommitWhole(std::string bytes, std::uint64_t step,
+                                                 bool background) {
+  Impl& m = *impl_;
+  std::vector<TensorId> ids;
+  MEMASCEND_RETURN_IF_ERROR(PartTensors(0, m.order.size(), false, &ids, nullptr));
+  m.deferred = 0;
+  m.durable_step = step;
+  auto commit = [this, ids = std::move(ids), bytes = std::move(bytes)] {
+    auto decoded = DecodeCommitRecord(bytes);
+    if (!decoded.ok()) return decoded.status();
+    const std::string progress = EncodeProgress({*decoded, {}}, 0);
+    absl::Status s = impl_->store->WriteBack(ids);
+    if (s.ok()) {
+      s = impl_->volume->PutStaged(
+          ProgressName(), {reinterpret_cast<const std::byte*>(progress.data()), progress.size()},
+          kProgressMetadata);
+    }
+    if (s.ok()) {
+      s = impl_->volume->PutStaged(impl_->options.record_name,
+                                   {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},
+                                   kRecordMetadata);
+    }
+    if (s.ok()) s = impl_->volume->Sync();
+    return s;
+  };
+  if (!background) return commit();
+  m.committer =
+      std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
+  return absl::OkStatus();
+}
+
+absl::Status VersionedTrainingState::Persist() {
+  MEMASCEND_RETURN_IF_ERROR(Settle());
+  Impl& m = *impl_;
+  if (!m.options.in_place || m.deferred == 0) return absl::OkStatus();
+  // Mid-update, nothing: the state's destruction commits the steps waiting with the torn
+  // one, and the step's Commit with this one.
+  if (m.intent.has_value()) return absl::OkStatus();
+  MEMASCEND_RETURN_IF_ERROR(CommitWhole(m.last_record, m.last_step, true));
+  return Settle();
+}
+
+std::uint64_t VersionedTrainingState::durable_step() const noexcept { return impl_->durable_step; }
+std::uint64_t VersionedTrainingState::deferred_steps() const noexcept { return impl_->deferred; }
+
 std::optional<UnfinishedStep> VersionedTrainingState::Unfinished() const {
   return impl_->unfinished;
 }
@@ -1024,27 +1124,21 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
           "one, as Resume finishes a torn step), not {}",
           m.intent->record.step, r.step));
     }
+    const bool step_end = m.intent.has_value();
     m.intent.reset();
     record.version = 0;
     record.layout = LayoutId(layout_, true);
-    // The record is staged and committed with the last write-backs, in one journal commit,
-    // with a progress object of no step in progress (any earlier one is then stale).
-    impl_->committer = std::thread([this, record = std::move(record)] {
-      std::string bytes = EncodeCommitRecord(record);
-      const std::string progress = EncodeProgress({record, {}}, 0);
-      absl::Status s = impl_->volume->PutStaged(
-          ProgressName(), {reinterpret_cast<const std::byte*>(progress.data()), progress.size()},
-          kProgressMetadata);
-      if (s.ok()) {
-        s = impl_->volume->PutStaged(
-            impl_->options.record_name,
-            {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, kRecordMetadata);
-      }
-      if (s.ok()) s = impl_->store->Flush();
-      if (s.ok()) impl_->last_record = std::move(bytes);
-      impl_->commit_status = std::move(s);
-    });
-    return absl::OkStatus();
+    // The steps that follow number from this one (BeginUpdate), durable or not; a failed
+    // commit fails the state.
+    m.last_record = EncodeCommitRecord(record);
+    m.last_step = record.step;
+    // Note [commit interval]: a step's update between the interval's commits stays in
+    // memory (and what was evicted of it, staged).
+    if (step_end && m.deferred + 1 < m.options.commit_every) {
+      ++m.deferred;
+      return absl::OkStatus();
+    }
+    return CommitWhole(m.last_record, record.step, true);
   }
   current_ = r.version;
   record.layout = LayoutId(layout_, false);
@@ -1104,10 +1198,15 @@ absl::Status VersionedTrainingState::Settle() {
 
 absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
     std::uint64_t fingerprint) {
+  // Steps committed in memory are made durable first: the volume is then what this
+  // process holds (Note [commit interval]).
+  if (impl_->deferred > 0 && !impl_->intent.has_value()) MEMASCEND_RETURN_IF_ERROR(Persist());
   MEMASCEND_RETURN_IF_ERROR(Settle());
   MEMASCEND_ASSIGN_OR_RETURN(auto last, ReadRecord(impl_->options.record_name, fingerprint));
   impl_->unfinished.reset();
   impl_->intent.reset();
+  impl_->deferred = 0;  // Note [commit interval]: steps a crash lost are the caller's to redo
+  impl_->durable_step = impl_->last_step = last.has_value() ? last->first.step : 0;
   if (!last.has_value()) return std::nullopt;
   current_ = last->first.version;
   impl_->last_record = std::move(last->second);

@@ -807,5 +807,38 @@ TEST(TensorStore, CloseCommitsDirtyDurableTensorsAndSoDoesADestroyedStore) {
   EXPECT_TRUE(Holds(lb, "b", 2));
 }
 
+// Note [commit when full]: a caller that orders the commits turns the commit at close
+// off; the store's close then commits nothing (a tensor written back and staged, one
+// dirty): the volume keeps what its last commit held.
+TEST(TensorStore, ACloseWithoutItsCommitLeavesTheLastCommit) {
+  ScratchPath path("store_close_no_commit");
+  auto volume = MakeVolume(path.path());
+  {
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));
+    ASSERT_OK_AND_ASSIGN(TensorId a, store->Register(Spec("a", 100 * kKiB)));
+    ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", 100 * kKiB)));
+    for (auto [id, name] : {std::pair{a, "a"}, std::pair{b, "b"}}) {
+      ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+      Fill(lease, name, 1);
+    }
+    ASSERT_OK(store->Flush());  // the last commit: both at 1
+    for (auto [id, name] : {std::pair{a, "a"}, std::pair{b, "b"}}) {
+      ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+      Fill(lease, name, 2);
+    }
+    ASSERT_OK(store->WriteBack(a));  // staged, not committed
+    store->SetCommitAtClose(false);
+    ASSERT_OK(store->Close());
+  }
+  volume.reset();
+  ASSERT_OK_AND_ASSIGN(volume, Volume::Open(path.path(), {}));
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));
+  for (const char* name : {"a", "b"}) {
+    ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec(name, 100 * kKiB)));
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+    EXPECT_TRUE(Holds(lease, name, 1)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace memascend

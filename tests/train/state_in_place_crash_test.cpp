@@ -48,15 +48,32 @@ StateLayout Layout() {
   return l;
 }
 
-// The staging bound of the run under test (set by the test before it forks). Both are
-// below the state's 6.8 MiB: several batches a step. 1 MiB is under four parts (896 KiB
-// each): one batch at a time; 4 MiB commits each batch in the background while the next
-// parts are updated and written behind (Note [batch overlap] in training_state.cpp).
+// The staging bound and commit interval of the run under test (set by the test before it
+// forks). Both bounds are below the state's 6.8 MiB: several batches a step. 1 MiB is
+// under four parts (896 KiB each): one batch at a time; 4 MiB commits each batch in the
+// background while the next parts are updated and written behind (Note [batch overlap]
+// in training_state.cpp). Unbounded, every third step durable: Note [commit interval].
 std::uint64_t staging_bound = 1 << 20;
+std::uint32_t commit_every = 1;
+
+struct Config {
+  std::uint64_t bound;
+  std::uint32_t every;
+};
+
+void PrintTo(const Config& c, std::ostream* os) {
+  *os << "bound " << c.bound << ", every " << c.every << " step(s) durable";
+}
+
+void Use(const Config& c) {
+  staging_bound = c.bound;
+  commit_every = c.every;
+}
 
 VersionedTrainingStateOptions StateOptions() {
   VersionedTrainingStateOptions vo;
   vo.max_staged_bytes = staging_bound;
+  vo.commit_every = commit_every;
   return vo;
 }
 
@@ -123,7 +140,7 @@ struct Opened {
 };
 
 absl::Status Open(const std::string& path, std::uint64_t kill_at, Opened* r,
-                  std::chrono::milliseconds write_delay = {}) {
+                  std::chrono::milliseconds write_delay = {}, std::uint64_t host_budget = 0) {
   IoEngineOptions eo;
   eo.backend = IoBackendChoice::kThreadPool;
   r->kill = std::make_shared<KillAtWrite>(kill_at, write_delay);
@@ -133,8 +150,10 @@ absl::Status Open(const std::string& path, std::uint64_t kill_at, Opened* r,
   vo.engine = r->engine.get();
   MEMASCEND_ASSIGN_OR_RETURN(r->o.volume, Volume::Open(path, vo));
   TensorStoreOptions so;
-  so.host_budget_bytes = 3 * OffloadedAdam::MinimumHostBudget(Layout());  // evictions mid-step
-  so.write_behind = true;
+  so.host_budget_bytes =
+      host_budget != 0 ? host_budget : 3 * OffloadedAdam::MinimumHostBudget(Layout());
+  // (the default: evictions mid-step, and write-behind)
+  so.write_behind = host_budget == 0;  // (a whole state resident: written at commits only)
   so.defer_prefetches = true;
   MEMASCEND_ASSIGN_OR_RETURN(r->o.store, TensorStore::Open(r->o.volume.get(), so));
   MEMASCEND_ASSIGN_OR_RETURN(
@@ -192,7 +211,7 @@ absl::Status Step(OffloadedAdam* adam, std::uint64_t step) {
   for (;;) {
     if (!Step(r.adam.get(), ++step).ok()) _exit(13);
     if (!r.adam->Settle().ok()) _exit(14);
-    const std::string line = std::to_string(step) + "\n";
+    const std::string line = std::to_string(r.o.state->durable_step()) + "\n";
     if (::write(fd, line.data(), line.size()) < 0) _exit(15);
   }
 }
@@ -215,10 +234,10 @@ void ExpectSame(TrainingStateStorage* got, TrainingStateStorage* want, std::uint
   }
 }
 
-class StateInPlaceCrash : public ::testing::TestWithParam<std::uint64_t> {};
+class StateInPlaceCrash : public ::testing::TestWithParam<Config> {};
 
 TEST_P(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
-  staging_bound = GetParam();
+  Use(GetParam());
   ScratchPath path("state_in_place_crash");
   VolumeFormatOptions f;
   f.size = VersionedTrainingState::VolumeBytes(Layout(), StateOptions());
@@ -235,8 +254,10 @@ TEST_P(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
     ASSERT_OK(Step(r.adam.get(), 1));
     ASSERT_OK(r.adam->Settle());
     const std::uint64_t before = r.kill->writes();
-    ASSERT_OK(Step(r.adam.get(), 2));
-    ASSERT_OK(r.adam->Settle());
+    for (std::uint64_t s = 2; s < 2 + commit_every; ++s) {  // a commit's steps
+      ASSERT_OK(Step(r.adam.get(), s));
+      ASSERT_OK(r.adam->Settle());
+    }
     writes_per_step = r.kill->writes() - before;
   }
   ASSERT_GT(writes_per_step, 20u);
@@ -299,7 +320,11 @@ TEST_P(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
   std::printf("%llu writes a step; %d kills left a torn step, %d none; resumed up to step %llu\n",
               static_cast<unsigned long long>(writes_per_step), torn, whole,
               static_cast<unsigned long long>(durable));
-  EXPECT_GT(torn, 3) << "too few kills tore a step (" << whole << " left none)";
+  if (commit_every == 1) {
+    EXPECT_GT(torn, 3) << "too few kills tore a step (" << whole << " left none)";
+  } else {  // unbounded: no step is committed in part
+    EXPECT_EQ(torn, 0);
+  }
   EXPECT_GT(whole, 3) << "too few kills left no torn step (" << torn << " did)";
   EXPECT_GT(durable, 1u);
 }
@@ -310,7 +335,7 @@ TEST_P(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
 // written back; the process then dies before any later commit. The volume holds that
 // part as it was.
 TEST(StateInPlace, ABatchCommittedInTheBackgroundCarriesNoPartUpdatedAfterIt) {
-  staging_bound = std::uint64_t{4} << 20;
+  Use({std::uint64_t{4} << 20, 1});
   ScratchPath path("state_in_place_overlap");
   VolumeFormatOptions f;
   f.size = VersionedTrainingState::VolumeBytes(Layout(), StateOptions());
@@ -379,7 +404,7 @@ std::map<std::tuple<int, std::size_t, std::size_t>, std::string> Snapshot(Traini
 // no other part changed. A failed batch is committed again by the state's destructor (a
 // reviewer's probe found the store's close committing its parts without their progress).
 TEST_P(StateInPlaceCrash, AFailedWriteThenCloseLeavesTheStateItsProgressNames) {
-  staging_bound = GetParam();
+  Use(GetParam());
   int tried = 0;
   for (std::uint64_t n = 1; n <= 80; ++n) {
     ScratchPath path("state_in_place_fail");
@@ -428,14 +453,171 @@ TEST_P(StateInPlaceCrash, AFailedWriteThenCloseLeavesTheStateItsProgressNames) {
       }
     }
   }
-  EXPECT_GT(tried, 20);
+  EXPECT_GT(tried, commit_every > 1 ? 10 : 20);  // unbounded: no batches, fewer writes
+}
+
+// ---- Note [commit interval] ---------------------------------------------------------------
+
+// The reference at `step`: a fresh in-memory run stepped there.
+void ExpectReferenceAt(TrainingStateStorage* got, std::uint64_t step) {
+  auto state = InMemoryTrainingState::Create(Layout());
+  ASSERT_OK(state.status());
+  KernelThreads threads(2);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(state->get(), AdamOptions(), &threads));
+  ASSERT_OK(Start(adam.get()));
+  for (std::uint64_t s = 1; s <= step; ++s) ASSERT_OK(Step(adam.get(), s));
+  ExpectSame(got, state->get(), step);
+}
+
+// A whole state resident: nothing is evicted, so a step between commits writes nothing.
+std::uint64_t WholeStateBudget() { return 4 * VersionedTrainingState::StoredBytes(Layout()); }
+
+std::string IntervalVolume(const ScratchPath& path) {
+  VolumeFormatOptions f;
+  f.size = VersionedTrainingState::VolumeBytes(Layout(), StateOptions());
+  EXPECT_OK(Volume::Format(path.path(), f));
+  Opened r;
+  EXPECT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+  EXPECT_OK(Start(r.adam.get()));
+  return path.path();
+}
+
+TEST(CommitInterval, StepsBetweenCommitsWriteNothingAndACrashResumesAtTheLastDurableOne) {
+  Use({0, 3});
+  ScratchPath path("commit_interval");
+  IntervalVolume(path);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Opened r;
+    if (!Open(path.path(), 0, &r, {}, WholeStateBudget()).ok()) _exit(10);
+    if (!r.adam->Resume().ok()) _exit(11);
+    for (std::uint64_t s = 1; s <= 5; ++s) {
+      const std::uint64_t before = r.kill->writes();
+      if (!Step(r.adam.get(), s).ok() || !r.adam->Settle().ok()) _exit(12);
+      const std::uint64_t wrote = r.kill->writes() - before;
+      // Steps 1, 2, 4 and 5 stay in memory; step 3's commit writes the state.
+      if ((s % 3 == 0) != (wrote > 0)) _exit(20 + static_cast<int>(s));
+      if (r.o.state->durable_step() != s / 3 * 3 || r.o.state->deferred_steps() != s % 3)
+        _exit(30 + static_cast<int>(s));
+    }
+    _exit(0);  // as a crash: no destructor commits steps 4 and 5
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit " << WEXITSTATUS(status);
+  {
+    Opened r;
+    ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+    ASSERT_OK_AND_ASSIGN(auto last, r.adam->Resume());
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->step, 3u);
+    ExpectReferenceAt(r.o.state.get(), 3);
+    // Steps 4 and 5 again, then a close: it makes them durable.
+    ASSERT_OK(Step(r.adam.get(), 4));
+    ASSERT_OK(Step(r.adam.get(), 5));
+    EXPECT_EQ(r.o.state->deferred_steps(), 2u);
+  }
+  Opened r;
+  ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+  ASSERT_OK_AND_ASSIGN(auto last, r.adam->Resume());
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->step, 5u);
+  ExpectReferenceAt(r.o.state.get(), 5);
+  // Persist makes a step between commits durable at once.
+  ASSERT_OK(Step(r.adam.get(), 6));
+  EXPECT_EQ(r.o.state->durable_step(), 5u);
+  ASSERT_OK(r.adam->Persist());
+  EXPECT_EQ(r.o.state->durable_step(), 6u);
+  EXPECT_EQ(r.o.state->deferred_steps(), 0u);
+}
+
+// A step's update torn while two steps wait in memory (the caller stops mid-update): the
+// state's destruction commits them with the torn step, which Resume finishes.
+TEST(CommitInterval, ATornStepAfterStepsInMemoryIsFinishedOnResume) {
+  Use({0, 3});
+  ScratchPath path("commit_interval_torn");
+  IntervalVolume(path);
+  {
+    Opened r;
+    ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+    ASSERT_OK(r.adam->Resume().status());
+    ASSERT_OK(Step(r.adam.get(), 1));
+    ASSERT_OK(Step(r.adam.get(), 2));
+    ASSERT_OK(Backward(r.adam.get(), 3));
+    ASSERT_OK(r.adam->UpdateGroup(0));  // then the caller stops
+  }
+  Opened r;
+  ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+  ASSERT_OK_AND_ASSIGN(auto at, r.o.state->Resume(AdamOptions().fingerprint));
+  ASSERT_TRUE(at.has_value());
+  EXPECT_EQ(at->step, 2u);
+  ASSERT_TRUE(r.o.state->Unfinished().has_value());
+  EXPECT_EQ(r.o.state->Unfinished()->parts_done, r.adam->layout().Parts(0));
+  ASSERT_OK_AND_ASSIGN(auto last, r.adam->Resume());
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->step, 3u);
+  ExpectReferenceAt(r.o.state.get(), 3);
+}
+
+// The state's last commit fails (EIO at its first write): neither it nor the store's
+// close commits anything, and the volume holds the last durable step whole.
+TEST(CommitInterval, AFailedLastCommitLeavesTheLastDurableStep) {
+  Use({0, 3});
+  ScratchPath path("commit_interval_fail");
+  IntervalVolume(path);
+  {
+    Opened r;
+    ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+    ASSERT_OK(r.adam->Resume().status());
+    ASSERT_OK(Step(r.adam.get(), 1));
+    ASSERT_OK(Step(r.adam.get(), 2));
+    r.kill->FailWrite(1);
+  }
+  Opened r;
+  ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+  ASSERT_OK_AND_ASSIGN(auto last, r.adam->Resume());
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->step, 0u);
+  EXPECT_FALSE(r.o.state->Unfinished().has_value());
+  ExpectReferenceAt(r.o.state.get(), 0);
+}
+
+TEST(CommitInterval, OpenRefusesAnIntervalItCannotKeep) {
+  ScratchPath path("commit_interval_refused");
+  Use({0, 1});
+  VolumeFormatOptions f;
+  f.size = VersionedTrainingState::VolumeBytes(Layout(), StateOptions());
+  ASSERT_OK(Volume::Format(path.path(), f));
+  ASSERT_OK_AND_ASSIGN(auto volume, Volume::Open(path.path(), {}));
+  TensorStoreOptions so;
+  so.host_budget_bytes = WholeStateBudget();
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), so));
+  const auto refused = [&](VersionedTrainingStateOptions vo, std::string_view says) {
+    auto s = VersionedTrainingState::Open(store.get(), volume.get(), Layout(), vo);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+    EXPECT_NE(std::string(s.status().message()).find(says), std::string::npos) << s.status();
+  };
+  VersionedTrainingStateOptions vo;
+  vo.commit_every = 0;
+  refused(vo, "out of range");
+  vo.commit_every = 2'000'000;
+  refused(vo, "out of range");
+  vo.commit_every = 3;  // the default bound: batches
+  refused(vo, "bounded at");
+  vo.max_staged_bytes = 0;
+  vo.in_place = false;
+  refused(vo, "two versions");
 }
 
 INSTANTIATE_TEST_SUITE_P(Bounds, StateInPlaceCrash,
-                         ::testing::Values(std::uint64_t{1} << 20, std::uint64_t{4} << 20),
-                         [](const auto& bound) {
-                           return bound.param == (std::uint64_t{1} << 20) ? "OneBatchAtATime"
-                                                                          : "BatchesInBackground";
+                         ::testing::Values(Config{std::uint64_t{1} << 20, 1},
+                                           Config{std::uint64_t{4} << 20, 1}, Config{0, 3}),
+                         [](const auto& c) {
+                           return c.param.every > 1 ? std::string("EveryThirdStepDurable")
+                                  : c.param.bound == (std::uint64_t{1} << 20)
+                                      ? std::string("OneBatchAtATime")
+                                      : std::string("BatchesInBackground");
                          });
 
 }  // namespace

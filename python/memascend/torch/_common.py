@@ -1,5 +1,6 @@
 """What the modules of memascend.torch share: dtype names, host copies, and the registry
 of parameters offloaded by offload_parameters()."""
+import math
 import warnings
 
 import torch
@@ -88,3 +89,19 @@ def refuse_frozen(params, at_construction):
     raise errors.FailedPreconditionError(
         f"parameters {shown} stopped requiring grad after the optimizer was made: OffloadedAdamW "
         "updates every parameter it holds; make a new optimizer over the trainable ones")
+
+
+def dense_grad(p, i, shape, dtype):
+    """Parameter i's gradient, checked (dense, its size); zeros where it has none."""
+    g = p.grad
+    if g is None:
+        return torch.zeros(shape, dtype=dtype)
+    if g.is_sparse:
+        raise errors.InvalidArgumentError(
+            f"parameter {i} (shape {list(shape)}) has a sparse gradient; "
+            "OffloadedAdamW takes dense gradients, as torch.optim.AdamW")
+    numel = math.prod(shape)
+    if g.numel() != numel:
+        raise errors.InvalidArgumentError(
+            f"parameter {i}'s gradient has {g.numel()} elements, not {numel}")
+    return g

@@ -8,7 +8,8 @@ from memascend.torch import distributed as _dist
 from memascend.torch import scaling as _scaling
 from memascend.torch import state as _state
 from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, choose_budget,
-                                     dtype_name, host, offloaded, refuse_frozen, whole)
+                                     dense_grad, dtype_name, host, offloaded, refuse_frozen,
+                                     whole)
 
 
 class OffloadedAdamW(torch.optim.Optimizer):
@@ -43,6 +44,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
         soon as backward has made it and free it on the GPU (``p.grad`` is then None
         after backward: clip with ``max_grad_norm``, not on ``p.grad``). Default: on under
         offload_parameters(), else off (the gradients go out at ``step()``).
+      commit_every: make every N-th step durable (default 1: each one). The steps between
+        stay in memory: a crash resumes at the last durable one (``resumed_step``, at most
+        N-1 steps back); settle() and close() make every step durable. A new volume is
+        made a version larger (docs/python.md, "Commit interval").
     """
 
     # torch's GradScaler hands the scale to step() rather than unscaling the gradients.
@@ -52,7 +57,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  volume, host_budget=None, volume_size=None, part_elements=DEFAULT_PART_ELEMENTS,
                  max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
-                 amsgrad=False, maximize=False, process_group=None, offload_gradients=None):
+                 amsgrad=False, maximize=False, process_group=None, offload_gradients=None,
+                 commit_every=1):
         self._core = self._store = self._volume = self._cuda = None
         self._own_volume, self._offloads = False, []  # offload_parameters() over it
         if not lr >= 0.0:
@@ -75,6 +81,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         threads = whole("threads", threads, 1, MAX_THREADS, optional=True)
         read_ahead = whole("read_ahead", read_ahead, 0, 1 << 50, optional=True)
         run_id = whole("run_id", run_id, 0, (1 << 64) - 1)
+        commit_every = whole("commit_every", commit_every, 1, 1_000_000)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False)
         super().__init__(params, defaults)
@@ -158,7 +165,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
                 if volume_size is None:  # memascend Note [volume size]
                     volume_size = _core.OffloadedAdam.volume_bytes(layout, self._dt, self._dt,
-                        self._part_elements, store_parameters, self._world > 1)
+                        self._part_elements, store_parameters, self._world > 1, commit_every)
                 self._volume = _core.Volume.open_or_create(path, int(volume_size))
                 self._own_volume = True
             else:
@@ -177,7 +184,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 float(max_grad_norm) if self._world == 1 else 0.0,  # sharded: clipped here
                 bool(dynamic_loss_scale), float(initial_scale), int(run_id),
                 int(read_ahead or 0), int(threads or torch.get_num_threads()),
-                store_parameters, bool(overwrite), self._world > 1)
+                store_parameters, bool(overwrite), self._world > 1, commit_every)
             self._applied = {i: (float(self.param_groups[self._group_of[i]]["lr"]),
                                  float(self.param_groups[self._group_of[i]]["weight_decay"]))
                              for i in self._owned()}
@@ -441,24 +448,15 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 self._applied[i] = now
 
     def _grad(self, i, p):
-        g = p.grad
-        if g is None:
-            return torch.zeros(self._shapes[i], dtype=self._dtype)
-        if g.is_sparse:
-            raise errors.InvalidArgumentError(
-                f"parameter {i} (shape {list(self._shapes[i])}) has a sparse gradient; "
-                "OffloadedAdamW takes dense gradients, as torch.optim.AdamW")
-        if g.numel() != self._numels[i]:
-            raise errors.InvalidArgumentError(
-                f"parameter {i}'s gradient has {g.numel()} elements, not {self._numels[i]}")
-        return g
+        return dense_grad(p, i, self._shapes[i], self._dtype)
 
     def settle(self):
-        """Waits until the last step's commit is durable (raising its error, if any); an
-        update still planned (under offload_parameters) is run and committed first."""
+        """Makes every step so far durable (under ``commit_every``, the steps since the
+        last durable one too), raising the commit's error, if any; an update still planned
+        (under offload_parameters) is run and committed first."""
         self._open()
         self._finish_update()
-        self._core.settle()
+        self._core.persist()
 
     def reload_parameters(self):
         """Makes the parameters' current values the master weights (after they were
