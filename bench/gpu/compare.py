@@ -74,6 +74,9 @@ def parser():
     add("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "gpu-compare"))
     add("--systems", default=",".join(systems.SYSTEMS))
     add("--budgets", default=",".join(map(str, BUDGETS)), help="memascend's, percent of the state")
+    add("--commit-every", default="1", help="memascend's commit intervals, a row per budget and "
+        "interval (1: every step durable, the default; N: every N-th, the steps between in "
+        "memory: docs/python.md, 'Commit interval')")
     add("--layers", type=int, default=16)
     add("--seq", type=int, default=2048)
     add("--batch", type=int, default=1)
@@ -116,6 +119,7 @@ def parser():
     # the worker's
     add("--system", help=argparse.SUPPRESS)
     add("--budget", type=float, help=argparse.SUPPRESS)
+    add("--commit-every-point", type=int, default=1, help=argparse.SUPPRESS)
     add("--ds-aio-point", help=argparse.SUPPRESS)
     add("--record", help=argparse.SUPPRESS)
     add("--scratch", help=argparse.SUPPRESS)
@@ -149,7 +153,8 @@ def plan(a):
         if name not in systems.SYSTEMS:
             sys.exit(f"compare: unknown system '{name}' (known: {', '.join(systems.SYSTEMS)})")
         if name == "memascend":
-            runs += [{"system": name, "budget": float(b)} for b in a.budgets.split(",")]
+            runs += [{"system": name, "budget": float(b), "commit_every": int(n)}
+                     for b in a.budgets.split(",") for n in a.commit_every.split(",")]
         elif name == "deepspeed-zero-infinity":
             runs += [{"system": name, "ds_aio_point": p} for p in a.ds_aio.split(",")]
         else:
@@ -159,7 +164,8 @@ def plan(a):
 
 def label(run):
     if "budget" in run:
-        return f"{run['system']}-{run['budget']:g}pct"
+        every = run.get("commit_every", 1)
+        return f"{run['system']}-{run['budget']:g}pct" + (f"-c{every}" if every > 1 else "")
     if "ds_aio_point" in run:
         return f"{run['system']}-{run['ds_aio_point'].replace(':', 'x')}"
     return run["system"]
@@ -183,6 +189,8 @@ class Parent:
                 f"--ceiling-flops={self.ceiling.get('flops') or 0}", f"--own-cgroup={int(own_cgroup)}"]
         if "budget" in run:
             cmd.append(f"--budget={run['budget']}")
+        if "commit_every" in run:
+            cmd.append(f"--commit-every-point={run['commit_every']}")
         if "ds_aio_point" in run:
             cmd.append(f"--ds-aio-point={run['ds_aio_point']}")
         return cmd
@@ -304,7 +312,7 @@ def compare_losses(records):
 
 
 def table(records):
-    keys = ["system", "budget", "ds_aio_point", "fits", "skipped", "reason", "error",
+    keys = ["system", "budget", "commit_every", "ds_aio_point", "fits", "skipped", "reason", "error",
             "peak_rss_bytes", "cgroup_peak_bytes", "torch_pinned_peak_bytes",
             "memascend_pinned_peak_bytes", "gpu_peak_bytes", "tokens_per_s", "mfu",
             "io_bytes_per_step", "loss_rel_diff_max", "void", "void_reason"]
@@ -328,7 +336,9 @@ def row_label(r):
     b = r.get("budget")
     if isinstance(b, dict):
         b = b.get("percent_of_state")
+    every = r.get("commit_every") or 1
     return r["system"] + (f" {b:g}%" if b is not None else "") + \
+        (f" every {every}" if every > 1 else "") + \
         (f" {r['ds_aio_point']}" if r.get("ds_aio_point") else "")
 
 

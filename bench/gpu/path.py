@@ -72,7 +72,8 @@ def child_memascend(a):
     model, tokens = build(a)
     opt = mt.OffloadedAdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                             volume=os.path.join(a.volume_dir, "gpu_path.vol"),
-                            host_budget=a.host_budget, overwrite=True)
+                            host_budget=a.host_budget, overwrite=True,
+                            commit_every=a.commit_every)
     offload = mt.offload_parameters(model, opt)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -150,6 +151,8 @@ def main():
     ap.add_argument("--gpu-cap", type=parse_bytes, default=parse_bytes("8G"))
     ap.add_argument("--host-budget", type=parse_bytes, default=parse_bytes("24G"))
     ap.add_argument("--checkpointing", type=int, default=1)
+    ap.add_argument("--commit-every", type=int, default=1,
+                    help="every N-th step durable (docs/python.md, 'Commit interval')")
     ap.add_argument("--volume-dir", default=os.path.join(ROOT, "build", "device-scratch"))
     ap.add_argument("--cli", default=os.path.join(ROOT, "build", "device", "tools", "memascend"))
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
@@ -162,7 +165,8 @@ def main():
     os.makedirs(a.volume_dir, exist_ok=True)
     a.forward = [f"--layers={a.layers}", f"--seq={a.seq}", f"--batch={a.batch}",
                  f"--steps={a.steps}", f"--gpu-cap={a.gpu_cap}", f"--host-budget={a.host_budget}",
-                 f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}"]
+                 f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}",
+                 f"--commit-every={a.commit_every}"]
     ceiling = pcie_ceiling(a.cli)
     order = ["reference", "memascend"]
     random.Random(time.time_ns()).shuffle(order)
@@ -173,6 +177,7 @@ def main():
             timespec="seconds"),
         "command": " ".join([sys.executable] + sys.argv), "order": order,
         "model": f"llama-3.2-1b-shapes-{a.layers}-layers", "seq": a.seq, "batch": a.batch,
+        "commit_every": a.commit_every,
         "steps": a.steps, "gpu_cap_bytes": a.gpu_cap, "host_budget_bytes": a.host_budget,
         "checkpointing": bool(a.checkpointing), "pcie": ceiling, "runs": results,
     }

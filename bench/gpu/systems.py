@@ -238,7 +238,8 @@ class MemAscend:
         os.makedirs(a.scratch, exist_ok=True)
         self.opt = mt.OffloadedAdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                                      volume=os.path.join(a.scratch, "memascend.vol"),
-                                     host_budget=self.budget["bytes"], overwrite=True)
+                                     host_budget=self.budget["bytes"], overwrite=True,
+                                     commit_every=getattr(a, "commit_every_point", 1))
         self.offload = mt.offload_parameters(self.model, self.opt)
         self.activations = None
         if a.offload_activations:
@@ -292,6 +293,8 @@ def train(a, device, record):
     s = CLASSES[a.system](a, device)
     record["model_impl"] = s.impl
     record["budget"] = getattr(s, "budget", None)
+    if a.system == "memascend":  # Note [commit interval]: every N-th step durable
+        record["commit_every"] = getattr(a, "commit_every_point", 1)
     model = s.model
     record["parameters"], record["matmul_parameters"] = s.counts
     tokens = token_stream(a.steps, a.accum, a.batch, a.seq, a.shapes["vocab_size"])

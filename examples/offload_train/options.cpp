@@ -328,6 +328,11 @@ const std::vector<Section>& Table() {
                   "the state once, updated in place, or in two versions (an ablation; "
                   "data-parallel ranks keep two)",
                   [](CommandLine& c, std::size_t i) { c.train.two_versions = i == 1; }),
+           Number("--commit-every", "N",
+                  "make every N-th step durable, from 1 to 1000000 (the steps between stay in "
+                  "memory: a crash resumes up to N-1 steps back; a file volume is made a "
+                  "version larger)",
+                  [](CommandLine& c) { return &c.train.commit_every; }),
        }},
       {"the ZeRO-Infinity baseline (zero_infinity.h)",
        {

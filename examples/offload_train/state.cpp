@@ -69,6 +69,8 @@ memascend::VersionedTrainingStateOptions StateOptions(const TrainOptions& o) {
     v.in_place = false;
     v.max_staged_bytes = 0;
   }
+  v.commit_every = o.commit_every;  // memascend Note [commit interval]: staged unbounded
+  if (o.commit_every > 1) v.max_staged_bytes = 0;
   return v;
 }
 

@@ -327,6 +327,8 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     MEMASCEND_RETURN_IF_ERROR(run.Step(inputs, targets, on_commit));
   }
   MEMASCEND_RETURN_IF_ERROR(run.Finish(on_commit));
+  // memascend Note [commit interval]: the steps since the last durable one, durable.
+  MEMASCEND_RETURN_IF_ERROR(adam->Persist());
   summary.seconds = Since(start);
   summary.final_loss = summary.losses.empty() ? 0 : summary.losses.back();
   summary.skipped_steps = adam->scaler().skipped_steps();

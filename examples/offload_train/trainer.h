@@ -171,6 +171,9 @@ struct TrainOptions {
   // The state in two versions, each step's written beside the last and committed once a
   // step (as data-parallel ranks keep it; memascend Note [state in place]): for ablations.
   bool two_versions = false;
+  // memascend Note [commit interval]: every commit_every-th step durable (the state in
+  // place, staged unbounded); the steps between are lost by a crash, never torn.
+  std::uint32_t commit_every = 1;
   std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own

@@ -34,6 +34,21 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the same run did not resume after the refusals (${rc})")
 endif()
 
+# memascend Note [commit interval]: an interval out of range is refused with its range; a
+# run with one ends with every step durable (its last, between two commits, included).
+expect_refusal("commit_every 0 is out of range [1, 1000000]" ${tiny} --layers 1 --steps 4 --resume
+               --commit-every 0)
+execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 5 --resume --commit-every 4
+                RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the run with --commit-every 4 failed (${rc})")
+endif()
+execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 6 --resume RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0 OR out MATCHES "step +5/" OR NOT out MATCHES "step +6/6")
+  message(FATAL_ERROR "after --steps 5 --commit-every 4, --resume did not start at step 6:\n${out}")
+endif()
+
 # 17 tokens for --seq 16: what is needed, and why.
 execute_process(COMMAND python3 -c "import sys; open(sys.argv[1], 'wb').write(bytes([1, 0, 0, 0]) * 17)"
                         "${DIR}/short.u32" RESULT_VARIABLE rc)

@@ -29,7 +29,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     env = dict(os.environ, MEMASCEND_COMMIT="test")
     p = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--budgets", "25",
-                        "--ds-aio", "1M:8"] + TINY, capture_output=True, text=True, env=env,
+                        "--commit-every", "2", "--ds-aio", "1M:8"] + TINY, capture_output=True, text=True, env=env,
                        timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     records = {}
@@ -43,7 +43,7 @@ def test_every_system_leaves_one_record_in_the_recorded_order(run):
     out, records = run
     assert set(records) == {"torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend"}
     summary = json.load(open(out / "compare-summary.json"))
-    assert sorted(summary["order"]) == sorted(["torch-gpu", "fsdp2-offload", "memascend-25pct",
+    assert sorted(summary["order"]) == sorted(["torch-gpu", "fsdp2-offload", "memascend-25pct-c2",
                                                "deepspeed-zero-infinity-1Mx8"])
     assert summary["seed"] == 7 and summary["reference"] == "torch-gpu"
     for r in records.values():
@@ -71,6 +71,10 @@ def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
     assert budget["percent_of_state"] == 25 and budget["bytes"] > 0
     assert records["memascend"]["memascend_pinned_peak_bytes"] > 0
     assert records["memascend"]["io_bytes_per_step"]["write"] >= 0
+    # Note [commit interval]: every second step durable, the last one made so at the end
+    assert records["memascend"]["commit_every"] == 2
+    stats = records["memascend"]["memascend_stats"]
+    assert stats["durable_step"] == 3 and stats["deferred_steps"] == 0
 
 
 def test_systems_torch_1_13_cannot_run_are_skipped_with_the_reason(run):

@@ -333,6 +333,35 @@ def test_a_killed_run_resumes_from_the_volume_with_the_same_losses(tmp_path):
         assert loss == want[step], step
 
 
+def test_commit_every_keeps_every_nth_step_durable(tmp_path):
+    # Note [commit interval]: steps 1-3 committed in memory only, step 4 durable, 5-7 in
+    # memory again when the kill comes: the resumed run continues from step 4 with the
+    # uninterrupted run's losses, and its close makes its last steps durable.
+    vol = str(tmp_path / "every.vol")
+    whole = run_worker("offloaded", "12", "--volume", str(tmp_path / "whole.vol"))
+    assert whole.returncode == 0, whole.stderr
+    want, _ = parse(whole.stdout)
+    killed = run_worker("offloaded", "12", "--volume", vol, "--kill-after", "7",
+                        "--commit-every", "4")
+    assert killed.returncode == -9, killed.stderr
+    durable = [int(line.split()[1]) for line in killed.stdout.splitlines()
+               if line.startswith("durable ")]
+    assert durable == [0, 0, 0, 4, 4, 4, 4], durable
+    resumed = run_worker("offloaded", "10", "--volume", vol, "--resume", "--commit-every", "4")
+    assert resumed.returncode == 0, resumed.stderr
+    after, _ = parse(resumed.stdout)
+    assert min(after) == 5
+    before, _ = parse(killed.stdout)
+    for step, loss in {**before, **after}.items():
+        assert loss == want[step], step
+    again = run_worker("offloaded", "12", "--volume", vol, "--resume", "--commit-every", "4")
+    assert again.returncode == 0, again.stderr
+    last, _ = parse(again.stdout)
+    assert min(last) == 11  # the close made steps 9 and 10 durable
+    for step, loss in last.items():
+        assert loss == want[step], step
+
+
 def test_the_offloaded_run_peaks_far_below_adamw_in_rss(tmp_path):
     adamw = run_worker("adamw", "2", "--model", "rss")
     assert adamw.returncode == 0, adamw.stderr

@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--model", default="small")
     ap.add_argument("--offload-parameters", action="store_true")
     ap.add_argument("--kill-after", type=int, default=0)
+    ap.add_argument("--commit-every", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(2)
     shape = MODELS[a.model]
@@ -42,7 +43,8 @@ def main():
         start = 0
     else:
         opt = mt.OffloadedAdamW(params, lr=1e-3, weight_decay=0.01, volume=a.volume,
-                                host_budget=32 << 20, part_elements=1 << 18, resume=a.resume)
+                                host_budget=32 << 20, part_elements=1 << 18, resume=a.resume,
+                                commit_every=a.commit_every)
         start = opt.resumed_step or 0
         if a.offload_parameters:
             mt.offload_parameters(model, opt)
@@ -53,6 +55,8 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         print(f"step {step + 1} loss {loss.item():.9g}", flush=True)
+        if a.mode == "offloaded" and a.commit_every > 1:
+            print(f"durable {opt.stats()['durable_step']}", flush=True)
         if a.kill_after and step + 1 == a.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
     if a.mode == "offloaded":
