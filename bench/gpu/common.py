@@ -19,6 +19,22 @@ def parse_bytes(s):
     return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
 
 
+def steady_step(times, every=1):
+    """(seconds, basis): the step time a run's tokens/s is over, from `times` (the steady
+    steps). The median step; with a commit interval (every > 1, memascend Note [commit
+    interval]) the mean over whole intervals, the first k * every steps: any such window
+    holds k of the steps that wait for an interval's commit, which a median would leave
+    out. Fewer steps than an interval: the mean of all, said in the basis."""
+    import statistics
+    if every <= 1:
+        return statistics.median(times), "median step"
+    k = len(times) // every
+    window = times[:k * every] if k else times
+    basis = (f"mean of {len(window)} steps, {k} whole commit interval(s) of {every}" if k
+             else f"mean of {len(window)} steps, under one commit interval of {every}")
+    return sum(window) / len(window), basis
+
+
 def rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -31,7 +31,7 @@ import sys
 import time
 
 from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, parse_bytes,
-                    rss_bytes, token_stream)
+                    rss_bytes, steady_step, token_stream)
 
 
 def build(a):
@@ -190,8 +190,8 @@ def main():
     record["commit"] = commit()
     if "error" not in mem:
         tail = slice(min(5, a.steps - 1), None)
-        fb, st = statistics.median(mem["forward_backward_seconds"][tail]), \
-            statistics.median(mem["step_seconds"][tail])
+        fb = statistics.median(mem["forward_backward_seconds"][tail])
+        st, record["step_basis"] = steady_step(mem["step_seconds"][tail], a.commit_every)
         record["step_over_forward_backward"] = st / fb
         record["tokens_per_s"] = a.batch * a.seq / st
         rss = mem["rss_bytes"][tail]

@@ -23,7 +23,7 @@ import time
 import traceback
 
 from common import BETAS, EPS, LR, WD, ROOT, build_llama, device_name, proc_io, proc_status, \
-    reset_peak_rss, rss_bytes, token_stream
+    reset_peak_rss, rss_bytes, steady_step, token_stream
 import cgroup
 
 SYSTEMS = ("torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend")
@@ -349,7 +349,7 @@ def train(a, device, record):
         record["gpu_peak_bytes"] = record["torch_gpu_peak_bytes"] + record.get(
             "device_budget_bytes", 0)
     steady = times[1:] if len(times) > 2 else times
-    step = statistics.median(steady)
+    step, record["step_basis"] = steady_step(steady, record.get("commit_every") or 1)
     tokens_per_step = a.accum * a.batch * a.seq
     record["tokens_per_step"] = tokens_per_step
     record["tokens_per_s"] = tokens_per_step / step

@@ -156,6 +156,20 @@ def test_the_hjson_shim_reads_a_deepspeed_config_as_json(tmp_path):
         ns["loads"]('{"a": 1, "a": 2}', object_pairs_hook=no_duplicates)
 
 
+def test_a_commit_interval_is_timed_over_whole_intervals(run):
+    # memascend Note [commit interval]: the median would leave out the steps that wait for
+    # the interval's commit; the mean over whole intervals holds one per interval.
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from common import steady_step
+    assert steady_step([1, 1, 5, 1, 1, 5, 1]) == (1, "median step")
+    t, basis = steady_step([1, 1, 5, 1, 1, 5, 1], 3)
+    assert t == 14 / 6 and basis == "mean of 6 steps, 2 whole commit interval(s) of 3"
+    assert steady_step([2, 4], 3) == (3, "mean of 2 steps, under one commit interval of 3")
+    _, records = run
+    assert records["memascend"]["step_basis"] == "mean of 2 steps, 1 whole commit interval(s) of 2"
+    assert records["torch-gpu"]["step_basis"] == "median step"
+
+
 def test_a_killed_run_keeps_the_steps_it_printed():
     """A run the parent kills (--time-budget) leaves no record; what it printed of its steps
     (systems.train's lines, parsed back by compare.partial) is kept, as DeepSpeed's first
