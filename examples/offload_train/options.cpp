@@ -331,7 +331,7 @@ const std::vector<Section>& Table() {
            Number("--commit-every", "N",
                   "make every N-th step durable, from 1 to 1000000 (the steps between stay in "
                   "memory: a crash resumes up to N-1 steps back; a file volume is made a "
-                  "version larger)",
+                  "version larger; --write-behind is off)",
                   [](CommandLine& c) { return &c.train.commit_every; }),
        }},
       {"the ZeRO-Infinity baseline (zero_infinity.h)",

@@ -129,8 +129,9 @@ absl::Status OpenOffloadState(const TrainOptions& o, const StateLayout& layout,
   so.host_budget_bytes = o.host_budget;
   so.prefetch_threads = o.io_threads;
   // Every new version is written back before the step commits anyway: write it at once,
-  // overlapping the compute, so evictions find clean tensors.
-  so.write_behind = o.write_behind;
+  // overlapping the compute, so evictions find clean tensors. Not with a commit interval
+  // (memascend Note [commit interval]): the steps between write only what is evicted.
+  so.write_behind = o.write_behind && o.commit_every <= 1;
   if (o.pow2_pool) so.pool_policy = memascend::PoolPolicy::kPow2;
   // The read-ahead never waits on its tickets, and holds more than the room left while the
   // gradients are resident (OffloadedAdam Note [gradient room]): its reads wait for room.

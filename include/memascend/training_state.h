@@ -280,6 +280,7 @@ class TrainingStateStorage {
   virtual absl::Status Commit(const CommitRecord& r) = 0;
   virtual absl::Status Settle() { return absl::OkStatus(); }
   // Note [commit interval]: makes every step committed so far durable, then settles.
+  // kFailedPrecondition during a step's update with steps committed in memory before it.
   virtual absl::Status Persist() { return Settle(); }
   // The last committed record; nullopt when nothing was committed. kFailedPrecondition
   // when the record carries another fingerprint or layout (another run's state).
@@ -386,10 +387,13 @@ class VersionedTrainingState final : public TrainingStateStorage {
   absl::Status Commit(const CommitRecord& r) override;
   absl::Status Settle() override;
   absl::Status Persist() override;
-  // Note [commit interval]: the last step made durable (or being made so), and the
-  // steps committed since that a crash would lose.
+  // Note [commit interval]: the last step known durable (its commit settled: Settle(),
+  // the next step's update, Persist), and the steps committed in memory since the last
+  // commit began, which a crash would lose; whether a step's update is under way
+  // (BeginUpdate ran, its Commit not yet).
   std::uint64_t durable_step() const noexcept;
   std::uint64_t deferred_steps() const noexcept;
+  bool in_update() const noexcept;
   absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) override;
   absl::StatusOr<std::optional<CommitRecord>> ResumeAtMost(std::uint64_t fingerprint,
                                                            std::uint64_t step) override;

@@ -325,7 +325,9 @@ class PyAdam {
     absl::Status s;
     {
       py::gil_scoped_release nogil;
-      s = adam_->Persist();  // Note [commit interval]: every step durable
+      // Note [commit interval]: every step durable; mid-update (a failed update) the
+      // state's destruction commits the steps in memory with the step torn.
+      s = state_->in_update() ? adam_->Settle() : adam_->Persist();
       adam_.reset();
       state_.reset();
       threads_.reset();

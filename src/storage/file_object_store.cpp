@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <map>
+#include <optional>
 #include <set>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -123,8 +124,9 @@ struct FileObjectStore::Impl {
 
   struct Entry {
     ObjectInfo info;
-    bool staged = false;  // the bytes are in NAME.new until Sync()
-    std::string lost;     // why the object's bytes are gone (a failed in-place write)
+    bool staged = false;                  // the bytes are in NAME.new until Sync()
+    std::optional<ObjectInfo> committed;  // staged over this committed object (NAME.obj)
+    std::string lost;  // why the object's bytes are gone (a failed in-place write)
   };
   absl::Mutex sync_mu;  // one Sync() at a time
   mutable absl::Mutex mu;
@@ -346,6 +348,7 @@ absl::Status FileObjectStore::Put(std::string_view name, std::span<const std::by
   Impl::Entry& e = m.objects[std::string(name)];
   e.info = {t.name, t.size, t.metadata, durability, t.checksum, {}};
   e.staged = false;
+  e.committed.reset();
   e.lost.clear();
   if (!s.ok()) {
     // The old bytes were overwritten in place (Note [file store commits]).
@@ -379,9 +382,35 @@ absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const s
   }
   absl::MutexLock lock(&m.mu);
   Impl::Entry& e = m.objects[std::string(name)];
+  if (!e.staged && e.lost.empty() && !e.info.name.empty() &&
+      e.info.durability == Durability::kDurable)
+    e.committed = e.info;  // what DropStaged goes back to
   e.info = {t.name, t.size, t.metadata, Durability::kDurable, t.checksum, {}};
   e.staged = true;
   e.lost.clear();
+  return absl::OkStatus();
+}
+
+absl::Status FileObjectStore::DropStaged() {
+  Impl& m = *impl_;
+  absl::MutexLock one_at_a_time(&m.sync_mu);
+  absl::MutexLock lock(&m.mu);
+  for (auto it = m.objects.begin(); it != m.objects.end();) {
+    Impl::Entry& e = it->second;
+    if (!e.staged) {
+      ++it;
+      continue;
+    }
+    prim::RemoveQuietly(m.Path(it->first, kNewSuffix));
+    if (!e.committed.has_value()) {
+      it = m.objects.erase(it);
+      continue;
+    }
+    e.info = *std::move(e.committed);
+    e.committed.reset();
+    e.staged = false;
+    ++it;
+  }
   return absl::OkStatus();
 }
 
@@ -424,6 +453,7 @@ absl::Status FileObjectStore::SyncStaged(const std::set<std::string_view>* only)
     if (!still_staged(name)) continue;
     MEMASCEND_RETURN_IF_ERROR(prim::Rename(m.Path(name, kNewSuffix), m.Path(name, kObjectSuffix)));
     m.objects.find(name)->second.staged = false;
+    m.objects.find(name)->second.committed.reset();
   }
   return m.SyncDir();
 }

@@ -659,6 +659,14 @@ absl::Status Volume::SyncOnly(std::span<const std::string> names) {
   return impl_->SyncStaged(&only);
 }
 
+absl::Status Volume::DropStaged() {
+  Impl& m = *impl_;
+  absl::MutexLock sync(&m.sync_mu);  // not while a commit runs
+  absl::MutexLock lock(&m.mu);
+  while (!m.staged.empty()) m.UnstageLocked(m.staged.begin()->first);
+  return absl::OkStatus();
+}
+
 absl::Status Volume::Delete(std::string_view name) {
   Impl& m = *impl_;
   {

@@ -91,6 +91,9 @@ absl::Status TensorStore::Close() {
     impl_->jobs.clear();
   }
   for (std::thread& w : impl_->workers) w.join();
+  // Note [commit when full]: nor does anything staged outlive the store, once its workers
+  // (a write-behind in flight) are done: no later commit on the volume carries it.
+  if (!impl_->commit_at_close.load()) (void)impl_->volume->DropStaged();
   std::unique_ptr<store::DevicePool> device_pool;  // its cudaFree runs without mu
   {
     absl::MutexLock lock(&impl_->mu);

@@ -10,6 +10,7 @@
 
 #include <memascend/status.h>
 #include <memascend/training_state.h>
+#include <memascend/volume.h>
 
 #include "util/crc32c.h"
 
@@ -455,7 +456,8 @@ struct VersionedTrainingState::Impl {
   bool batch_overlap = false;        // and in the background
   // Note [commit interval]: steps committed in memory since the last durable one.
   std::uint64_t deferred = 0;
-  std::uint64_t durable_step = 0;
+  std::uint64_t durable_step = 0;            // known durable (a commit settled)
+  std::uint64_t committing_step = 0;         // of the commit in flight, durable once it settles
   std::uint64_t last_step = 0;               // last_record's step
   std::optional<UnfinishedStep> unfinished;  // found by Resume
 
@@ -509,8 +511,13 @@ VersionedTrainingState::~VersionedTrainingState() {
   // Note [commit when full] in tensor_store.h: after a failed last commit the store's close
   // commits nothing either (the volume keeps the last durable step, or the torn one a
   // progress object names); after a good one it may again.
-  if (m.options.in_place && final_commit.ok() && m.commit_status.ok())
+  if (m.options.in_place && final_commit.ok() && m.commit_status.ok()) {
     m.store->SetCommitAtClose(true);
+  } else if (m.options.in_place) {
+    // What the failed commits staged (parts of steps the volume's record does not name) is
+    // forgotten, so that no later commit on this volume carries it.
+    (void)m.volume->DropStaged();
+  }
   {  // every state Open made is in Registry() (Note [state ownership])
     OpenStates& r = Registry();
     std::lock_guard<std::mutex> lock(r.mu);
@@ -717,6 +724,24 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
       }
       for (const std::string& name : foreign) MEMASCEND_RETURN_IF_ERROR(volume->Delete(name));
       MEMASCEND_RETURN_IF_ERROR(volume->Sync());
+    }
+  }
+  // Note [commit interval]: a volume made for one durable step at a time (an earlier run's)
+  // may lack the room to stage a whole version; refused here, not by a write mid-step.
+  if (const auto* v = dynamic_cast<const Volume*>(volume);
+      v != nullptr && options.commit_every > 1) {
+    constexpr std::uint64_t kUnit = 64 * 1024;
+    std::uint64_t present = 0;  // what the state's tensors already take
+    for (const ObjectInfo& o : volume->List())
+      if (ours.count(o.name)) present += (o.size + kUnit - 1) / kUnit * kUnit;
+    const std::uint64_t need = DataBytes(layout, options);
+    const std::uint64_t room = v->stats().free_bytes + present;
+    if (room < need) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "versioned training state: commit_every {} stages up to a whole version, and the "
+          "volume has {} bytes for the state where it needs {} (VolumeBytes with "
+          "max_staged_bytes 0): a larger volume (a new one is made so), or commit_every 1",
+          options.commit_every, room, need));
     }
   }
   for (StateKind k : kKinds) {
@@ -1055,7 +1080,6 @@ absl::Status VersionedTrainingState::CommitWhole(std::string bytes, std::uint64_
   std::vector<TensorId> ids;
   MEMASCEND_RETURN_IF_ERROR(PartTensors(0, m.order.size(), false, &ids, nullptr));
   m.deferred = 0;
-  m.durable_step = step;
   auto commit = [this, ids = std::move(ids), bytes = std::move(bytes)] {
     auto decoded = DecodeCommitRecord(bytes);
     if (!decoded.ok()) return decoded.status();
@@ -1074,7 +1098,12 @@ absl::Status VersionedTrainingState::CommitWhole(std::string bytes, std::uint64_
     if (s.ok()) s = impl_->volume->Sync();
     return s;
   };
-  if (!background) return commit();
+  if (!background) {
+    MEMASCEND_RETURN_IF_ERROR(commit());
+    m.durable_step = step;
+    return absl::OkStatus();
+  }
+  m.committing_step = step;
   m.committer =
       std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
   return absl::OkStatus();
@@ -1084,9 +1113,13 @@ absl::Status VersionedTrainingState::Persist() {
   MEMASCEND_RETURN_IF_ERROR(Settle());
   Impl& m = *impl_;
   if (!m.options.in_place || m.deferred == 0) return absl::OkStatus();
-  // Mid-update, nothing: the state's destruction commits the steps waiting with the torn
-  // one, and the step's Commit with this one.
-  if (m.intent.has_value()) return absl::OkStatus();
+  if (m.intent.has_value()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "training state: Persist during a step's update, with {} step(s) committed in memory "
+        "before it: after the step's Commit (the state's destruction commits them with the "
+        "step torn)",
+        m.deferred));
+  }
   MEMASCEND_RETURN_IF_ERROR(CommitWhole(m.last_record, m.last_step, true));
   return Settle();
 }
@@ -1142,6 +1175,7 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
   }
   current_ = r.version;
   record.layout = LayoutId(layout_, false);
+  impl_->committing_step = r.step;
   const bool previous_written = impl_->previous_written;
   impl_->writing_next = impl_->previous_written = false;
   impl_->committer = std::thread([this, previous_written, record = std::move(record)] {
@@ -1192,15 +1226,30 @@ VersionedTrainingState::ReadRecord(const std::string& name, std::uint64_t finger
 }
 
 absl::Status VersionedTrainingState::Settle() {
-  if (impl_->committer.joinable()) impl_->committer.join();
-  return impl_->commit_status;  // once failed, the state stays failed
+  Impl& m = *impl_;
+  if (m.committer.joinable()) {
+    m.committer.join();
+    if (m.commit_status.ok() && m.committing_step != 0) m.durable_step = m.committing_step;
+    m.committing_step = 0;
+  }
+  return m.commit_status;  // once failed, the state stays failed
 }
+
+bool VersionedTrainingState::in_update() const noexcept { return impl_->intent.has_value(); }
 
 absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::Resume(
     std::uint64_t fingerprint) {
   // Steps committed in memory are made durable first: the volume is then what this
   // process holds (Note [commit interval]).
-  if (impl_->deferred > 0 && !impl_->intent.has_value()) MEMASCEND_RETURN_IF_ERROR(Persist());
+  if (impl_->deferred > 0) {
+    if (impl_->intent.has_value()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "training state: Resume during a step's update, with {} step(s) committed in memory "
+          "before it: destroy the state (it commits them with the step torn) and reopen it",
+          impl_->deferred));
+    }
+    MEMASCEND_RETURN_IF_ERROR(Persist());
+  }
   MEMASCEND_RETURN_IF_ERROR(Settle());
   MEMASCEND_ASSIGN_OR_RETURN(auto last, ReadRecord(impl_->options.record_name, fingerprint));
   impl_->unfinished.reset();

@@ -48,6 +48,25 @@ execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 6 --resume RESULT_
 if(NOT rc EQUAL 0 OR out MATCHES "step +5/" OR NOT out MATCHES "step +6/6")
   message(FATAL_ERROR "after --steps 5 --commit-every 4, --resume did not start at step 6:\n${out}")
 endif()
+# The steps between commits write nothing (the whole state resident; the first resumed
+# step reads it); each step durable, every step writes.
+function(step_io every steps out)
+  execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps ${steps} --resume --commit-every
+                          ${every} --json --quiet RESULT_VARIABLE rc OUTPUT_VARIABLE json
+                          ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "--commit-every ${every} --json failed (${rc}): ${err}")
+  endif()
+  string(JSON second GET "${json}" step_io_bytes 1)
+  string(JSON third GET "${json}" step_io_bytes 2)
+  set(${out} "${second};${third}" PARENT_SCOPE)
+endfunction()
+step_io(4 9 deferred)
+step_io(1 12 durable)
+if(NOT deferred STREQUAL "0;0" OR durable MATCHES "(^|;)0(;|$)")
+  message(FATAL_ERROR "steps 8-9 with --commit-every 4 moved ${deferred} bytes, steps 11-12 "
+                      "durable each ${durable}: the interval is not in effect")
+endif()
 
 # 17 tokens for --seq 16: what is needed, and why.
 execute_process(COMMAND python3 -c "import sys; open(sys.argv[1], 'wb').write(bytes([1, 0, 0, 0]) * 17)"

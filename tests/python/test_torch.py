@@ -346,7 +346,7 @@ def test_commit_every_keeps_every_nth_step_durable(tmp_path):
     assert killed.returncode == -9, killed.stderr
     durable = [int(line.split()[1]) for line in killed.stdout.splitlines()
                if line.startswith("durable ")]
-    assert durable == [0, 0, 0, 4, 4, 4, 4], durable
+    assert durable == [0, 0, 0, 0, 4, 4, 4], durable  # step 4 known durable once settled
     resumed = run_worker("offloaded", "10", "--volume", vol, "--resume", "--commit-every", "4")
     assert resumed.returncode == 0, resumed.stderr
     after, _ = parse(resumed.stdout)

@@ -57,6 +57,29 @@ TEST(FileObjectStore, SyncOnlyCommitsTheNamedStagedObjectsAndLeavesTheOthersStag
   EXPECT_EQ(Read(*s, "b"), Pattern("b", 1, 5000));
 }
 
+// ObjectStore::DropStaged: the committed versions are seen again, a new object staged is
+// gone (its file too), and a later Sync commits none of it.
+TEST(FileObjectStore, DropStagedForgetsEveryStagedObjectAsACrashWould) {
+  ScratchPath p("fos");
+  {
+    auto s = OpenOk(p.path());
+    ASSERT_NE(s, nullptr);
+    ASSERT_OK(s->Put("a", Pattern("a", 1, 5000), Durability::kDurable));
+    ASSERT_OK(s->PutStaged("a", Pattern("a", 2, 5000)));
+    ASSERT_OK(s->PutStaged("a", Pattern("a", 3, 6000)));  // staged again
+    ASSERT_OK(s->PutStaged("c", Pattern("c", 1, 5000)));
+    ASSERT_OK(s->DropStaged());
+    EXPECT_EQ(Read(*s, "a"), Pattern("a", 1, 5000));
+    EXPECT_EQ(s->Stat("c").status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(s->List().size(), 1u);
+    ASSERT_OK(s->Sync());
+  }
+  auto s = OpenOk(p.path());
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(Read(*s, "a"), Pattern("a", 1, 5000));
+  EXPECT_EQ(s->Stat("c").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(FileObjectStore, DurableAndSyncedObjectsSurviveReopenScratchAndStagedDoNot) {
   ScratchPath p("fos");
   {

@@ -157,6 +157,32 @@ TEST(Volume, StagedPutsAreSeenAtOnceAndCommittedBySync) {
   EXPECT_EQ(st.used_bytes, 2 * 2 * 65536u);  // two objects of two units each
 }
 
+// ObjectStore::DropStaged forgets every staged object as a crash would: the committed
+// versions are seen again, a new object staged is gone, its extents are free, and a later
+// Sync commits none of it.
+TEST(Volume, DropStagedForgetsEveryStagedObjectAsACrashWould) {
+  ScratchPath p("vol");
+  const std::size_t size = 100'000;
+  auto v = FormatAndOpen(p.path());
+  ASSERT_OK(v->Put("a", Pattern("a", 1, size), Durability::kDurable));
+  const std::uint64_t used = v->stats().used_bytes;
+  ASSERT_OK(v->PutStaged("a", Pattern("a", 2, size)));
+  ASSERT_OK(v->PutStaged("c", Pattern("c", 1, size)));
+  ASSERT_GT(v->staged_bytes(), 0u);
+  ASSERT_OK(v->DropStaged());
+  EXPECT_EQ(v->staged_bytes(), 0u);
+  EXPECT_EQ(v->stats().used_bytes, used);
+  ExpectContent(*v, "a", 1, size);
+  EXPECT_EQ(v->Stat("c").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_OK(v->Sync());
+  v.reset();
+  ASSERT_OK_AND_ASSIGN(v, Volume::Open(p.path(), {}));
+  ExpectContent(*v, "a", 1, size);
+  EXPECT_EQ(v->Stat("c").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+  EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+}
+
 // Note [selective commit]: SyncOnly commits the named staged objects in one commit and
 // leaves the others staged (lost by a crash, committed by a later Sync); a name that is
 // not staged is passed over; what it committed frees the versions it replaced.

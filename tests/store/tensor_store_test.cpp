@@ -830,6 +830,7 @@ TEST(TensorStore, ACloseWithoutItsCommitLeavesTheLastCommit) {
     store->SetCommitAtClose(false);
     ASSERT_OK(store->Close());
   }
+  EXPECT_EQ(volume->staged_bytes(), 0u);  // forgotten in this process too
   volume.reset();
   ASSERT_OK_AND_ASSIGN(volume, Volume::Open(path.path(), {}));
   ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));

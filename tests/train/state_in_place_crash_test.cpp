@@ -534,30 +534,95 @@ TEST(CommitInterval, StepsBetweenCommitsWriteNothingAndACrashResumesAtTheLastDur
 
 // A step's update torn while two steps wait in memory (the caller stops mid-update): the
 // state's destruction commits them with the torn step, which Resume finishes.
+// With the whole state resident, and with a budget of three parts (the steps' parts
+// evicted and staged): Persist and Resume refuse mid-update, saying why.
 TEST(CommitInterval, ATornStepAfterStepsInMemoryIsFinishedOnResume) {
   Use({0, 3});
-  ScratchPath path("commit_interval_torn");
-  IntervalVolume(path);
-  {
+  for (std::uint64_t budget : {WholeStateBudget(), std::uint64_t{0}}) {
+    SCOPED_TRACE(budget == 0 ? "parts evicted" : "the whole state resident");
+    ScratchPath path("commit_interval_torn");
+    IntervalVolume(path);
+    {
+      Opened r;
+      ASSERT_OK(Open(path.path(), 0, &r, {}, budget));
+      ASSERT_OK(r.adam->Resume().status());
+      ASSERT_OK(Step(r.adam.get(), 1));
+      ASSERT_OK(Step(r.adam.get(), 2));
+      ASSERT_OK(Backward(r.adam.get(), 3));
+      ASSERT_OK(r.adam->UpdateGroup(0));  // then the caller stops
+      EXPECT_EQ(r.adam->Persist().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(r.o.state->Resume(AdamOptions().fingerprint).status().code(),
+                absl::StatusCode::kFailedPrecondition);
+    }
     Opened r;
-    ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+    ASSERT_OK(Open(path.path(), 0, &r, {}, budget));
+    ASSERT_OK_AND_ASSIGN(auto at, r.o.state->Resume(AdamOptions().fingerprint));
+    ASSERT_TRUE(at.has_value());
+    EXPECT_EQ(at->step, 2u);
+    ASSERT_TRUE(r.o.state->Unfinished().has_value());
+    EXPECT_EQ(r.o.state->Unfinished()->parts_done, r.adam->layout().Parts(0));
+    ASSERT_OK_AND_ASSIGN(auto last, r.adam->Resume());
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->step, 3u);
+    ExpectReferenceAt(r.o.state.get(), 3);
+  }
+}
+
+// A reviewer's probe: the n-th write of the state's close fails (of its last commit, or
+// a write-behind before it, or the store's close after it), with parts of the steps in
+// memory evicted and staged; the volume object lives on and a new state is opened on it
+// in this process (a caller's retry), then closed. The new state and the volume reopened
+// from disk find one whole step, the same: 2 (the commit held) or 0 (it failed), never a
+// part of steps 1 and 2 under step 0's record: a failed state forgets what it staged
+// (ObjectStore::DropStaged).
+TEST(CommitInterval, AFailedLastCommitLeavesNothingStagedForALaterCommit) {
+  Use({0, 3});
+  int staged = 0, failed = 0;
+  for (std::uint64_t n = 1; n <= 200; ++n) {
+    SCOPED_TRACE("the last commit's write " + std::to_string(n) + " fails");
+    ScratchPath path("commit_interval_retry");
+    IntervalVolume(path);
+    Opened r;
+    ASSERT_OK(Open(path.path(), 0, &r));  // three parts' budget: evictions
     ASSERT_OK(r.adam->Resume().status());
     ASSERT_OK(Step(r.adam.get(), 1));
     ASSERT_OK(Step(r.adam.get(), 2));
-    ASSERT_OK(Backward(r.adam.get(), 3));
-    ASSERT_OK(r.adam->UpdateGroup(0));  // then the caller stops
+    ASSERT_OK(r.adam->Settle());
+    staged += r.o.volume->staged_bytes() > 0;
+    r.kill->FailWrite(n);
+    const std::uint64_t before = r.kill->writes();
+    r.adam.reset();
+    r.o.state.reset();
+    r.o.store.reset();
+    if (r.kill->writes() - before < n) break;  // past the close's writes
+    const std::uint64_t leftover = r.o.volume->staged_bytes();
+    std::uint64_t step = 0;
+    {
+      TensorStoreOptions so;
+      so.host_budget_bytes = WholeStateBudget();
+      ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(r.o.volume.get(), so));
+      ASSERT_OK_AND_ASSIGN(auto state, VersionedTrainingState::Open(store.get(), r.o.volume.get(),
+                                                                    Layout(), StateOptions()));
+      ASSERT_OK_AND_ASSIGN(auto at, state->Resume(AdamOptions().fingerprint));
+      ASSERT_TRUE(at.has_value());
+      step = at->step;
+      ASSERT_TRUE(step == 0 || step == 2) << step;
+      if (step == 0) {
+        ++failed;
+        EXPECT_EQ(leftover, 0u) << "the failed state left staged objects";
+      }
+      ExpectReferenceAt(state.get(), step);
+    }
+    r.o.volume.reset();
+    Opened again;
+    ASSERT_OK(Open(path.path(), 0, &again));
+    ASSERT_OK_AND_ASSIGN(auto last, again.adam->Resume());
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(last->step, step);
+    ExpectReferenceAt(again.o.state.get(), step);
   }
-  Opened r;
-  ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
-  ASSERT_OK_AND_ASSIGN(auto at, r.o.state->Resume(AdamOptions().fingerprint));
-  ASSERT_TRUE(at.has_value());
-  EXPECT_EQ(at->step, 2u);
-  ASSERT_TRUE(r.o.state->Unfinished().has_value());
-  EXPECT_EQ(r.o.state->Unfinished()->parts_done, r.adam->layout().Parts(0));
-  ASSERT_OK_AND_ASSIGN(auto last, r.adam->Resume());
-  ASSERT_TRUE(last.has_value());
-  EXPECT_EQ(last->step, 3u);
-  ExpectReferenceAt(r.o.state.get(), 3);
+  EXPECT_GT(staged, 0) << "no run staged parts of the steps in memory";
+  EXPECT_GT(failed, 3) << "too few failed writes failed the last commit";
 }
 
 // The state's last commit fails (EIO at its first write): neither it nor the store's
@@ -608,6 +673,22 @@ TEST(CommitInterval, OpenRefusesAnIntervalItCannotKeep) {
   vo.max_staged_bytes = 0;
   vo.in_place = false;
   refused(vo, "two versions");
+
+  // A volume with room for the state and 4 MiB staged (an earlier run's, of batches): not
+  // for a whole version (7.7 MiB with the gradients).
+  ScratchPath small("commit_interval_small");
+  VolumeFormatOptions sf;
+  sf.size = VersionedTrainingState::StoredBytes(Layout()) + (std::uint64_t{6} << 20);
+  ASSERT_OK(Volume::Format(small.path(), sf));
+  ASSERT_OK_AND_ASSIGN(auto v2, Volume::Open(small.path(), {}));
+  ASSERT_OK_AND_ASSIGN(auto store2, TensorStore::Open(v2.get(), so));
+  VersionedTrainingStateOptions interval;
+  interval.max_staged_bytes = 0;
+  interval.commit_every = 3;
+  auto s = VersionedTrainingState::Open(store2.get(), v2.get(), Layout(), interval);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+  EXPECT_NE(std::string(s.status().message()).find("a larger volume"), std::string::npos)
+      << s.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(Bounds, StateInPlaceCrash,
