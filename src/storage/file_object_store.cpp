@@ -124,8 +124,11 @@ struct FileObjectStore::Impl {
 
   struct Entry {
     ObjectInfo info;
-    bool staged = false;                  // the bytes are in NAME.new until Sync()
-    std::optional<ObjectInfo> committed;  // staged over this committed object (NAME.obj)
+    bool staged = false;  // the bytes are in NAME.new until Sync()
+    // Staged over this object (NAME.obj, and why its bytes are gone, if they are), which
+    // DropStaged brings back.
+    std::optional<ObjectInfo> committed;
+    std::string committed_lost;
     std::string lost;  // why the object's bytes are gone (a failed in-place write)
   };
   absl::Mutex sync_mu;  // one Sync() at a time
@@ -382,9 +385,10 @@ absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const s
   }
   absl::MutexLock lock(&m.mu);
   Impl::Entry& e = m.objects[std::string(name)];
-  if (!e.staged && e.lost.empty() && !e.info.name.empty() &&
-      e.info.durability == Durability::kDurable)
-    e.committed = e.info;  // what DropStaged goes back to
+  if (!e.staged && !e.info.name.empty()) {  // what DropStaged goes back to
+    e.committed = e.info;
+    e.committed_lost = e.lost;
+  }
   e.info = {t.name, t.size, t.metadata, Durability::kDurable, t.checksum, {}};
   e.staged = true;
   e.lost.clear();
@@ -407,6 +411,7 @@ absl::Status FileObjectStore::DropStaged() {
       continue;
     }
     e.info = *std::move(e.committed);
+    e.lost = std::move(e.committed_lost);
     e.committed.reset();
     e.staged = false;
     ++it;
