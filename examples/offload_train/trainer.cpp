@@ -89,6 +89,12 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     return absl::InvalidArgumentError(
         "--resume: the zero-infinity policy keeps no crash-consistent state (as DeepSpeed)");
   }
+  if (o.commit_every > 1 && !MemAscendOffload(o)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--commit-every {}: only the memascend policy's offloaded state has a commit interval "
+        "(memascend Note [commit interval]); the other policies and modes commit as they do",
+        o.commit_every));
+  }
   if (o.threads < 0 || o.threads > 1024 || o.io_threads < 1 || o.io_threads > 1024) {
     return absl::InvalidArgumentError(fmt::format(
         "--threads {} / --io-threads {}: 0..1024 compute threads (0: all cores), 1..1024 I/O "

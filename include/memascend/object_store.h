@@ -83,11 +83,12 @@ class ObjectStore {
   // thread stages meanwhile (a state in place committing a batch of parts in the
   // background while the next parts are updated). After a failure they stay staged.
   virtual absl::Status SyncOnly(std::span<const std::string> names) = 0;
-  // Forgets every staged object, as a crash would: the committed ones (or none) are what
-  // this process sees again, and what the staged ones took is let go. For a writer whose
-  // last commit failed and whose staged objects no later commit may carry (a training
-  // state in place: Note [commit interval] in training_state.h).
-  virtual absl::Status DropStaged() = 0;
+  // Forgets the staged objects named, as a crash would: the committed ones (or none) are
+  // what this process sees again, and what the staged ones took is let go; a name not
+  // staged is passed over. For a writer whose last commit failed and whose staged objects
+  // no later commit may carry (a training state in place: Note [commit interval] in
+  // training_state.h).
+  virtual absl::Status DropStaged(std::span<const std::string> names) = 0;
   // Reads the whole object into `out` (at least its size). kNotFound; kInvalidArgument
   // if `out` is too small; kDataLoss naming the object on a checksum mismatch.
   virtual absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) = 0;
@@ -128,7 +129,7 @@ class FileObjectStore final : public ObjectStore {
                          std::string_view metadata = {}) override;
   absl::Status Sync() override;
   absl::Status SyncOnly(std::span<const std::string> names) override;
-  absl::Status DropStaged() override;
+  absl::Status DropStaged(std::span<const std::string> names) override;
   absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override;
   absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override;
   std::vector<ObjectInfo> List() const override;

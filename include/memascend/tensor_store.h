@@ -41,10 +41,10 @@
 // the write-back then fails with kResourceExhausted and its tensor stays dirty. Such a
 // caller also turns off the commit at close (SetCommitAtClose(false)): Close() and the
 // destructor then write back and commit nothing, and once the store's threads are done
-// they drop every staged object of the volume (ObjectStore::DropStaged: what is dirty or
-// staged is gone, and the volume keeps its last commit, in this process too), since a
-// commit the caller did not order could hold half of what it orders (a training state's
-// parts of a step without its record).
+// they drop the staged objects of its durable tensors (ObjectStore::DropStaged: what is
+// dirty or staged of them is gone, and the volume keeps its last commit, in this process
+// too), since a commit the caller did not order could hold half of what it orders (a
+// training state's parts of a step without its record).
 //
 // Note [gpu tier]: with options.gpu_budget_bytes > 0 and a CUDA device, Acquire(id,
 // Tier::kGpu, stream) gives a lease on a device copy. The store takes one device slab of

@@ -135,7 +135,7 @@ class Volume final : public ObjectStore {
   absl::Status Sync() override;
   // Note [selective commit] in object_store.h.
   absl::Status SyncOnly(std::span<const std::string> names) override;
-  absl::Status DropStaged() override;  // ObjectStore's
+  absl::Status DropStaged(std::span<const std::string> names) override;  // ObjectStore's
   // Reads the whole object into `out` (at least its size). kNotFound; kInvalidArgument
   // if `out` is too small; kDataLoss naming the object on a checksum mismatch.
   absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override;

@@ -395,26 +395,23 @@ absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const s
   return absl::OkStatus();
 }
 
-absl::Status FileObjectStore::DropStaged() {
+absl::Status FileObjectStore::DropStaged(std::span<const std::string> names) {
   Impl& m = *impl_;
   absl::MutexLock one_at_a_time(&m.sync_mu);
   absl::MutexLock lock(&m.mu);
-  for (auto it = m.objects.begin(); it != m.objects.end();) {
+  for (const std::string& name : names) {
+    auto it = m.objects.find(name);
+    if (it == m.objects.end() || !it->second.staged) continue;
     Impl::Entry& e = it->second;
-    if (!e.staged) {
-      ++it;
-      continue;
-    }
-    prim::RemoveQuietly(m.Path(it->first, kNewSuffix));
+    prim::RemoveQuietly(m.Path(name, kNewSuffix));
     if (!e.committed.has_value()) {
-      it = m.objects.erase(it);
+      m.objects.erase(it);
       continue;
     }
     e.info = *std::move(e.committed);
     e.lost = std::move(e.committed_lost);
     e.committed.reset();
     e.staged = false;
-    ++it;
   }
   return absl::OkStatus();
 }

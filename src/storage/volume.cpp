@@ -659,11 +659,11 @@ absl::Status Volume::SyncOnly(std::span<const std::string> names) {
   return impl_->SyncStaged(&only);
 }
 
-absl::Status Volume::DropStaged() {
+absl::Status Volume::DropStaged(std::span<const std::string> names) {
   Impl& m = *impl_;
   absl::MutexLock sync(&m.sync_mu);  // not while a commit runs
   absl::MutexLock lock(&m.mu);
-  while (!m.staged.empty()) m.UnstageLocked(m.staged.begin()->first);
+  for (const std::string& name : names) m.UnstageLocked(name);
   return absl::OkStatus();
 }
 

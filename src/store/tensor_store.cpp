@@ -93,7 +93,15 @@ absl::Status TensorStore::Close() {
   for (std::thread& w : impl_->workers) w.join();
   // Note [commit when full]: nor does anything staged outlive the store, once its workers
   // (a write-behind in flight) are done: no later commit on the volume carries it.
-  if (!impl_->commit_at_close.load()) (void)impl_->volume->DropStaged();
+  if (!impl_->commit_at_close.load()) {
+    std::vector<std::string> names;
+    {
+      absl::MutexLock lock(&impl_->mu);
+      for (const auto& t : impl_->tensors)
+        if (t->spec.durability == Durability::kDurable) names.push_back(t->spec.name);
+    }
+    (void)impl_->volume->DropStaged(names);
+  }
   std::unique_ptr<store::DevicePool> device_pool;  // its cudaFree runs without mu
   {
     absl::MutexLock lock(&impl_->mu);

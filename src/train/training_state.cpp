@@ -514,9 +514,19 @@ VersionedTrainingState::~VersionedTrainingState() {
   if (m.options.in_place && final_commit.ok() && m.commit_status.ok()) {
     m.store->SetCommitAtClose(true);
   } else if (m.options.in_place) {
-    // What the failed commits staged (parts of steps the volume's record does not name) is
-    // forgotten, so that no later commit on this volume carries it.
-    (void)m.volume->DropStaged();
+    // What the failed commits left (parts of steps the volume's record does not name,
+    // dirty in the store or staged on the volume) is forgotten, so that no later commit
+    // on this volume (a Flush of the store, another state's) carries it.
+    std::vector<std::string> names = {m.options.record_name, ProgressName()};
+    for (StateKind k : kKinds) {
+      for (std::size_t g = 0; g < m.ids[static_cast<int>(k)].size(); ++g) {
+        for (std::size_t i = 0; i < m.ids[static_cast<int>(k)][g].size(); ++i) {
+          (void)m.store->Discard(m.ids[static_cast<int>(k)][g][i]);
+          names.push_back(m.names[static_cast<int>(k)][g][i]);
+        }
+      }
+    }
+    (void)m.volume->DropStaged(names);
   }
   {  // every state Open made is in Registry() (Note [state ownership])
     OpenStates& r = Registry();
@@ -730,10 +740,10 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
   // may lack the room to stage a whole version; refused here, not by a write mid-step.
   if (const auto* v = dynamic_cast<const Volume*>(volume);
       v != nullptr && options.commit_every > 1) {
-    constexpr std::uint64_t kUnit = 64 * 1024;
+    const std::uint64_t unit = std::max<std::uint64_t>(1, v->stats().unit_bytes);
     std::uint64_t present = 0;  // what the state's tensors already take
     for (const ObjectInfo& o : volume->List())
-      if (ours.count(o.name)) present += (o.size + kUnit - 1) / kUnit * kUnit;
+      if (ours.count(o.name)) present += (o.size + unit - 1) / unit * unit;
     const std::uint64_t need = DataBytes(layout, options);
     const std::uint64_t room = v->stats().free_bytes + present;
     if (room < need) {
@@ -1157,7 +1167,11 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
           "one, as Resume finishes a torn step), not {}",
           m.intent->record.step, r.step));
     }
-    const bool step_end = m.intent.has_value();
+    // Note [commit interval]: a step's update between the interval's commits stays in
+    // memory (and what was evicted of it, staged); so does a step skipped (no update: the
+    // loss scaler's), which commits the step after the last one.
+    const bool next_step =
+        m.intent.has_value() || (!m.last_record.empty() && record.step == m.last_step + 1);
     m.intent.reset();
     record.version = 0;
     record.layout = LayoutId(layout_, true);
@@ -1165,9 +1179,7 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
     // commit fails the state.
     m.last_record = EncodeCommitRecord(record);
     m.last_step = record.step;
-    // Note [commit interval]: a step's update between the interval's commits stays in
-    // memory (and what was evicted of it, staged).
-    if (step_end && m.deferred + 1 < m.options.commit_every) {
+    if (next_step && m.deferred + 1 < m.options.commit_every) {
       ++m.deferred;
       return absl::OkStatus();
     }
@@ -1300,6 +1312,7 @@ absl::StatusOr<std::optional<CommitRecord>> VersionedTrainingState::ResumeAtMost
   }
   // The previous record becomes the last (Note [previous commit]).
   MEMASCEND_RETURN_IF_ERROR(PutRecord(impl_->options.record_name, previous->second));
+  impl_->durable_step = impl_->last_step = previous->first.step;
   current_ = previous->first.version;
   impl_->last_record = std::move(previous->second);
   return std::move(previous->first);

@@ -68,7 +68,7 @@ TEST(FileObjectStore, DropStagedForgetsEveryStagedObjectAsACrashWould) {
     ASSERT_OK(s->PutStaged("a", Pattern("a", 2, 5000)));
     ASSERT_OK(s->PutStaged("a", Pattern("a", 3, 6000)));  // staged again
     ASSERT_OK(s->PutStaged("c", Pattern("c", 1, 5000)));
-    ASSERT_OK(s->DropStaged());
+    ASSERT_OK(s->DropStaged(std::vector<std::string>{"a", "c", "not-staged"}));
     EXPECT_EQ(Read(*s, "a"), Pattern("a", 1, 5000));
     EXPECT_EQ(s->Stat("c").status().code(), absl::StatusCode::kNotFound);
     EXPECT_EQ(s->List().size(), 1u);

@@ -169,7 +169,7 @@ TEST(Volume, DropStagedForgetsEveryStagedObjectAsACrashWould) {
   ASSERT_OK(v->PutStaged("a", Pattern("a", 2, size)));
   ASSERT_OK(v->PutStaged("c", Pattern("c", 1, size)));
   ASSERT_GT(v->staged_bytes(), 0u);
-  ASSERT_OK(v->DropStaged());
+  ASSERT_OK(v->DropStaged(std::vector<std::string>{"a", "c", "not-staged"}));
   EXPECT_EQ(v->staged_bytes(), 0u);
   EXPECT_EQ(v->stats().used_bytes, used);
   ExpectContent(*v, "a", 1, size);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <signal.h>
@@ -638,6 +639,11 @@ TEST(CommitInterval, AFailedLastCommitLeavesTheLastDurableStep) {
     ASSERT_OK(Step(r.adam.get(), 1));
     ASSERT_OK(Step(r.adam.get(), 2));
     r.kill->FailWrite(1);
+    r.adam.reset();
+    r.o.state.reset();
+    // The store outlives the failed state, and is flushed (a caller's own flush): the
+    // state's parts of steps 1 and 2 were dropped with it, so none is committed.
+    ASSERT_OK(r.o.store->Flush());
   }
   Opened r;
   ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
@@ -646,6 +652,40 @@ TEST(CommitInterval, AFailedLastCommitLeavesTheLastDurableStep) {
   EXPECT_EQ(last->step, 0u);
   EXPECT_FALSE(r.o.state->Unfinished().has_value());
   ExpectReferenceAt(r.o.state.get(), 0);
+}
+
+// A step the overflow check skips (no update) is committed in memory like any other step
+// between the interval's commits: it writes nothing.
+TEST(CommitInterval, ASkippedStepWaitsForTheIntervalToo) {
+  Use({0, 3});
+  ScratchPath path("commit_interval_skipped");
+  IntervalVolume(path);
+  Opened r;
+  ASSERT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
+  ASSERT_OK(r.adam->Resume().status());
+  ASSERT_OK(Step(r.adam.get(), 1));
+  ASSERT_OK(r.adam->Settle());
+  const std::uint64_t before = r.kill->writes();
+  const StateLayout& l = r.adam->layout();
+  r.adam->BeginBackward();
+  for (std::size_t g = l.groups.size(); g-- > 0;) {
+    auto f = Gradient(l.groups[g].elements, g, 2);
+    f[0] = std::numeric_limits<float>::infinity();
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      ASSERT_OK(r.adam->SetGradient(g, p, {f.data() + begin, end - begin, DType::kF32}));
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(StepPlan plan, r.adam->EndBackward());
+  ASSERT_TRUE(plan.skipped);
+  ASSERT_OK(r.adam->Commit(2));
+  EXPECT_EQ(r.kill->writes(), before);
+  EXPECT_EQ(r.o.state->deferred_steps(), 2u);
+  EXPECT_EQ(r.o.state->durable_step(), 0u);
+  ASSERT_OK(Step(r.adam.get(), 3));  // the interval's commit
+  ASSERT_OK(r.adam->Settle());
+  EXPECT_GT(r.kill->writes(), before);
+  EXPECT_EQ(r.o.state->durable_step(), 3u);
 }
 
 TEST(CommitInterval, OpenRefusesAnIntervalItCannotKeep) {
