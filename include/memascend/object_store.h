@@ -18,8 +18,10 @@
 // fdatasyncs it, renames it over NAME and fsyncs the directory. PutStaged writes NAME.new
 // and Sync() does the rest for every staged object: each object is replaced atomically,
 // the set is not (a crash inside Sync() can leave some objects new and some old; the
-// versioned training state never overwrites the version its last commit names, so a
-// crash still resumes from that commit). Each file ends in a trailer block (magic, size,
+// versioned training state in two versions never overwrites the version its last commit
+// names, so a crash still resumes from that commit, but a state in place, Note [state in
+// place] in training_state.h, is not crash-atomic here: memascend-train's --storage
+// files, an ablation, runs one so). Each file ends in a trailer block (magic, size,
 // CRC-32C of the data, durability, metadata) read back by Open(); scratch files of an
 // earlier open are removed by Open(), as a volume forgets its scratch objects.
 //
