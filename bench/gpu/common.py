@@ -3,6 +3,7 @@
 hyperparameters, and the probes of the process and the machine each record names."""
 import json
 import os
+import statistics
 import subprocess
 
 ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -25,7 +26,6 @@ def steady_step(times, every=1):
     interval]) the mean over whole intervals, the first k * every steps: any such window
     holds k of the steps that wait for an interval's commit, which a median would leave
     out. Fewer steps than an interval: the mean of all, said in the basis."""
-    import statistics
     if every <= 1:
         return statistics.median(times), "median step"
     k = len(times) // every

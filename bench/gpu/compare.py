@@ -27,8 +27,8 @@ memascend_pinned_peak_bytes (the store's page-locked arena), gpu_peak_bytes (tor
 reserved peak plus memascend's device budget), losses and step_seconds per step,
 tokens_per_s (over the median step, the first left out; a memascend row with
 --commit-every N > 1, over the mean of whole intervals of N steps: step_basis says which),
-io_bytes_per_step (/proc/self/io deltas, median), mfu, run_index. At the end each record gains loss_rel_diff_max against the
-reference (torch-gpu; where it did not fit, fsdp2-offload, whose update is the same AdamW
+io_bytes_per_step (/proc/self/io deltas, median), mfu, run_index. At the end each record
+gains loss_rel_diff_max against the reference (torch-gpu; where it did not fit, fsdp2-offload, whose update is the same AdamW
 over fp32 master weights; `reference` names it) and `void` (true where any step's loss
 differs from the reference's by more than 1e-2 relatively), and DIR/compare-summary.json
 holds the table.

@@ -89,25 +89,26 @@
 // Note [commit interval]: a state in place may make only every commit_every-th step
 // durable (options.commit_every, 1 by default: every step). The whole state is then
 // written once per interval rather than once per step: a step that fits in host memory
-// writes nothing (nor does a step the overflow check skips), and on the GPU machines of docs/gpu.md the per-step write of the whole
-// state (16 bytes a parameter) is what the step waits for. Commit() of a step in between
-// returns with the step committed in memory only: later reads, steps and commits see it,
-// a crash loses it, and Resume() then returns the last durable step (at most
-// commit_every - 1 steps back), whose state is whole (the caller replays the steps after
-// it, as from any checkpoint). The interval's commit, Persist() and the state's
-// destruction make every step committed so far durable, in one journal commit: the
-// state's parts written back (not the gradients), the record, a progress object of no
-// step. Parts evicted in between are staged (Note [staged puts]), never committed before
-// that commit, so the volume needs room for a whole version more (max_staged_bytes 0:
-// no batches, and VolumeBytes counts a version); Open refuses commit_every > 1 with a
-// bound the state exceeds, or with two versions, or a Volume without that room. The
-// state's store commits nothing at its close (TensorStore::SetCommitAtClose(false)): if
-// the state's own last commit fails, the volume keeps the last durable step rather than
-// parts of later ones, and the state forgets what that commit left (its tensors' dirty
-// bytes discarded from the store, their staged objects dropped: ObjectStore::DropStaged),
-// so that no later commit on the volume (a Flush of the store) carries it. A step
-// torn while steps wait (the state destroyed mid-update) is committed as Note [state in
-// place] commits one, with the record of the step before it.
+// writes nothing (nor does a step the overflow check skips), and on the GPU machines of
+// docs/gpu.md the per-step write of the whole state (16 bytes a parameter) is what the
+// step waits for. Commit() of a step in between returns with the step committed in
+// memory only: later reads, steps and commits see it, a crash loses it, and Resume()
+// then returns the last durable step (at most commit_every - 1 steps back), whose state
+// is whole (the caller replays the steps after it, as from any checkpoint). The
+// interval's commit, Persist() and the state's destruction make every step committed so
+// far durable, in one journal commit: the state's parts written back (not the
+// gradients), the record, a progress object of no step. Parts evicted in between are
+// staged (Note [staged puts]), never committed before that commit, so the volume needs
+// room for a whole version more (max_staged_bytes 0: no batches, and VolumeBytes counts
+// a version); Open refuses commit_every > 1 with a bound (max_staged_bytes not 0), with
+// two versions, or on a Volume without that room. The state's store commits nothing at
+// its close (TensorStore::SetCommitAtClose(false)): if the state's own last commit
+// fails, the volume keeps the last durable step rather than parts of later ones, and the
+// state forgets what that commit left (its tensors' dirty bytes discarded from the
+// store, their staged objects dropped: ObjectStore::DropStaged), so that no later commit
+// on the volume (a Flush of the store) carries it. A step torn while steps wait (the
+// state destroyed mid-update) is committed as Note [state in place] commits one, with
+// the record of the step before it.
 //
 // Note [state layout]: a group of `elements` parameters is stored in parts of
 // `part_elements` (the last part shorter); each kind of state has the same parts. A group

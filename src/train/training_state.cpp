@@ -517,15 +517,11 @@ VersionedTrainingState::~VersionedTrainingState() {
     // What the failed commits left (parts of steps the volume's record does not name,
     // dirty in the store or staged on the volume) is forgotten, so that no later commit
     // on this volume (a Flush of the store, another state's) carries it.
+    std::vector<TensorId> ids;
     std::vector<std::string> names = {m.options.record_name, ProgressName()};
-    for (StateKind k : kKinds) {
-      for (std::size_t g = 0; g < m.ids[static_cast<int>(k)].size(); ++g) {
-        for (std::size_t i = 0; i < m.ids[static_cast<int>(k)][g].size(); ++i) {
-          (void)m.store->Discard(m.ids[static_cast<int>(k)][g][i]);
-          names.push_back(m.names[static_cast<int>(k)][g][i]);
-        }
-      }
-    }
+    for (bool gradient : {false, true})
+      (void)PartTensors(0, m.order.size(), gradient, &ids, &names);
+    for (TensorId id : ids) (void)m.store->Discard(id);
     (void)m.volume->DropStaged(names);
   }
   {  // every state Open made is in Registry() (Note [state ownership])

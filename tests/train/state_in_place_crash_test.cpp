@@ -473,14 +473,13 @@ void ExpectReferenceAt(TrainingStateStorage* got, std::uint64_t step) {
 // A whole state resident: nothing is evicted, so a step between commits writes nothing.
 std::uint64_t WholeStateBudget() { return 4 * VersionedTrainingState::StoredBytes(Layout()); }
 
-std::string IntervalVolume(const ScratchPath& path) {
+void IntervalVolume(const ScratchPath& path) {
   VolumeFormatOptions f;
   f.size = VersionedTrainingState::VolumeBytes(Layout(), StateOptions());
   EXPECT_OK(Volume::Format(path.path(), f));
   Opened r;
   EXPECT_OK(Open(path.path(), 0, &r, {}, WholeStateBudget()));
   EXPECT_OK(Start(r.adam.get()));
-  return path.path();
 }
 
 TEST(CommitInterval, StepsBetweenCommitsWriteNothingAndACrashResumesAtTheLastDurableOne) {
