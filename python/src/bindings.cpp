@@ -9,6 +9,7 @@
 // holds its Volume (Python reference), an optimizer its TensorStore, a lease its store;
 // closing one that something still uses is refused (kFailedPrecondition).
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <pybind11/pybind11.h>
@@ -249,6 +250,38 @@ StateLayout PyLayout(const std::vector<std::pair<std::string, std::size_t>>& gro
   return layout;
 }
 
+// memascend Note [global gradient check] through a Python callable (torch.distributed's
+// all-reduce): fn(overflow, sum_squares) -> (overflow, sum_squares). EndBackward calls it
+// without the GIL; the callable is called, and let go of, with it. A Python exception
+// becomes a failed status: a memascend error keeps its code, anything else is kInternal.
+std::function<absl::StatusOr<GradientCheck>(const GradientCheck&)> ReduceThroughPython(
+    py::object fn) {
+  std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](const GradientCheck& mine) -> absl::StatusOr<GradientCheck> {
+    py::gil_scoped_acquire gil;
+    try {
+      const py::tuple r = (*held)(mine.overflow, mine.sum_squares);
+      if (r.size() != 2) {
+        return absl::InternalError("reduce_gradient_check returned a tuple of " +
+                                   std::to_string(r.size()) + ", not (overflow, sum_squares)");
+      }
+      return GradientCheck{r[0].cast<bool>(), r[1].cast<double>()};
+    } catch (py::error_already_set& e) {
+      absl::StatusCode code = absl::StatusCode::kInternal;
+      if (py::hasattr(e.value(), "code")) {
+        const int c = py::int_(e.value().attr("code"));
+        if (c > 0 && c <= 16) code = static_cast<absl::StatusCode>(c);
+      }
+      return absl::Status(code, std::string("the ranks' gradient check: ") + e.what());
+    } catch (py::cast_error& e) {
+      return absl::InternalError(std::string("reduce_gradient_check's result: ") + e.what());
+    }
+  };
+}
+
 class PyAdam {
  public:
   PyAdam(py::object store, const std::vector<std::pair<std::string, std::size_t>>& groups,
@@ -257,7 +290,7 @@ class PyAdam {
          float beta2, float eps, float max_grad_norm, bool dynamic_loss_scale, float initial_scale,
          std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads,
          std::optional<bool> store_parameters, bool replace_existing, bool data_parallel,
-         std::uint32_t commit_every)
+         std::uint32_t commit_every, py::object reduce_gradient_check)
       : store_obj_(std::move(store)) {
     store_ = store_obj_.cast<PyStore*>();
     const StateLayout layout =
@@ -281,6 +314,9 @@ class PyAdam {
     o.max_grad_norm = max_grad_norm;
     o.fingerprint = fingerprint;
     o.read_ahead_bytes = read_ahead_bytes;
+    if (!reduce_gradient_check.is_none()) {
+      o.reduce_gradient_check = ReduceThroughPython(std::move(reduce_gradient_check));
+    }
     if (dynamic_loss_scale) {
       o.scaler = DynamicLossScaler::Options{};
       o.scaler.initial_scale = initial_scale;
@@ -771,15 +807,19 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<py::object, const std::vector<std::pair<std::string, std::size_t>>&,
                     const std::string&, const std::string&, std::size_t, const std::vector<float>&,
                     const std::vector<float>&, float, float, float, float, bool, float,
-                    std::uint64_t, std::size_t, int, std::optional<bool>, bool, bool,
-                    std::uint32_t>(),
+                    std::uint64_t, std::size_t, int, std::optional<bool>, bool, bool, std::uint32_t,
+                    py::object>(),
            py::arg("store"), py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
            py::arg("part_elements"), py::arg("lrs"), py::arg("weight_decays"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("max_grad_norm"),
            py::arg("dynamic_loss_scale"), py::arg("initial_scale"), py::arg("fingerprint"),
            py::arg("read_ahead_bytes"), py::arg("threads"),
            py::arg("store_parameters") = std::nullopt, py::arg("replace_existing") = false,
-           py::arg("data_parallel") = false, py::arg("commit_every") = 1)
+           py::arg("data_parallel") = false, py::arg("commit_every") = 1,
+           py::arg("reduce_gradient_check") = py::none(),
+           "reduce_gradient_check: None, or fn(overflow, sum_squares) -> (overflow, "
+           "sum_squares) of every rank together (memascend Note [global gradient check]), "
+           "called by end_backward on every rank.")
       .def_static("minimum_host_budget",
                   [](std::size_t max_group_elements, std::size_t part_elements,
                      const std::string& param, const std::string& grad) {

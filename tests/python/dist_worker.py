@@ -2,7 +2,8 @@
 gloo), or the whole batch in one process when WORLD is 1.
 
     dist_worker.py RANK WORLD INIT_FILE VOLUME STEPS OUT [--resume] [--kill-after N]
-                   [--save-state FILE] [--load-state FILE]
+                   [--save-state FILE] [--load-state FILE] [--emulate-device]
+                   [--bucket-bytes N] [--group]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -10,6 +11,10 @@ and the final parameters; every rank prints "owned N" (the elements of its shard
 --save-state: after the last step every rank calls opt.state_dict() and rank 0 saves it
 with the model's state and the step. --load-state: a fresh run starts from such a file
 (the model's and the optimizer's state, at its step) on volumes of its own.
+--emulate-device: the shards travel by the SDK's device paths, emulated over host memory
+(memascend.torch.distributed.EMULATE_DEVICE), as on a GPU. --bucket-bytes: the gradient
+bytes one collective reduces. --group: torch.distributed even at WORLD 1, and its group
+passed to the optimizer as process_group (the sharded path at one rank).
 """
 import argparse
 import os
@@ -20,6 +25,7 @@ import torch.distributed as dist
 
 import gpt
 import memascend.torch as mt
+import memascend.torch.distributed as mtd
 
 GLOBAL_BATCH = 4
 
@@ -36,9 +42,16 @@ def main():
     ap.add_argument("--kill-after", type=int, default=0)
     ap.add_argument("--save-state", default="")
     ap.add_argument("--load-state", default="")
+    ap.add_argument("--emulate-device", action="store_true")
+    ap.add_argument("--bucket-bytes", type=int, default=0)
+    ap.add_argument("--group", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    if a.world > 1:
+    mtd.EMULATE_DEVICE = a.emulate_device
+    if a.bucket_bytes:
+        mtd.BUCKET_BYTES = a.bucket_bytes
+    distributed = a.world > 1 or a.group
+    if distributed:
         dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,
                                 world_size=a.world)
     model = gpt.make(seed=0)
@@ -46,8 +59,10 @@ def main():
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = mt.OffloadedAdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
                             lr=1e-3, weight_decay=0.01, volume=a.volume, host_budget=1 << 20,
-                            part_elements=1 << 18, max_grad_norm=1.0, resume=a.resume)
+                            part_elements=1 << 18, max_grad_norm=1.0, resume=a.resume,
+                            process_group=dist.group.WORLD if a.group else None)
     print("owned", sum(e - b for k, b, e in opt._shards if k is not None), flush=True)
+    print("buckets", len(opt._buckets) if opt._sharded else 0, flush=True)
     first = opt.resumed_step or 0
     if a.load_state:
         saved = torch.load(a.load_state)
@@ -77,9 +92,10 @@ def main():
                        a.save_state)
     if a.rank == 0:
         torch.save({"losses": losses, "params": [p.detach().clone() for p in model.parameters()],
-                    "comm_bytes": opt.comm_bytes}, a.out)
+                    "comm_bytes": opt.comm_bytes, "stats": opt.stats(),
+                    "grad_norm": opt.last_step["grad_norm"]}, a.out)
     opt.close()
-    if a.world > 1:
+    if distributed:
         dist.destroy_process_group()
 
 

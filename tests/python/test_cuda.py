@@ -254,3 +254,74 @@ def test_a_gpu_run_killed_mid_step_resumes_with_the_same_losses(tmp_path):
     rc, rest = run(str(tmp_path / "killed.vol"), -1)
     assert rc == 0 and sorted(rest) == list(range(6, STEPS))
     assert {**first, **rest} == whole
+
+
+_NCCL_WORKER = r"""
+import os, sys, json, torch
+import torch.distributed as dist
+sys.path.insert(0, os.environ["TESTS"])
+torch.use_deterministic_algorithms(True)  # two runs of the same steps: the same bits
+import gpt, memascend.torch as mt
+vol, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+group = None
+if mode == "nccl":
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method="file://" + vol + ".init", rank=0,
+                            world_size=1)
+    group = dist.group.WORLD
+model = gpt.make(seed=0).cuda().to(torch.bfloat16)
+opt = mt.OffloadedAdamW(model.parameters(), lr=1e-3, volume=vol, host_budget=1 << 20,
+                        part_elements=1 << 18, max_grad_norm=1.0, process_group=group)
+pinned = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+losses = []
+for step in range(steps):
+    x, y = (t.cuda() for t in gpt.batch(step))
+    loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(float(loss))
+    if step == 0 and hasattr(torch.cuda, "host_memory_stats"):
+        pinned = torch.cuda.host_memory_stats()
+after = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+stats = opt.stats()
+print(json.dumps({"losses": losses, "grad_norm": opt.last_step["grad_norm"],
+                  "comm_bytes": getattr(opt, "comm_bytes", 0),
+                  "sharded": opt._sharded,
+                  "from_device": stats["device_gradients"]["bytes_from_device"],
+                  "pinned_allocs": [pinned.get("num_host_alloc_calls", 0),
+                                    after.get("num_host_alloc_calls", 0)],
+                  "params": float(sum(p.float().sum() for p in model.parameters()))}))
+opt.close()
+if group is not None:
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_nccl_available()),
+                    reason="this PyTorch has no NCCL")
+def test_the_sharded_path_over_nccl_trains_as_one_process(tmp_path):
+    """One GPU, torch.distributed over NCCL at world size 1 with the group passed: the
+    sharded path (gradients reduce-scattered on the GPU, the rank's shard out by the device
+    path, the parameters all-gathered on the GPU) gives the losses and parameters of the
+    same run without torch.distributed, bit for bit, and stages nothing through torch's
+    pinned cache after the first step."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TESTS=os.path.dirname(__file__), CUBLAS_WORKSPACE_CONFIG=":4096:8")
+
+    def run(name, mode):
+        p = subprocess.run([sys.executable, "-c", _NCCL_WORKER, str(tmp_path / name),
+                            str(STEPS), mode], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.splitlines()[-1])
+
+    alone, nccl = run("alone.vol", "alone"), run("nccl.vol", "nccl")
+    assert not alone["sharded"] and nccl["sharded"]
+    assert nccl["losses"] == alone["losses"]
+    assert nccl["grad_norm"] == alone["grad_norm"] and nccl["params"] == alone["params"]
+    assert nccl["comm_bytes"] > 0 and nccl["from_device"] > 0
+    assert nccl["pinned_allocs"][1] == nccl["pinned_allocs"][0]

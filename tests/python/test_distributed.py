@@ -123,3 +123,95 @@ def test_state_dict_gathers_the_shards_and_load_state_dict_takes_them_back(tmp_p
     c = torch.load(tmp_path / "split.pt")
     for s in c["losses"]:
         assert c["losses"][s] == pytest.approx(w["losses"][s], rel=1e-4), s
+
+
+def test_the_device_paths_carry_the_shards_as_host_memory_does(tmp_path):
+    """The path a GPU rank takes (each shard of a gradient out by DeviceGradients, the new
+    parameters back by DeviceParameters.copy_to, then all-gathered), run over host memory
+    by the SDK's emulation: the pair trains exactly as the pair through host memory, in
+    buckets of any size (one parameter per collective, or all of them), and an explicit
+    process_group runs the same path at one rank, exactly as one process does."""
+    def run(name, world, *extra):
+        res = launch(tmp_path, world, 6, str(tmp_path / f"{name}.{{rank}}.vol"),
+                     tmp_path / f"{name}.pt", list(extra))
+        assert all(rc == 0 for _, _, rc in res), res
+        buckets = {int(out.split("buckets ")[1].split()[0]) for out, _, _ in res}
+        return torch.load(tmp_path / f"{name}.pt"), buckets
+
+    host, hb = run("host", 2)
+    device, db = run("device", 2, "--emulate-device")
+    small, sb = run("small", 2, "--emulate-device", "--bucket-bytes", "4096")
+    assert hb == db == {1} and len(sb) == 1 and sb.pop() > 10  # 64 MiB holds every parameter
+    for other in (device, small):
+        assert other["losses"] == host["losses"]
+        for p, q in zip(host["params"], other["params"]):
+            assert torch.equal(p, q)
+    # The device paths carried every shard: gradients out and parameters back, each step.
+    grads, params = device["stats"]["device_gradients"], device["stats"]["device_parameters"]
+    assert grads["groups"] > 0 and grads["bytes_from_device"] > 0
+    assert params["bytes_to_device"] == grads["bytes_from_device"]  # fp32: the same shard
+    assert "device_gradients" not in host["stats"]
+    assert small["comm_bytes"] > device["comm_bytes"] * 0.99  # the same bytes, more calls
+    # One rank through the sharded path (gloo at world 1, the group passed): one process's
+    # run, bit for bit (the same gradients, the same norm, the same updates).
+    one, _ = run("one", 1)
+    alone, ab = run("alone", 1, "--group", "--emulate-device")
+    assert ab == {1}
+    assert alone["losses"] == one["losses"] and alone["grad_norm"] == one["grad_norm"]
+    for p, q in zip(one["params"], alone["params"]):
+        assert torch.equal(p, q)
+
+
+def test_the_ranks_gradient_check_is_summed_through_the_callable(tmp_path):
+    """reduce_gradient_check (memascend Note [global gradient check]) from Python: what it
+    returns decides the step (an overflow skips it, the norm clips), and its exception is
+    end_backward's error, with its code."""
+    from memascend import _core, errors
+    import memascend
+
+    def adam(vol, check):
+        store = _core.TensorStore(vol, host_budget=8 << 20)
+        a = _core.OffloadedAdam(store, [("w", 1024)], "float32", "float32", 1 << 18, [1e-2],
+                                [0.0], 0.9, 0.999, 1e-8, 1.0, False, 1.0, 0, 0, 1,
+                                reduce_gradient_check=check)
+        w = torch.ones(1024)
+        a.initialize(0, w.data_ptr(), w.numel(), "float32")
+        a.commit(0)
+        return store, a
+
+    seen = []
+    vol = memascend.Volume.open_or_create(str(tmp_path / "c.vol"), 64 << 20)
+    try:
+        for answer, skipped, norm in (((False, 4.0 * 1024), False, 64.0),
+                                      ((True, 0.0), True, None)):
+            store, a = adam(vol, lambda o, s, answer=answer: seen.append((o, s)) or answer)
+            g = torch.full((1024,), 0.5)
+            a.begin_backward(0.0)
+            a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
+            plan = a.end_backward(1.0)
+            assert seen[-1] == (False, pytest.approx(0.25 * 1024))  # this rank's own
+            assert plan["skipped"] is skipped
+            if norm is not None:
+                assert plan["grad_norm"] == pytest.approx(norm)  # the ranks' sum, not ours
+            a.close()
+            store.close()
+
+        def failing(o, s):
+            raise errors.UnavailableError("rank 3 is gone")
+        store, a = adam(vol, failing)
+        g = torch.zeros(1024)
+        a.begin_backward(0.0)
+        a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
+        with pytest.raises(errors.UnavailableError, match="rank 3 is gone"):
+            a.end_backward(1.0)
+        a.close()
+        store.close()
+        store, a = adam(vol, lambda o, s: (o,))
+        a.begin_backward(0.0)
+        a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
+        with pytest.raises(errors.InternalError, match="not \\(overflow, sum_squares\\)"):
+            a.end_backward(1.0)
+        a.close()
+        store.close()
+    finally:
+        vol.close()

@@ -1,9 +1,34 @@
-"""OffloadedAdamW under torch.distributed: Note [sharded state] (optimizer.py). Each rank
-owns a contiguous 1/N of every parameter's elements; gradients are averaged with
-all_reduce, each rank updates its shard, and the new parameters are all-gathered."""
+"""OffloadedAdamW under torch.distributed: Note [sharded state] (optimizer.py).
+
+Each rank owns a contiguous 1/N of every parameter's elements. At step() the gradients are
+reduced in buckets of whole parameters by one reduce-scatter each (an all-reduce where the
+backend has none: gloo), so that each rank receives its shard of the bucket's parameters
+in one piece and sends only that to its store; the SDK's overflow check and norm of each
+rank's shard are summed across the ranks (memascend Note [global gradient check]), so every
+rank skips, clips and scales alike; each rank updates its shard, and the new parameters are
+all-gathered, again a bucket at a time.
+
+Where the shards travel (`shard_io`): on the CPU through host memory (`HostShards`); with
+the parameters on a GPU over NCCL through the device paths (`DeviceShards`: a gradient's
+shard goes from device memory into the store's registered blocks on the gradient copy
+stream, the new parameters come back on the parameter copy stream, both fenced by events
+torch's stream waits on), so that nothing but a rank's own shard crosses the host. Tests
+run the device paths over host memory (the SDK's emulation) with `EMULATE_DEVICE`.
+"""
+import weakref
+
 import torch
 
-from memascend import errors
+from memascend import _core, errors
+from memascend.torch._common import dtype_name
+
+# fp32 gradient bytes (every rank's share together) reduced by one collective; a larger
+# parameter is a bucket of its own.
+BUCKET_BYTES = 64 << 20
+
+# Tests only: the device paths over host memory, for parameters on the CPU (set before
+# the optimizer is made).
+EMULATE_DEVICE = False
 
 
 def process_group(group):
@@ -17,12 +42,196 @@ def process_group(group):
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
+def check_backend(opt):
+    """Sets opt._nccl and opt._comm_device: the collectives run over device tensors on NCCL
+    (parameters on a GPU), over host tensors elsewhere (gloo, parameters on the CPU)."""
+    import torch.distributed as dist
+    backend = str(dist.get_backend(opt._pg))
+    on_gpu = opt._device.type == "cuda"
+    if on_gpu and "nccl" not in backend:
+        raise errors.InvalidArgumentError(
+            f"parameters on a GPU under torch.distributed take the nccl backend (this group's "
+            f"is {backend}): OffloadedAdamW reduces the gradients on the GPU and copies out "
+            "only the rank's shard")
+    if not on_gpu and "nccl" in backend and "gloo" not in backend:
+        raise errors.InvalidArgumentError(
+            f"parameters on the CPU under the {backend} backend: NCCL takes GPU tensors; make "
+            "the group with gloo, or keep the parameters on the GPU")
+    opt._nccl = on_gpu
+    opt._comm_device = opt._device if on_gpu else torch.device("cpu")
+
+
+def plan_buckets(opt):
+    """[(columns, [(parameter, column, chunk)])]: the parameters in order, a bucket being a
+    (world, columns) matrix whose row r holds rank r's shards of its parameters side by
+    side (parameter i's chunk of ceil(n / world) elements at its column)."""
+    limit = max(1, BUCKET_BYTES // (4 * opt._world))
+    buckets, members, columns = [], [], 0
+    for i, n in enumerate(opt._numels):
+        chunk = -(-n // opt._world)
+        if members and columns + chunk > limit:
+            buckets.append((columns, members))
+            members, columns = [], 0
+        members.append((i, columns, chunk))
+        columns += chunk
+    if members:
+        buckets.append((columns, members))
+    return buckets
+
+
+def _place(matrix, column, chunk, flat):
+    """A parameter's flat values into its columns of a bucket, chunk by chunk (row r: rank
+    r's shard); converted to the bucket's dtype and device by the copy."""
+    rows, rest = divmod(flat.numel(), chunk)
+    if rows:
+        matrix[:rows, column:column + chunk].copy_(flat[:rows * chunk].view(rows, chunk))
+    if rest:
+        matrix[rows, column:column + rest].copy_(flat[rows * chunk:])
+
+
+def _reduce_scatter(opt, matrix):
+    """This rank's row of the bucket summed over the ranks."""
+    import torch.distributed as dist
+    opt.comm_bytes += matrix.numel() * matrix.element_size()
+    if opt._nccl:
+        row = torch.empty(matrix.shape[1], dtype=matrix.dtype, device=matrix.device)
+        dist.reduce_scatter_tensor(row, matrix.view(-1), op=dist.ReduceOp.SUM, group=opt._pg)
+        return row
+    dist.all_reduce(matrix, op=dist.ReduceOp.SUM, group=opt._pg)  # gloo has no reduce-scatter
+    return matrix[opt._rank]
+
+
+def _all_gather(opt, matrix):
+    """Every rank's row of the bucket from its owner (this rank's is filled)."""
+    import torch.distributed as dist
+    row = matrix[opt._rank]
+    opt.comm_bytes += row.numel() * row.element_size()
+    if opt._nccl:
+        dist.all_gather_into_tensor(matrix.view(-1), row, group=opt._pg)
+    else:
+        dist.all_gather(list(matrix.unbind(0)), row.clone(), group=opt._pg)
+
+
+def gradient_check(opt):
+    """The SDK's reduce_gradient_check: any rank's overflow, the sum of the ranks' sums of
+    squares (an all-reduce). Holds the optimizer weakly (the SDK holds this)."""
+    import torch.distributed as dist
+    ref = weakref.ref(opt)
+
+    def reduce(overflow, sum_squares):
+        o = ref()
+        if o is None:
+            raise errors.FailedPreconditionError("the optimizer is gone")
+        t = torch.tensor([1.0 if overflow else 0.0, sum_squares], dtype=torch.float64,
+                         device=o._comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=o._pg)
+        o.comm_bytes += t.numel() * t.element_size()
+        overflow, sum_squares = t.tolist()
+        return overflow > 0, sum_squares
+    return reduce
+
+
+class HostShards:
+    """A rank's shards through host memory (parameters on the CPU)."""
+
+    def __init__(self, opt):
+        self.opt = opt
+        self.device = torch.device("cpu")
+        # gloo has no bfloat16: the parameters cross in fp32 there (the values are exact).
+        self.wire = torch.float32 if opt._dtype == torch.bfloat16 else opt._dtype
+
+    def gradient(self, k, shard):
+        self.opt._core.set_gradient(k, shard.data_ptr(), shard.numel(),
+                                    dtype_name(shard.dtype, "a gradient"))
+
+    def finish(self):
+        pass
+
+    def stats(self):
+        return {}
+
+    def parameters(self, k, out, update):
+        """Group k's parameters (updated first, if `update`) into `out`."""
+        opt = self.opt
+        mine = out if out.dtype == opt._dtype else torch.empty(out.numel(), dtype=opt._dtype)
+        if update:
+            opt._core.update_group(k, mine.data_ptr(), mine.numel(), opt._dt)
+        else:
+            opt._core.load_parameters(k, mine.data_ptr(), mine.numel(), opt._dt)
+        if mine is not out:
+            out.copy_(mine)
+
+    def close(self):
+        pass
+
+
+class DeviceShards:
+    """A rank's shards through the device paths (memascend/device_training.h): gradients
+    out by DeviceGradients, parameters back by DeviceParameters.copy_to."""
+
+    def __init__(self, opt, grads, params, device, grad_stream=None, own=False):
+        self.opt, self.grads, self.params, self.device = opt, grads, params, device
+        self.grad_stream, self.own = grad_stream, own
+        self.wire = opt._dtype if opt._nccl else HostShards(opt).wire
+        self._held = []  # emulated: the host memory of the gradients sent, until finish()
+
+    def _stream(self):
+        if self.device.type != "cuda":
+            return 0
+        from memascend.torch.cuda import stream_handle
+        return stream_handle(self.device)
+
+    def gradient(self, k, shard):
+        g = shard.to(self.opt._dtype).contiguous()  # the layout's gradient dtype
+        self.grads.offload(k, g.data_ptr(), g.numel(), dtype_name(g.dtype, "a gradient"),
+                           self._stream())
+        if self.grad_stream is not None:
+            g.record_stream(self.grad_stream)  # read by the copy stream: not reused before
+        else:
+            self._held.append(g)
+
+    def finish(self):
+        self.grads.finish()
+        self._held.clear()
+
+    def stats(self):
+        return {"device_parameters": self.params.stats(), "device_gradients": self.grads.stats()}
+
+    def parameters(self, k, out, update):
+        opt = self.opt
+        if update:
+            opt._core.update_group(k)  # into the store; copied out below
+        mine = out if out.dtype == opt._dtype else torch.empty(out.numel(), dtype=opt._dtype,
+                                                               device=out.device)
+        self.params.copy_to(k, mine.data_ptr(), self._stream())
+        if mine is not out:
+            out.copy_(mine)
+
+    def close(self):
+        if self.own:
+            for obj in (self.params, self.grads):
+                obj.close()
+
+
+def shard_io(opt):
+    if opt._cuda is not None:
+        c = opt._cuda
+        return DeviceShards(opt, c.grads, c.params, c.device, grad_stream=c.grad_stream)
+    if EMULATE_DEVICE:
+        return DeviceShards(opt, _core.DeviceGradients(opt._core, emulate=True),
+                            _core.DeviceParameters(opt._core, device_budget=0, emulate=True),
+                            torch.device("cpu"), own=True)
+    return HostShards(opt)
+
+
 def agree_on_resume(opt, record):
     """The step every rank's volume holds (memascend Note [previous commit]): a rank
     killed between its commit and the others' leaves them a step apart; the ranks ahead
     go back one."""
     import torch.distributed as dist
-    mine = torch.tensor([-1 if record is None else int(record["step"])], dtype=torch.int64)
+    dev = opt._comm_device
+    mine = torch.tensor([-1 if record is None else int(record["step"])], dtype=torch.int64,
+                        device=dev)
     steps = [torch.zeros_like(mine) for _ in range(opt._world)]
     dist.all_gather(steps, mine, group=opt._pg)
     steps = [int(t) for t in steps]
@@ -33,7 +242,7 @@ def agree_on_resume(opt, record):
             record = None if common < 0 else opt._core.resume(at_most=common)
         except errors.Error as e:
             failure = e
-    ok = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+    ok = torch.tensor([0 if failure is None else 1], dtype=torch.int64, device=dev)
     dist.all_reduce(ok, group=opt._pg)
     if int(ok) != 0:
         raise errors.FailedPreconditionError(
@@ -48,81 +257,69 @@ def agree_on_resume(opt, record):
 
 
 def gather(opt, i, mine, dtype=None):
-    """Parameter i's shards from every rank, whole (flat), in fp32 on the wire; in the
-    parameters' dtype unless `dtype` is given."""
-    import torch.distributed as dist
+    """Parameter i's shards from every rank, whole (flat, on the CPU), in fp32 on the wire;
+    in the parameters' dtype unless `dtype` is given."""
     n = opt._numels[i]
     chunk = -(-n // opt._world)
-    padded = torch.zeros(chunk, dtype=torch.float32)
-    padded[:mine.numel()] = mine.float()
-    parts = [torch.empty(chunk, dtype=torch.float32) for _ in range(opt._world)]
-    dist.all_gather(parts, padded, group=opt._pg)
-    opt.comm_bytes += 4 * chunk
-    return torch.cat(parts)[:n].to(opt._dtype if dtype is None else dtype)
+    matrix = torch.zeros(opt._world, chunk, dtype=torch.float32, device=opt._comm_device)
+    matrix[opt._rank, :mine.numel()].copy_(mine.reshape(-1))
+    _all_gather(opt, matrix)
+    return matrix.view(-1)[:n].to(device="cpu", dtype=opt._dtype if dtype is None else dtype)
+
+
+def _parameters_in(opt, update):
+    """Every parameter, whole, from the ranks' shards: each rank's (updated first, if
+    `update`) into its row of a bucket, the bucket all-gathered, then into the parameters."""
+    io = opt._shard_io
+    for columns, members in opt._buckets:
+        matrix = torch.empty(opt._world, columns, dtype=io.wire, device=opt._comm_device)
+        row = matrix[opt._rank]
+        for i, column, _ in members:
+            k, begin, end = opt._shards[i]
+            if k is not None:
+                io.parameters(k, row[column:column + end - begin], update)
+        _all_gather(opt, matrix)
+        for i, column, chunk in members:
+            whole = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
+            opt._params[i].data.copy_(whole.view(opt._shapes[i]))
 
 
 def load_into_parameters(opt):
     """Every parameter, whole, from the ranks' shards (after a resume)."""
-    for i, p in enumerate(opt._params):
-        k, begin, end = opt._shards[i]
-        mine = torch.empty(end - begin, dtype=opt._dtype)
-        if k is not None:
-            opt._core.load_parameters(k, mine.data_ptr(), mine.numel(), opt._dt)
-        p.data.copy_(gather(opt, i, mine).view(opt._shapes[i]))
+    _parameters_in(opt, update=False)
 
 
 def step_sharded(opt):
-    """Note [sharded state]: average, check, clip, update the shard, gather."""
-    import torch.distributed as dist
+    """Note [sharded state]: reduce-scatter, check, clip, update the shard, gather."""
     core = opt._core
     # This rank's last commit durable before the collectives: no rank completes step
     # s + 1 before every rank's step s is durable, so after a crash the ranks' volumes
     # are at most a step apart and the ranks ahead can go back (Note [previous commit]).
     core.settle()
-    grads, finite, sum_sq = [], True, 0.0
-    for i, p in enumerate(opt._params):
-        g = opt._grad(i, p)
-        if g is p.grad and g.dtype == torch.float32 and g.device.type == "cpu" and \
-                g.is_contiguous():
-            g = g.view(-1)  # averaged in place, as DDP leaves param.grad: no copy
-        else:
-            g = g.to("cpu").contiguous().reshape(-1).to(torch.float32).clone()
-        dist.all_reduce(g, op=dist.ReduceOp.SUM, group=opt._pg)
-        opt.comm_bytes += 4 * g.numel()
-        g.div_(opt._world)
-        finite = finite and bool(torch.isfinite(g).all())
-        if finite and opt._max_grad_norm > 0:
-            sum_sq += float(g.double().pow(2).sum())
-        grads.append(g)
-    # Every rank holds the same averaged gradients, so every rank decides alike.
-    if not finite:
-        opt.skipped_steps += 1
-        opt.last_step = {"skipped": True, "grad_norm": 0.0, "loss_scale": 1.0}
-        opt._step_count += 1
-        core.commit(opt._step_count)
-        return
-    norm = sum_sq ** 0.5
-    if opt._max_grad_norm > 0:
-        coef = min(1.0, opt._max_grad_norm / (norm + 1e-6))
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
+    io = opt._shard_io
     core.begin_backward(0.0)
-    for i, g in enumerate(grads):
-        k, begin, end = opt._shards[i]
-        if k is not None:
-            part = g[begin:end]
-            core.set_gradient(k, part.data_ptr(), part.numel(), "float32")
+    try:
+        for columns, members in opt._buckets:
+            matrix = torch.zeros(opt._world, columns, dtype=torch.float32,
+                                 device=opt._comm_device)
+            for i, column, chunk in members:
+                _place(matrix, column, chunk, opt._grad(i, opt._params[i]).reshape(-1))
+            row = _reduce_scatter(opt, matrix).div_(opt._world)
+            for i, column, _ in members:
+                k, begin, end = opt._shards[i]
+                if k is not None:
+                    io.gradient(k, row[column:column + end - begin])
+    finally:
+        io.finish()
     opt._apply_group_options()
+    # The SDK's overflow check and norm, summed over the ranks (gradient_check): every
+    # rank skips and clips alike.
     plan = core.end_backward(1.0)
-    for i, p in enumerate(opt._params):
-        k, begin, end = opt._shards[i]
-        mine = torch.empty(end - begin, dtype=opt._dtype)
-        if k is not None:
-            core.update_group(k, mine.data_ptr(), mine.numel(), opt._dt)
-        whole = gather(opt, i, mine)
-        p.data.copy_(whole.view(opt._shapes[i]))
     opt._step_count += 1
+    if plan["skipped"]:
+        opt.skipped_steps += 1
+    else:
+        _parameters_in(opt, update=True)
     core.commit(opt._step_count)
-    opt.last_step = {"skipped": plan["skipped"], "grad_norm": norm if opt._max_grad_norm > 0
-                     else None, "loss_scale": 1.0}
+    opt.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
+                     "loss_scale": 1.0}

@@ -59,7 +59,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None,
                  commit_every=1):
-        self._core = self._store = self._volume = self._cuda = None
+        self._core = self._store = self._volume = self._cuda = self._shard_io = None
         self._own_volume, self._offloads = False, []  # offload_parameters() over it
         if not lr >= 0.0:
             raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
@@ -117,18 +117,23 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._device = cuda[0] if cuda else torch.device("cpu")
         # Note [sharded state]: under torch.distributed each rank owns a contiguous 1/N of
         # every parameter's elements (its master weights and moments, on its own volume);
-        # the gradients are averaged across the ranks (all_reduce), each rank updates its
-        # shard, and the new parameters are all-gathered. One process owns everything.
+        # the gradients are averaged across the ranks (reduce-scatter: each rank gets and
+        # stores only its shard; on a GPU over NCCL, on the device), the overflow check and
+        # norm are summed across them, each rank updates its shard, and the new parameters
+        # are all-gathered (memascend/torch/distributed.py). One process owns everything;
+        # a process_group given explicitly runs this path at one rank too.
         self._pg, self._world, self._rank = _dist.process_group(process_group)
-        if self._world > 1 and dynamic_loss_scale:
+        self._sharded = self._world > 1 or process_group is not None
+        if self._sharded and dynamic_loss_scale:
             raise errors.UnimplementedError(
-                "dynamic_loss_scale under torch.distributed: the ranks' overflow checks would "
-                "disagree; train bf16 without loss scaling, or in one process")
-        if self._world > 1 and cuda:
-            raise errors.UnimplementedError(
-                "OffloadedAdamW under torch.distributed with parameters on a GPU: not yet "
-                "(each rank's gradients would cross the host); train one process per GPU "
-                "without torch.distributed, or keep the parameters on the CPU")
+                "dynamic_loss_scale under torch.distributed: train bf16 without loss "
+                "scaling, or in one process")
+        if self._sharded:
+            _dist.check_backend(self)
+            if cuda and offload_gradients:
+                raise errors.UnimplementedError(
+                    "offload_gradients under torch.distributed: the gradients are "
+                    "reduce-scattered at step(), and each rank sends only its shard to its store")
         self._shards = []  # per parameter: (its group in the SDK's layout or None, begin, end)
         layout = []
         for i, n in enumerate(self._numels):
@@ -149,9 +154,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
         # offload_parameters covering every parameter, step() plans the update and the next
         # forward pass runs it group by group, each just before the group is loaded.
         self._deferred, self._pending_update, self._next_update = False, False, 0
-        store_parameters = True if cuda else None  # on a GPU the stored ones go there
+        # On a GPU the stored ones go there (and, sharded, through the device paths).
+        store_parameters = True if cuda or (self._sharded and _dist.EMULATE_DEVICE) else None
         need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt, self._part_elements,
-                                                store_parameters, self._world > 1)
+                                                store_parameters, self._sharded)
         # A budget beyond every stored tensor (the state once; twice on a data-parallel rank)
         # would be page-locked for nothing: capped there (never below what one part needs).
         least = _core.OffloadedAdam.minimum_host_budget(max(n for _, n in layout),
@@ -165,7 +171,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
                 if volume_size is None:  # memascend Note [volume size]
                     volume_size = _core.OffloadedAdam.volume_bytes(layout, self._dt, self._dt,
-                        self._part_elements, store_parameters, self._world > 1, commit_every)
+                        self._part_elements, store_parameters, self._sharded, commit_every)
                 self._volume = _core.Volume.open_or_create(path, int(volume_size))
                 self._own_volume = True
             else:
@@ -181,10 +187,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 [float(self.param_groups[self._group_of[i]]["weight_decay"])
                  for i in self._owned()],
                 float(betas[0]), float(betas[1]), float(eps),
-                float(max_grad_norm) if self._world == 1 else 0.0,  # sharded: clipped here
-                bool(dynamic_loss_scale), float(initial_scale), int(run_id),
-                int(read_ahead or 0), int(threads or torch.get_num_threads()),
-                store_parameters, bool(overwrite), self._world > 1, commit_every)
+                float(max_grad_norm), bool(dynamic_loss_scale), float(initial_scale),
+                int(run_id), int(read_ahead or 0), int(threads or torch.get_num_threads()),
+                store_parameters, bool(overwrite), self._sharded, commit_every,
+                _dist.gradient_check(self) if self._sharded else None)
             self._applied = {i: (float(self.param_groups[self._group_of[i]]["lr"]),
                                  float(self.param_groups[self._group_of[i]]["weight_decay"]))
                              for i in self._owned()}
@@ -192,8 +198,11 @@ class OffloadedAdamW(torch.optim.Optimizer):
             if cuda:
                 from memascend.torch.cuda import OptimizerCuda
                 self._cuda = OptimizerCuda(self, self._device, offload_gradients)
+            if self._sharded:
+                self._buckets = _dist.plan_buckets(self)
+                self._shard_io = _dist.shard_io(self)
             record = self._core.resume()
-            if self._world > 1 and resume:
+            if self._sharded and resume:
                 record = _dist.agree_on_resume(self, record)
             if record is not None and not (resume or overwrite):
                 raise errors.FailedPreconditionError(
@@ -229,7 +238,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
 
     def _load_into_parameters(self):
         with torch.no_grad():
-            if self._world > 1:
+            if self._sharded:
                 _dist.load_into_parameters(self)
                 return
             for i, p in enumerate(self._params):
@@ -273,10 +282,11 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 self._finish_update()
             except errors.Error as e:
                 first = e
-        cuda = getattr(self, "_cuda", None)
-        if cuda is not None:
-            self._cuda = None
-            cuda.close()
+        for name in ("_shard_io", "_cuda"):  # before the optimizer they use
+            obj = getattr(self, name, None)
+            if obj is not None:
+                setattr(self, name, None)
+                obj.close()
         for name in ("_core", "_store"):
             obj = getattr(self, name, None)
             if obj is not None:
@@ -360,7 +370,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._world > 1:
+        if self._sharded:
             if grad_scaler is not None or getattr(self, "grad_scale", None) is not None:
                 raise errors.UnimplementedError(
                     "a GradScaler under torch.distributed: its overflow checks see each rank's "
@@ -483,6 +493,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
         s = self._open().stats()
         if self._cuda is not None:
             s.update(self._cuda.stats())
+        elif self._shard_io is not None:  # the device paths emulated (tests)
+            s.update(self._shard_io.stats())
         return s
 
     def state_dict(self):

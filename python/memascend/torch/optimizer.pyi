@@ -61,6 +61,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     _dtype: torch.dtype
     _dt: str
     _world: int
+    _sharded: bool
     _pg: Any
     _step_count: int
     _max_grad_norm: float

@@ -30,7 +30,7 @@ class ParameterOffload:
             raise errors.InvalidArgumentError("offload_parameters needs an OffloadedAdamW: the "
                                               "parameters live in its state")
         optimizer._check()
-        if optimizer._world > 1:
+        if optimizer._sharded:
             raise errors.UnimplementedError(
                 "offload_parameters under torch.distributed: a rank holds only its shard of "
                 "each parameter")

@@ -26,7 +26,7 @@ def _entry(opt: OffloadedAdamW, i: int) -> dict[str, torch.Tensor]:
         t = torch.empty(end - begin, dtype=torch.float32)
         if k is not None:
             opt._core.read_state(kind, k, t.data_ptr(), t.numel(), "float32")
-        if opt._world > 1:
+        if opt._sharded:
             t = _dist.gather(opt, i, t, dtype=torch.float32)
         entry[kind] = t.view(opt._shapes[i])
     return entry
@@ -92,7 +92,7 @@ def state_dict(opt: OffloadedAdamW) -> dict[str, Any]:
 
 def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
     opt._check()
-    if opt._world > 1:
+    if opt._sharded:
         opt._refuse_offloaded("load_state_dict")
     groups = state_dict["param_groups"]
     if len(groups) != len(opt.param_groups) or any(
@@ -148,7 +148,7 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
 
 def reload_parameters(opt: OffloadedAdamW) -> None:
     opt._check()
-    if opt._world > 1:
+    if opt._sharded:
         opt._refuse_offloaded("reload_parameters")
     with torch.no_grad():
         for i, p in enumerate(opt._params):
