@@ -3,7 +3,7 @@ gloo), or the whole batch in one process when WORLD is 1.
 
     dist_worker.py RANK WORLD INIT_FILE VOLUME STEPS OUT [--resume] [--kill-after N]
                    [--save-state FILE] [--load-state FILE] [--emulate-device]
-                   [--bucket-bytes N] [--group]
+                   [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -15,6 +15,9 @@ with the model's state and the step. --load-state: a fresh run starts from such 
 (memascend.torch.distributed.EMULATE_DEVICE), as on a GPU. --bucket-bytes: the gradient
 bytes one collective reduces. --group: torch.distributed even at WORLD 1, and its group
 passed to the optimizer as process_group (the sharded path at one rank).
+--dynamic-loss-scale: the SDK's loss scaler (the loss multiplied by opt.loss_scale).
+--inf-at STEP: the last rank's gradient holds an inf at that step (a rank's overflow).
+Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
 import os
@@ -45,6 +48,8 @@ def main():
     ap.add_argument("--emulate-device", action="store_true")
     ap.add_argument("--bucket-bytes", type=int, default=0)
     ap.add_argument("--group", action="store_true")
+    ap.add_argument("--dynamic-loss-scale", action="store_true")
+    ap.add_argument("--inf-at", type=int, default=-1)
     a = ap.parse_args()
     torch.set_num_threads(1)
     mtd.EMULATE_DEVICE = a.emulate_device
@@ -60,7 +65,8 @@ def main():
     opt = mt.OffloadedAdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
                             lr=1e-3, weight_decay=0.01, volume=a.volume, host_budget=1 << 20,
                             part_elements=1 << 18, max_grad_norm=1.0, resume=a.resume,
-                            process_group=dist.group.WORLD if a.group else None)
+                            process_group=dist.group.WORLD if a.group else None,
+                            dynamic_loss_scale=a.dynamic_loss_scale)
     print("owned", sum(e - b for k, b, e in opt._shards if k is not None), flush=True)
     print("buckets", len(opt._buckets) if opt._sharded else 0, flush=True)
     first = opt.resumed_step or 0
@@ -75,7 +81,9 @@ def main():
         x, y = gpt.batch(step, batch_size=GLOBAL_BATCH)
         x, y = x[a.rank * rows:(a.rank + 1) * rows], y[a.rank * rows:(a.rank + 1) * rows]
         loss = model(x, y)
-        loss.backward()
+        (loss * opt.loss_scale if a.dynamic_loss_scale else loss).backward()
+        if step == a.inf_at and a.rank == a.world - 1:
+            next(model.parameters()).grad.view(-1)[7] = float("inf")
         opt.step()
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()
@@ -85,6 +93,8 @@ def main():
         if a.kill_after and step + 1 == a.kill_after and a.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
     opt.settle()
+    print("end", opt.skipped_steps, opt.loss_scale,
+          float(sum(p.double().sum() for p in model.parameters())), flush=True)
     if a.save_state:
         state = opt.state_dict()  # a collective: every rank
         if a.rank == 0:

@@ -215,3 +215,21 @@ def test_the_ranks_gradient_check_is_summed_through_the_callable(tmp_path):
         store.close()
     finally:
         vol.close()
+
+
+def test_one_ranks_overflow_skips_every_ranks_step(tmp_path):
+    """The SDK's overflow check is summed across the ranks: an inf in one rank's gradient
+    skips the step on every rank (the loss scalers decide alike), and the ranks' models
+    stay the same, as one process's would."""
+    for extra in ([], ["--dynamic-loss-scale"]):
+        res = launch(tmp_path, 2, 6, str(tmp_path / f"o{len(extra)}.{{rank}}.vol"),
+                     tmp_path / f"o{len(extra)}.pt", ["--inf-at", "2", *extra])
+        assert all(rc == 0 for _, _, rc in res), res
+        ends = [out.split("end ")[1].split() for out, _, _ in res]
+        assert ends[0] == ends[1], ends  # skipped steps, loss scale, the model's checksum
+        assert int(ends[0][0]) == 1
+        if extra:
+            # DeepSpeed's hysteresis of 2: a first overflow skips and keeps the scale.
+            assert float(ends[0][1]) == 65536.0
+        losses = torch.load(tmp_path / f"o{len(extra)}.pt")["losses"]
+        assert sorted(losses) == list(range(1, 7)) and all(v == v for v in losses.values())

@@ -124,10 +124,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
         # a process_group given explicitly runs this path at one rank too.
         self._pg, self._world, self._rank = _dist.process_group(process_group)
         self._sharded = self._world > 1 or process_group is not None
-        if self._sharded and dynamic_loss_scale:
-            raise errors.UnimplementedError(
-                "dynamic_loss_scale under torch.distributed: train bf16 without loss "
-                "scaling, or in one process")
         if self._sharded:
             _dist.check_backend(self)
             if cuda and offload_gradients:
@@ -374,7 +370,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
             if grad_scaler is not None or getattr(self, "grad_scale", None) is not None:
                 raise errors.UnimplementedError(
                     "a GradScaler under torch.distributed: its overflow checks see each rank's "
-                    "gradients before they are averaged; train bf16 without loss scaling")
+                    "gradients before they are averaged; use dynamic_loss_scale=True, or "
+                    "train bf16 without loss scaling")
             _dist.step_sharded(self)
             return loss
         scale, skip = _scaling.outside_scale(self, grad_scaler)
