@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from memascend import _core, errors
-from memascend.torch._common import dtype_name
+from memascend.torch._common import dtype_name, offloaded
 
 # fp32 gradient bytes (every rank's share together) reduced by one collective; a larger
 # parameter is a bucket of its own.
@@ -254,6 +254,22 @@ def agree_on_resume(opt, record):
             f"the ranks' volumes hold different steps ({steps}, -1: none): a rank has no "
             "state; start over (overwrite=True)")
     return record
+
+
+def mine(opt, i, whole):
+    """This rank's group for parameter i and its slice of `whole` (any shape; all of it in
+    one process): (None, None) where the rank owns none of it."""
+    k, begin, end = opt._shards[i]
+    if k is None:
+        return None, None
+    return k, whole.reshape(-1)[begin:end].contiguous()
+
+
+def refuse_offloaded(opt, what):
+    if any(offloaded(p) for p in opt._params):
+        raise errors.UnimplementedError(
+            f"{what}() under torch.distributed with offload_parameters: a rank holds only its "
+            "shard of the parameters")
 
 
 def gather(opt, i, mine, dtype=None):

@@ -470,20 +470,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
         changed outside step(), e.g. by model.load_state_dict); the moments stay."""
         _state.reload_parameters(self)
 
-    def _mine(self, i, whole):
-        """This rank's group for parameter i and its slice of `whole` (any shape; all of
-        it in one process): (None, None) where the rank owns none of it."""
-        k, begin, end = self._shards[i]
-        if k is None:
-            return None, None
-        return k, whole.reshape(-1)[begin:end].contiguous()
-
-    def _refuse_offloaded(self, what):
-        if any(offloaded(p) for p in self._params):
-            raise errors.UnimplementedError(
-                f"{what}() under torch.distributed with offload_parameters: a rank holds only "
-                "its shard of the parameters")
-
     def stats(self):
         """I/O and store counters: bytes read and written, evictions, skipped steps (and,
         on a GPU, the device paths' counters)."""

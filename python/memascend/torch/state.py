@@ -93,7 +93,7 @@ def state_dict(opt: OffloadedAdamW) -> dict[str, Any]:
 def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
     opt._check()
     if opt._sharded:
-        opt._refuse_offloaded("load_state_dict")
+        _dist.refuse_offloaded(opt, "load_state_dict")
     groups = state_dict["param_groups"]
     if len(groups) != len(opt.param_groups) or any(
             len(a["params"]) != len(b["params"]) for a, b in zip(groups, opt.param_groups)):
@@ -125,7 +125,7 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
             entry = state_dict["state"][idx]
             for kind in ("exp_avg", "exp_avg_sq"):
                 t = host(entry[kind].detach().to(torch.float32))
-                k, h = opt._mine(i, t)
+                k, h = _dist.mine(opt, i, t)
                 if k is not None:
                     opt._core.write_state(kind, k, h.data_ptr(), h.numel(), "float32")
             master = entry.get("master")
@@ -133,7 +133,7 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
                 master = opt._params[i].detach()
                 if offloaded(opt._params[i]):
                     continue  # its master weights are on the volume already
-            k, h = opt._mine(i, host(master.to(torch.float32)))
+            k, h = _dist.mine(opt, i, host(master.to(torch.float32)))
             if k is None:
                 continue
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), "float32")
@@ -149,12 +149,12 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
 def reload_parameters(opt: OffloadedAdamW) -> None:
     opt._check()
     if opt._sharded:
-        opt._refuse_offloaded("reload_parameters")
+        _dist.refuse_offloaded(opt, "reload_parameters")
     with torch.no_grad():
         for i, p in enumerate(opt._params):
             if offloaded(p):
                 continue
-            k, h = opt._mine(i, host(p.detach()))
+            k, h = _dist.mine(opt, i, host(p.detach()))
             if k is None:
                 continue
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), opt._dt)
