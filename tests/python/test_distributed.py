@@ -141,7 +141,7 @@ def test_the_device_paths_carry_the_shards_as_host_memory_does(tmp_path):
     host, hb = run("host", 2)
     device, db = run("device", 2, "--emulate-device")
     small, sb = run("small", 2, "--emulate-device", "--bucket-bytes", "4096")
-    assert hb == db == {1} and len(sb) == 1 and sb.pop() > 10  # 64 MiB holds every parameter
+    assert hb == db == {1} and len(sb) == 1 and sb.pop() > 10  # 16 MiB holds every parameter
     for other in (device, small):
         assert other["losses"] == host["losses"]
         for p, q in zip(host["params"], other["params"]):
@@ -233,3 +233,15 @@ def test_one_ranks_overflow_skips_every_ranks_step(tmp_path):
             assert float(ends[0][1]) == 65536.0
         losses = torch.load(tmp_path / f"o{len(extra)}.pt")["losses"]
         assert sorted(losses) == list(range(1, 7)) and all(v == v for v in losses.values())
+
+
+def test_ranks_with_different_models_are_refused_before_any_collective_of_theirs(tmp_path):
+    """A rank that built another model (here a layer more) would enter collectives of
+    other sizes: every rank refuses at construction, naming what each holds, and no
+    volume is made."""
+    res = launch(tmp_path, 2, 2, str(tmp_path / "m.{rank}.vol"), tmp_path / "m.pt",
+                 ["--odd-rank", "1"])
+    for _, err, rc in res:
+        assert rc != 0
+        assert "InvalidArgumentError" in err and "hold different parameters" in err, err
+    assert not any(p.name.endswith(".vol") for p in tmp_path.iterdir())

@@ -23,8 +23,9 @@ from memascend import _core, errors
 from memascend.torch._common import dtype_name, offloaded
 
 # fp32 gradient bytes (every rank's share together) reduced by one collective; a larger
-# parameter is a bucket of its own.
-BUCKET_BYTES = 64 << 20
+# parameter is a bucket of its own. A bucket and its gather are the step's transient memory
+# (on the CPU, host memory: kept as small as a collective's latency allows).
+BUCKET_BYTES = 16 << 20
 
 # Tests only: the device paths over host memory, for parameters on the CPU (set before
 # the optimizer is made).
@@ -59,6 +60,25 @@ def check_backend(opt):
             "the group with gloo, or keep the parameters on the GPU")
     opt._nccl = on_gpu
     opt._comm_device = opt._device if on_gpu else torch.device("cpu")
+
+
+def check_same_model(opt):
+    """Every rank's optimizer over the same parameters (their number, shapes and dtype),
+    or InvalidArgumentError on every rank: ranks that differ would enter collectives of
+    different sizes (a hang, or shards of one rank's tensor taken for another's)."""
+    import zlib
+    import torch.distributed as dist
+    text = f"{opt._dtype}|" + ";".join("x".join(map(str, s)) for s in opt._shapes)
+    mine = torch.tensor([len(opt._shapes), sum(opt._numels), zlib.crc32(text.encode())],
+                        dtype=torch.int64, device=opt._comm_device)
+    every = [torch.zeros_like(mine) for _ in range(opt._world)]
+    dist.all_gather(every, mine, group=opt._pg)
+    every = [t.tolist() for t in every]
+    if any(e != every[0] for e in every):
+        raise errors.InvalidArgumentError(
+            "the ranks' optimizers hold different parameters ([tensors, elements, checksum "
+            f"of shapes and dtype] by rank: {every}); every rank must build the same model "
+            "and pass the same parameters in the same order")
 
 
 def plan_buckets(opt):
@@ -298,6 +318,7 @@ def _parameters_in(opt, update):
         for i, column, chunk in members:
             whole = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
             opt._params[i].data.copy_(whole.view(opt._shapes[i]))
+        del matrix, row
 
 
 def load_into_parameters(opt):
@@ -325,6 +346,7 @@ def step_sharded(opt):
                 k, begin, end = opt._shards[i]
                 if k is not None:
                     io.gradient(k, row[column:column + end - begin])
+            del matrix, row  # the next bucket's in their place, not beside them
     finally:
         io.finish()
     opt._apply_group_options()

@@ -126,6 +126,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._sharded = self._world > 1 or process_group is not None
         if self._sharded:
             _dist.check_backend(self)
+            _dist.check_same_model(self)
             if cuda and offload_gradients:
                 raise errors.UnimplementedError(
                     "offload_gradients under torch.distributed: the gradients are "
