@@ -4,7 +4,7 @@ gloo), or the whole batch in one process when WORLD is 1.
     dist_worker.py RANK WORLD INIT_FILE VOLUME STEPS OUT [--resume] [--kill-after N]
                    [--save-state FILE] [--load-state FILE] [--emulate-device]
                    [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
-                   [--odd-rank R]
+                   [--odd-rank R] [--take ORDER]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -19,10 +19,14 @@ passed to the optimizer as process_group (the sharded path at one rank).
 --dynamic-loss-scale: the SDK's loss scaler (the loss multiplied by opt.loss_scale).
 --inf-at STEP: the last rank's gradient holds an inf at that step (a rank's overflow).
 --odd-rank R: rank R builds a model of another size (a user's mistake).
+--take reversed|shuffled: each gradient goes into its bucket after backward, as the
+post-accumulate-grad hooks of offload_gradients=True do during it (torch 1.13 has none),
+the last parameter first or in an order of each rank's own (seeded by rank and step).
 Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
 import os
+import random
 import signal
 
 import torch
@@ -30,6 +34,7 @@ import torch.distributed as dist
 
 import gpt
 import memascend.torch as mt
+import memascend.torch.buckets as mtb
 import memascend.torch.distributed as mtd
 
 GLOBAL_BATCH = 4
@@ -53,11 +58,12 @@ def main():
     ap.add_argument("--dynamic-loss-scale", action="store_true")
     ap.add_argument("--inf-at", type=int, default=-1)
     ap.add_argument("--odd-rank", type=int, default=-1)
+    ap.add_argument("--take", choices=["", "reversed", "shuffled"], default="")
     a = ap.parse_args()
     torch.set_num_threads(1)
     mtd.EMULATE_DEVICE = a.emulate_device
     if a.bucket_bytes:
-        mtd.BUCKET_BYTES = a.bucket_bytes
+        mtb.BUCKET_BYTES = a.bucket_bytes
     distributed = a.world > 1 or a.group
     if distributed:
         dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,
@@ -71,7 +77,7 @@ def main():
                             process_group=dist.group.WORLD if a.group else None,
                             dynamic_loss_scale=a.dynamic_loss_scale)
     print("owned", sum(e - b for k, b, e in opt._shards if k is not None), flush=True)
-    print("buckets", len(opt._buckets) if opt._sharded else 0, flush=True)
+    print("buckets", len(opt._grads.buckets) if opt._sharded else 0, flush=True)
     first = opt.resumed_step or 0
     if a.load_state:
         saved = torch.load(a.load_state)
@@ -87,6 +93,13 @@ def main():
         (loss * opt.loss_scale if a.dynamic_loss_scale else loss).backward()
         if step == a.inf_at and a.rank == a.world - 1:
             next(model.parameters()).grad.view(-1)[7] = float("inf")
+        if a.take:
+            order = list(reversed(range(len(opt._params))))
+            if a.take == "shuffled":
+                random.Random(a.rank * 1000 + step).shuffle(order)
+            for i in order:
+                opt._grads.take_from(i, opt._params[i])  # what the hook does
+            assert all(p.grad is None for p in model.parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()

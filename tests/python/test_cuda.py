@@ -264,20 +264,22 @@ torch.use_deterministic_algorithms(True)  # two runs of the same steps: the same
 import gpt, memascend.torch as mt
 vol, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 group = None
-if mode == "nccl":
+if mode.startswith("nccl"):
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method="file://" + vol + ".init", rank=0,
                             world_size=1)
     group = dist.group.WORLD
 model = gpt.make(seed=0).cuda().to(torch.bfloat16)
 opt = mt.OffloadedAdamW(model.parameters(), lr=1e-3, volume=vol, host_budget=1 << 20,
-                        part_elements=1 << 18, max_grad_norm=1.0, process_group=group)
+                        part_elements=1 << 18, max_grad_norm=1.0, process_group=group,
+                        offload_gradients=True if mode == "nccl-hooks" else None)
 pinned = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
 losses = []
 for step in range(steps):
     x, y = (t.cuda() for t in gpt.batch(step))
     loss = model(x, y)
     loss.backward()
+    freed = all(p.grad is None for p in model.parameters())
     opt.step()
     opt.zero_grad(set_to_none=True)
     losses.append(float(loss))
@@ -287,7 +289,7 @@ after = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats
 stats = opt.stats()
 print(json.dumps({"losses": losses, "grad_norm": opt.last_step["grad_norm"],
                   "comm_bytes": getattr(opt, "comm_bytes", 0),
-                  "sharded": opt._sharded,
+                  "sharded": opt._sharded, "freed": freed,
                   "from_device": stats["device_gradients"]["bytes_from_device"],
                   "pinned_allocs": [pinned.get("num_host_alloc_calls", 0),
                                     after.get("num_host_alloc_calls", 0)],
@@ -298,14 +300,15 @@ if group is not None:
 """
 
 
-@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_nccl_available()),
+@pytest.mark.skipif(not (torch.distributed.is_available()
+                         and torch.distributed.is_nccl_available()),
                     reason="this PyTorch has no NCCL")
 def test_the_sharded_path_over_nccl_trains_as_one_process(tmp_path):
     """One GPU, torch.distributed over NCCL at world size 1 with the group passed: the
-    sharded path (gradients reduce-scattered on the GPU, the rank's shard out by the device
-    path, the parameters all-gathered on the GPU) gives the losses and parameters of the
-    same run without torch.distributed, bit for bit, and stages nothing through torch's
-    pinned cache after the first step."""
+    sharded path (gradients reduce-scattered on the GPU, at step() or during backward, the
+    rank's shard out by the device path, the parameters all-gathered on the GPU) gives the
+    losses and parameters of the same run without torch.distributed, bit for bit, and
+    stages nothing through torch's pinned cache after the first step."""
     import json
     import os
     import subprocess
@@ -319,9 +322,14 @@ def test_the_sharded_path_over_nccl_trains_as_one_process(tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         return json.loads(p.stdout.splitlines()[-1])
 
-    alone, nccl = run("alone.vol", "alone"), run("nccl.vol", "nccl")
-    assert not alone["sharded"] and nccl["sharded"]
-    assert nccl["losses"] == alone["losses"]
-    assert nccl["grad_norm"] == alone["grad_norm"] and nccl["params"] == alone["params"]
-    assert nccl["comm_bytes"] > 0 and nccl["from_device"] > 0
-    assert nccl["pinned_allocs"][1] == nccl["pinned_allocs"][0]
+    alone = run("alone.vol", "alone")
+    assert not alone["sharded"] and not alone["freed"]
+    # At step(), and during backward (offload_gradients: buckets reduce-scattered from
+    # the hooks, p.grad freed).
+    for mode in ("nccl", "nccl-hooks"):
+        nccl = run(f"{mode}.vol", mode)
+        assert nccl["sharded"] and nccl["freed"] == (mode == "nccl-hooks")
+        assert nccl["losses"] == alone["losses"], mode
+        assert nccl["grad_norm"] == alone["grad_norm"] and nccl["params"] == alone["params"]
+        assert nccl["comm_bytes"] > 0 and nccl["from_device"] > 0
+        assert nccl["pinned_allocs"][1] == nccl["pinned_allocs"][0]

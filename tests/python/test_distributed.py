@@ -152,6 +152,15 @@ def test_the_device_paths_carry_the_shards_as_host_memory_does(tmp_path):
     assert params["bytes_to_device"] == grads["bytes_from_device"]  # fp32: the same shard
     assert "device_gradients" not in host["stats"]
     assert small["comm_bytes"] > device["comm_bytes"] * 0.99  # the same bytes, more calls
+    # Gradients into their buckets as backward's hooks put them (offload_gradients), the
+    # last parameter first or in another order on each rank: the collectives still match
+    # (each bucket is launched in one order on every rank), with the same results.
+    for order in ("reversed", "shuffled"):
+        taken, _ = run(f"take-{order}", 2, "--emulate-device", "--bucket-bytes", "4096",
+                       "--take", order)
+        assert taken["losses"] == host["losses"], order
+        for p, q in zip(host["params"], taken["params"]):
+            assert torch.equal(p, q)
     # One rank through the sharded path (gloo at world 1, the group passed): one process's
     # run, bit for bit (the same gradients, the same norm, the same updates).
     one, _ = run("one", 1)

@@ -20,12 +20,8 @@ import weakref
 import torch
 
 from memascend import _core, errors
+from memascend.torch import buckets as _buckets
 from memascend.torch._common import dtype_name, offloaded
-
-# fp32 gradient bytes (every rank's share together) reduced by one collective; a larger
-# parameter is a bucket of its own. A bucket and its gather are the step's transient memory
-# (on the CPU, host memory: kept as small as a collective's latency allows).
-BUCKET_BYTES = 16 << 20
 
 # Tests only: the device paths over host memory, for parameters on the CPU (set before
 # the optimizer is made).
@@ -79,57 +75,6 @@ def check_same_model(opt):
             "the ranks' optimizers hold different parameters ([tensors, elements, checksum "
             f"of shapes and dtype] by rank: {every}); every rank must build the same model "
             "and pass the same parameters in the same order")
-
-
-def plan_buckets(opt):
-    """[(columns, [(parameter, column, chunk)])]: the parameters in order, a bucket being a
-    (world, columns) matrix whose row r holds rank r's shards of its parameters side by
-    side (parameter i's chunk of ceil(n / world) elements at its column)."""
-    limit = max(1, BUCKET_BYTES // (4 * opt._world))
-    buckets, members, columns = [], [], 0
-    for i, n in enumerate(opt._numels):
-        chunk = -(-n // opt._world)
-        if members and columns + chunk > limit:
-            buckets.append((columns, members))
-            members, columns = [], 0
-        members.append((i, columns, chunk))
-        columns += chunk
-    if members:
-        buckets.append((columns, members))
-    return buckets
-
-
-def _place(matrix, column, chunk, flat):
-    """A parameter's flat values into its columns of a bucket, chunk by chunk (row r: rank
-    r's shard); converted to the bucket's dtype and device by the copy."""
-    rows, rest = divmod(flat.numel(), chunk)
-    if rows:
-        matrix[:rows, column:column + chunk].copy_(flat[:rows * chunk].view(rows, chunk))
-    if rest:
-        matrix[rows, column:column + rest].copy_(flat[rows * chunk:])
-
-
-def _reduce_scatter(opt, matrix):
-    """This rank's row of the bucket summed over the ranks."""
-    import torch.distributed as dist
-    opt.comm_bytes += matrix.numel() * matrix.element_size()
-    if opt._nccl:
-        row = torch.empty(matrix.shape[1], dtype=matrix.dtype, device=matrix.device)
-        dist.reduce_scatter_tensor(row, matrix.view(-1), op=dist.ReduceOp.SUM, group=opt._pg)
-        return row
-    dist.all_reduce(matrix, op=dist.ReduceOp.SUM, group=opt._pg)  # gloo has no reduce-scatter
-    return matrix[opt._rank]
-
-
-def _all_gather(opt, matrix):
-    """Every rank's row of the bucket from its owner (this rank's is filled)."""
-    import torch.distributed as dist
-    row = matrix[opt._rank]
-    opt.comm_bytes += row.numel() * row.element_size()
-    if opt._nccl:
-        dist.all_gather_into_tensor(matrix.view(-1), row, group=opt._pg)
-    else:
-        dist.all_gather(list(matrix.unbind(0)), row.clone(), group=opt._pg)
 
 
 def gradient_check(opt):
@@ -299,7 +244,7 @@ def gather(opt, i, mine, dtype=None):
     chunk = -(-n // opt._world)
     matrix = torch.zeros(opt._world, chunk, dtype=torch.float32, device=opt._comm_device)
     matrix[opt._rank, :mine.numel()].copy_(mine.reshape(-1))
-    _all_gather(opt, matrix)
+    _buckets.all_gather(opt, matrix)
     return matrix.view(-1)[:n].to(device="cpu", dtype=opt._dtype if dtype is None else dtype)
 
 
@@ -307,14 +252,14 @@ def _parameters_in(opt, update):
     """Every parameter, whole, from the ranks' shards: each rank's (updated first, if
     `update`) into its row of a bucket, the bucket all-gathered, then into the parameters."""
     io = opt._shard_io
-    for columns, members in opt._buckets:
+    for columns, members in opt._grads.buckets:
         matrix = torch.empty(opt._world, columns, dtype=io.wire, device=opt._comm_device)
         row = matrix[opt._rank]
         for i, column, _ in members:
             k, begin, end = opt._shards[i]
             if k is not None:
                 io.parameters(k, row[column:column + end - begin], update)
-        _all_gather(opt, matrix)
+        _buckets.all_gather(opt, matrix)
         for i, column, chunk in members:
             whole = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
             opt._params[i].data.copy_(whole.view(opt._shapes[i]))
@@ -327,28 +272,10 @@ def load_into_parameters(opt):
 
 
 def step_sharded(opt):
-    """Note [sharded state]: reduce-scatter, check, clip, update the shard, gather."""
+    """Note [sharded state]: reduce-scatter (what backward's hooks have not), check, clip,
+    update the shard, gather."""
     core = opt._core
-    # This rank's last commit durable before the collectives: no rank completes step
-    # s + 1 before every rank's step s is durable, so after a crash the ranks' volumes
-    # are at most a step apart and the ranks ahead can go back (Note [previous commit]).
-    core.settle()
-    io = opt._shard_io
-    core.begin_backward(0.0)
-    try:
-        for columns, members in opt._buckets:
-            matrix = torch.zeros(opt._world, columns, dtype=torch.float32,
-                                 device=opt._comm_device)
-            for i, column, chunk in members:
-                _place(matrix, column, chunk, opt._grad(i, opt._params[i]).reshape(-1))
-            row = _reduce_scatter(opt, matrix).div_(opt._world)
-            for i, column, _ in members:
-                k, begin, end = opt._shards[i]
-                if k is not None:
-                    io.gradient(k, row[column:column + end - begin])
-            del matrix, row  # the next bucket's in their place, not beside them
-    finally:
-        io.finish()
+    opt._grads.finish()
     opt._apply_group_options()
     # The SDK's overflow check and norm, summed over the ranks (gradient_check): every
     # rank skips and clips alike.

@@ -43,7 +43,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
       offload_gradients: with parameters on a GPU, send each gradient to the store as
         soon as backward has made it and free it on the GPU (``p.grad`` is then None
         after backward: clip with ``max_grad_norm``, not on ``p.grad``). Default: on under
-        offload_parameters(), else off (the gradients go out at ``step()``).
+        offload_parameters(), else off (the gradients go out at ``step()``). Under
+        torch.distributed (on a GPU or the CPU, torch >= 2.1): each gradient goes into its
+        bucket and the bucket is reduce-scattered during backward.
       commit_every: make every N-th step durable (default 1: each one). The steps between
         stay in memory: a crash resumes at the last durable one (``resumed_step``, at most
         N-1 steps back); settle() and close() make every step durable. A new volume is
@@ -60,6 +62,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None,
                  commit_every=1):
         self._core = self._store = self._volume = self._cuda = self._shard_io = None
+        self._grads = None  # under torch.distributed: the gradients' buckets
         self._own_volume, self._offloads = False, []  # offload_parameters() over it
         if not lr >= 0.0:
             raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
@@ -127,10 +130,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if self._sharded:
             _dist.check_backend(self)
             _dist.check_same_model(self)
-            if cuda and offload_gradients:
-                raise errors.UnimplementedError(
-                    "offload_gradients under torch.distributed: the gradients are "
-                    "reduce-scattered at step(), and each rank sends only its shard to its store")
         self._shards = []  # per parameter: (its group in the SDK's layout or None, begin, end)
         layout = []
         for i, n in enumerate(self._numels):
@@ -194,10 +193,14 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self._dynamic = bool(dynamic_loss_scale)
             if cuda:
                 from memascend.torch.cuda import OptimizerCuda
-                self._cuda = OptimizerCuda(self, self._device, offload_gradients)
-            if self._sharded:
-                self._buckets = _dist.plan_buckets(self)
+                self._cuda = OptimizerCuda(self, self._device,
+                                           False if self._sharded else offload_gradients)
+            if self._sharded:  # memascend/torch/buckets.py: offload_gradients hooks backward
+                from memascend.torch.buckets import GradientBuckets
                 self._shard_io = _dist.shard_io(self)
+                self._grads = GradientBuckets(self)
+                if offload_gradients:
+                    self._grads.hook()
             record = self._core.resume()
             if self._sharded and resume:
                 record = _dist.agree_on_resume(self, record)
@@ -279,7 +282,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 self._finish_update()
             except errors.Error as e:
                 first = e
-        for name in ("_shard_io", "_cuda"):  # before the optimizer they use
+        for name in ("_grads", "_shard_io", "_cuda"):  # before the optimizer they use
             obj = getattr(self, name, None)
             if obj is not None:
                 setattr(self, name, None)
