@@ -270,13 +270,19 @@ std::function<absl::StatusOr<GradientCheck>(const GradientCheck&)> ReduceThrough
       }
       return GradientCheck{r[0].cast<bool>(), r[1].cast<double>()};
     } catch (py::error_already_set& e) {
+      // Ctrl-C in a stuck collective: kCancelled (CancelledError), not an internal error.
+      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit))
+        return absl::CancelledError(std::string("the ranks' gradient check: ") + e.what());
       absl::StatusCode code = absl::StatusCode::kInternal;
       if (py::hasattr(e.value(), "code")) {
-        const int c = py::int_(e.value().attr("code"));
-        if (c > 0 && c <= 16) code = static_cast<absl::StatusCode>(c);
+        const py::object c = e.value().attr("code");
+        if (py::isinstance<py::int_>(c)) {  // a memascend error's StatusCode
+          const long v = c.cast<long>();
+          if (v > 0 && v <= 16) code = static_cast<absl::StatusCode>(v);
+        }
       }
       return absl::Status(code, std::string("the ranks' gradient check: ") + e.what());
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // a result that is not (bool, float)
       return absl::InternalError(std::string("reduce_gradient_check's result: ") + e.what());
     }
   };

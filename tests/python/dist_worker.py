@@ -4,7 +4,7 @@ gloo), or the whole batch in one process when WORLD is 1.
     dist_worker.py RANK WORLD INIT_FILE VOLUME STEPS OUT [--resume] [--kill-after N]
                    [--save-state FILE] [--load-state FILE] [--emulate-device]
                    [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
-                   [--odd-rank R] [--take ORDER]
+                   [--odd-rank R] [--odd-seed R] [--take ORDER]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -19,6 +19,7 @@ passed to the optimizer as process_group (the sharded path at one rank).
 --dynamic-loss-scale: the SDK's loss scaler (the loss multiplied by opt.loss_scale).
 --inf-at STEP: the last rank's gradient holds an inf at that step (a rank's overflow).
 --odd-rank R: rank R builds a model of another size (a user's mistake).
+--odd-seed R: rank R builds the model from another seed (rank 0's values are taken).
 --take reversed|shuffled: each gradient goes into its bucket after backward, as the
 post-accumulate-grad hooks of offload_gradients=True do during it (torch 1.13 has none),
 the last parameter first or in an order of each rank's own (seeded by rank and step).
@@ -58,6 +59,7 @@ def main():
     ap.add_argument("--dynamic-loss-scale", action="store_true")
     ap.add_argument("--inf-at", type=int, default=-1)
     ap.add_argument("--odd-rank", type=int, default=-1)
+    ap.add_argument("--odd-seed", type=int, default=-1)
     ap.add_argument("--take", choices=["", "reversed", "shuffled"], default="")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -68,7 +70,8 @@ def main():
     if distributed:
         dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,
                                 world_size=a.world)
-    model = gpt.make(seed=0, layers=3 if a.rank == a.odd_rank else 2)
+    model = gpt.make(seed=1 if a.rank == a.odd_seed else 0,
+                     layers=3 if a.rank == a.odd_rank else 2)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = mt.OffloadedAdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],

@@ -152,6 +152,9 @@ def test_the_device_paths_carry_the_shards_as_host_memory_does(tmp_path):
     assert params["bytes_to_device"] == grads["bytes_from_device"]  # fp32: the same shard
     assert "device_gradients" not in host["stats"]
     assert small["comm_bytes"] > device["comm_bytes"] * 0.99  # the same bytes, more calls
+    # A rank whose model came from another seed starts from rank 0's values, as under DDP.
+    odd, _ = run("odd", 2, "--odd-seed", "1")
+    assert odd["losses"] == host["losses"]
     # Gradients into their buckets as backward's hooks put them (offload_gradients), the
     # last parameter first or in another order on each rank: the collectives still match
     # (each bucket is launched in one order on every rank), with the same results.
@@ -215,6 +218,24 @@ def test_the_ranks_gradient_check_is_summed_through_the_callable(tmp_path):
             a.end_backward(1.0)
         a.close()
         store.close()
+        # Not a memascend error (a code that is no StatusCode): an internal error; Ctrl-C
+        # in a stuck collective: cancelled.
+        class Reset(OSError):
+            code = "ECONNRESET"
+
+        def interrupted(o, s):
+            raise KeyboardInterrupt
+
+        for raising, expected in (((lambda o, s: (_ for _ in ()).throw(Reset("reset"))),
+                                   errors.InternalError),
+                                  (interrupted, errors.CancelledError)):
+            store, a = adam(vol, raising)
+            a.begin_backward(0.0)
+            a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
+            with pytest.raises(expected):
+                a.end_backward(1.0)
+            a.close()
+            store.close()
         store, a = adam(vol, lambda o, s: (o,))
         a.begin_backward(0.0)
         a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
@@ -244,7 +265,7 @@ def test_one_ranks_overflow_skips_every_ranks_step(tmp_path):
         assert sorted(losses) == list(range(1, 7)) and all(v == v for v in losses.values())
 
 
-def test_ranks_with_different_models_are_refused_before_any_collective_of_theirs(tmp_path):
+def test_ranks_that_disagree_at_construction_all_refuse(tmp_path):
     """A rank that built another model (here a layer more) would enter collectives of
     other sizes: every rank refuses at construction, naming what each holds, and no
     volume is made."""
@@ -254,3 +275,16 @@ def test_ranks_with_different_models_are_refused_before_any_collective_of_theirs
         assert rc != 0
         assert "InvalidArgumentError" in err and "hold different parameters" in err, err
     assert not any(p.name.endswith(".vol") for p in tmp_path.iterdir())
+    # One rank's volume holds a state, the other's none (a volume lost, or a rank that got
+    # another path): every rank refuses, none waits for the others in a collective, and
+    # the state is kept.
+    first = launch(tmp_path, 2, 2, str(tmp_path / "h.{rank}.vol"), tmp_path / "h.pt")
+    assert all(rc == 0 for _, _, rc in first), first
+    os.remove(tmp_path / "h.0.vol")
+    kept = (tmp_path / "h.1.vol").read_bytes()
+    again = launch(tmp_path, 2, 4, str(tmp_path / "h.{rank}.vol"), tmp_path / "h2.pt")
+    assert all(rc != 0 for _, _, rc in again), again
+    assert "the volumes of ranks [1] hold this model's training state" in again[0][1]
+    assert "holds this model's training state at step 2" in again[1][1]
+    assert "resume=True" in again[0][1] and "overwrite=True" in again[1][1]
+    assert (tmp_path / "h.1.vol").read_bytes() == kept

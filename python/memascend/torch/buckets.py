@@ -177,9 +177,15 @@ class GradientBuckets:
                     self.take(i, None if p.grad is None else opt._grad(i, p))
             while self.inflight:
                 self._send(*self.inflight.pop(0))
-        finally:
-            opt._shard_io.finish()
+        except BaseException:
+            try:  # the copies queued are waited for; the first error is the one raised
+                opt._shard_io.finish()
+            except errors.Error:
+                pass
             self._reset()
+            raise
+        opt._shard_io.finish()
+        self._reset()
 
     def close(self):
         for h in self.hooks:

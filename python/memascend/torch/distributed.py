@@ -189,6 +189,34 @@ def shard_io(opt):
     return HostShards(opt)
 
 
+def ranks_where(opt, flag):
+    """The ranks for which `flag` holds (a collective: every rank passes its own)."""
+    import torch.distributed as dist
+    mine = torch.tensor([1 if flag else 0], dtype=torch.int64, device=opt._comm_device)
+    every = [torch.zeros_like(mine) for _ in range(opt._world)]
+    dist.all_gather(every, mine, group=opt._pg)
+    return [r for r, t in enumerate(every) if int(t)]
+
+
+def broadcast_parameters(opt):
+    """Rank 0's parameters into every rank's (a fresh start: each rank's master weights
+    come from its shard of them, as DDP starts every replica from rank 0's)."""
+    import torch.distributed as dist
+    src = 0
+    if opt._pg is not None:
+        find = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+        src = find(opt._pg, 0)
+    for p in opt._params:
+        t = p.data
+        wire = t
+        if not t.is_contiguous() or (not opt._nccl and t.dtype == torch.bfloat16):
+            wire = t.to(torch.float32 if t.dtype == torch.bfloat16 else t.dtype).contiguous()
+        dist.broadcast(wire, src=src, group=opt._pg)
+        opt.comm_bytes += wire.numel() * wire.element_size() if opt._rank == 0 else 0
+        if wire is not t:
+            t.copy_(wire)
+
+
 def agree_on_resume(opt, record):
     """The step every rank's volume holds (memascend Note [previous commit]): a rank
     killed between its commit and the others' leaves them a step apart; the ranks ahead
@@ -287,4 +315,4 @@ def step_sharded(opt):
         _parameters_in(opt, update=True)
     core.commit(opt._step_count)
     opt.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
-                     "loss_scale": 1.0}
+                     "loss_scale": plan["loss_scale"]}

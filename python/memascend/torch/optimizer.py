@@ -138,9 +138,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self._shards.append((len(layout) if end > begin else None, begin, end))
             if end > begin:
                 layout.append((f"p{i}", end - begin))
-        if not layout:
+        last = self._world - 1  # the rank that owns least: refused alike on every rank
+        if not any(last * -(-n // self._world) < n for n in self._numels):
             raise errors.InvalidArgumentError(
-                f"rank {self._rank} of {self._world} owns no parameter element: fewer ranks")
+                f"rank {last} of {self._world} owns no parameter element: fewer ranks")
         self._max_grad_norm = float(max_grad_norm)
         self.comm_bytes = 0  # bytes this rank sent into collectives, all steps together
         self._part_elements = int(part_elements)
@@ -204,11 +205,15 @@ class OffloadedAdamW(torch.optim.Optimizer):
             record = self._core.resume()
             if self._sharded and resume:
                 record = _dist.agree_on_resume(self, record)
-            if record is not None and not (resume or overwrite):
+            held = record is not None and not (resume or overwrite)
+            others = _dist.ranks_where(self, held) if self._sharded else []
+            if held or others:  # every rank refuses, or none (the others would wait)
                 raise errors.FailedPreconditionError(
-                    f"volume {self._volume.path} holds this model's training state at step "
-                    f"{record['step']}; pass resume=True to continue it, or overwrite=True to "
-                    "start over (its state is then lost)")
+                    (f"volume {self._volume.path} holds this model's training state at step "
+                     f"{record['step']}" if held else
+                     f"the volumes of ranks {others} hold this model's training state") +
+                    "; pass resume=True to continue it, or overwrite=True to start over (its "
+                    "state is then lost)")
             if record is not None and resume:
                 self._step_count = int(record["step"])
                 self.resumed_step = self._step_count
@@ -228,6 +233,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
 
     def _initialize(self):
         with torch.no_grad():
+            if self._sharded:  # every rank starts from rank 0's parameters, as under DDP
+                _dist.broadcast_parameters(self)
             for i, p in enumerate(self._params):
                 k, begin, end = self._shards[i]
                 if k is None:
