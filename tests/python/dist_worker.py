@@ -4,7 +4,7 @@ gloo), or the whole batch in one process when WORLD is 1.
     dist_worker.py RANK WORLD INIT_FILE VOLUME STEPS OUT [--resume] [--kill-after N]
                    [--save-state FILE] [--load-state FILE] [--emulate-device]
                    [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
-                   [--odd-rank R] [--odd-seed R] [--take ORDER]
+                   [--odd-rank R] [--odd-seed R] [--take ORDER] [--unused I]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -22,7 +22,10 @@ passed to the optimizer as process_group (the sharded path at one rank).
 --odd-seed R: rank R builds the model from another seed (rank 0's values are taken).
 --take reversed|shuffled: each gradient goes into its bucket after backward, as the
 post-accumulate-grad hooks of offload_gradients=True do during it (torch 1.13 has none),
-the last parameter first or in an order of each rank's own (seeded by rank and step).
+the last parameter first or in an order of each rank's own (seeded by rank and step);
+then, as backward's end does, the parameters not reached are taken as zeros, and the
+caller all-reduces a tensor of its own before step(). --unused I: the last rank's backward
+does not reach parameter I (a branch it did not take).
 Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
@@ -61,6 +64,7 @@ def main():
     ap.add_argument("--odd-rank", type=int, default=-1)
     ap.add_argument("--odd-seed", type=int, default=-1)
     ap.add_argument("--take", choices=["", "reversed", "shuffled"], default="")
+    ap.add_argument("--unused", type=int, default=-1)
     a = ap.parse_args()
     torch.set_num_threads(1)
     mtd.EMULATE_DEVICE = a.emulate_device
@@ -100,9 +104,14 @@ def main():
             order = list(reversed(range(len(opt._params))))
             if a.take == "shuffled":
                 random.Random(a.rank * 1000 + step).shuffle(order)
+            if a.rank == a.world - 1 and a.unused >= 0:  # backward never reached it here
+                order.remove(a.unused)
+                opt._params[a.unused].grad = None
             for i in order:
                 opt._grads.take_from(i, opt._params[i])  # what the hook does
+            opt._grads._end_of_backward()  # what the callback the first hook queued does
             assert all(p.grad is None for p in model.parameters())
+            dist.all_reduce(torch.ones(1))  # a collective of the caller's before step()
         opt.step()
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()

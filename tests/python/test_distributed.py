@@ -164,6 +164,15 @@ def test_the_device_paths_carry_the_shards_as_host_memory_does(tmp_path):
         assert taken["losses"] == host["losses"], order
         for p, q in zip(host["params"], taken["params"]):
             assert torch.equal(p, q)
+    # A parameter the last rank's backward never reached (taken as zeros when its backward
+    # ends): every bucket launched before the caller's own collective, on both ranks, and
+    # the ranks' models stay alike.
+    res = launch(tmp_path, 2, 4, str(tmp_path / "unused.{rank}.vol"), tmp_path / "unused.pt",
+                 ["--emulate-device", "--bucket-bytes", "4096", "--take", "shuffled",
+                  "--unused", "0"])
+    assert all(rc == 0 for _, _, rc in res), res
+    ends = [out.split("end ")[1].split() for out, _, _ in res]
+    assert ends[0] == ends[1]
     # One rank through the sharded path (gloo at world 1, the group passed): one process's
     # run, bit for bit (the same gradients, the same norm, the same updates).
     one, _ = run("one", 1)
@@ -288,3 +297,14 @@ def test_ranks_that_disagree_at_construction_all_refuse(tmp_path):
     assert "holds this model's training state at step 2" in again[1][1]
     assert "resume=True" in again[0][1] and "overwrite=True" in again[1][1]
     assert (tmp_path / "h.1.vol").read_bytes() == kept
+    # Asked to resume: refused on every rank too (a rank has no state), nothing written.
+    again = launch(tmp_path, 2, 4, str(tmp_path / "h.{rank}.vol"), tmp_path / "h2.pt",
+                   ["--resume"])
+    assert all(rc != 0 and "a rank has no state" in err for _, err, rc in again), again
+    assert (tmp_path / "h.1.vol").read_bytes() == kept
+    # A rank that cannot open its volume (here: a directory in its place) stops with its
+    # error, and the other rank with one naming it, rather than wait for it.
+    os.mkdir(tmp_path / "d.1.vol")
+    bad = launch(tmp_path, 2, 2, str(tmp_path / "d.{rank}.vol"), tmp_path / "d.pt")
+    assert all(rc != 0 for _, _, rc in bad), bad
+    assert "rank(s) [1] could not open their state" in bad[0][1], bad[0][1]

@@ -14,6 +14,8 @@ the ranks' collectives match whatever order their gradients arrive in. A collect
 asynchronously; its result is sent to the store when the next bucket is launched, or at
 ``step()``, so the backward pass keeps computing meanwhile.
 """
+import weakref
+
 import torch
 
 from memascend import errors
@@ -90,30 +92,55 @@ class GradientBuckets:
 
     def _reset(self):
         self.matrices = {}   # bucket -> its matrix, while gradients come in
+        self.placed = {}     # bucket -> CUDA events of the copies into its matrix
         self.taken = set()   # parameters whose gradient is in a bucket this step
         self.missing = [len(members) for _, members in self.buckets]
         self.next = len(self.buckets) - 1  # the next bucket to launch
         self.inflight = []   # (bucket, work, row): launched, not yet sent
         self.begun = False
 
-    def hook(self):
-        """Each gradient into its bucket as soon as backward has accumulated it, and
-        ``p.grad`` freed (torch >= 2.1)."""
+    @staticmethod
+    def require_hooks():
         if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
             raise errors.UnimplementedError(
                 f"offload_gradients needs torch >= 2.1 (post-accumulate-grad hooks); this is "
                 f"{torch.__version__}")
+
+    def hook(self):
+        """Each gradient into its bucket as soon as backward has accumulated it, and
+        ``p.grad`` freed (torch >= 2.1). The hooks hold this object weakly: an optimizer
+        let go of (or closed) takes no gradient."""
+        self.require_hooks()
+        ref = weakref.ref(self)
+
+        def on_gradient(p, i):
+            me = ref()
+            if me is not None and me.opt._core is not None:
+                me.take_from(i, p)
         for i, p in enumerate(self.opt._params):
             self.hooks.append(p.register_post_accumulate_grad_hook(
-                lambda p, i=i: self.take_from(i, p)))
+                lambda p, i=i: on_gradient(p, i)))
 
     def take_from(self, i, p):
-        """A hook's work: parameter i's gradient into its bucket, ``p.grad`` freed."""
+        """A hook's work: parameter i's gradient into its bucket, ``p.grad`` freed; at the
+        first of a backward pass, the rest are taken (as zeros) when the pass ends."""
         g = p.grad
         if g is None:
             return
+        if not self.begun and self.hooks:
+            # Parameters backward never reaches (unused in this step, on this rank) are
+            # taken at its end, so that every bucket is launched before backward returns
+            # on every rank: a collective of the caller's between backward and step()
+            # then meets no bucket of another rank's (as DDP's unused parameters).
+            engine = torch.autograd.Variable._execution_engine
+            engine.queue_callback(self._end_of_backward)
         self.take(i, self.opt._grad(i, p))
         p.grad = None
+
+    def _end_of_backward(self):
+        for i in reversed(range(len(self.opt._params))):
+            if i not in self.taken:
+                self.take(i, None)
 
     def take(self, i, g):
         """Parameter i's gradient (None: zeros) into its bucket; buckets now complete are
@@ -139,6 +166,10 @@ class GradientBuckets:
                     opt._world, self.buckets[b][0], dtype=torch.float32,
                     device=opt._comm_device)
             place(matrix, column, chunk, g.reshape(-1))
+            if matrix.is_cuda:  # placed on this thread's stream; launched maybe on another's
+                event = torch.cuda.Event()
+                event.record()
+                self.placed.setdefault(b, []).append(event)
         self.taken.add(i)
         self.missing[b] -= 1
         while self.next >= 0 and self.missing[self.next] == 0:
@@ -151,6 +182,8 @@ class GradientBuckets:
         if matrix is None:  # no gradient in it on this rank: zeros, as DDP reduces them
             matrix = torch.zeros(opt._world, self.buckets[b][0], dtype=torch.float32,
                                  device=opt._comm_device)
+        for event in self.placed.pop(b, []):
+            torch.cuda.current_stream(matrix.device).wait_event(event)
         work, row = reduce_scatter(opt, matrix)
         del matrix  # the collective holds it (torch records its use on NCCL's stream)
         while self.inflight:  # the earlier buckets' results out, this one's in flight

@@ -198,6 +198,17 @@ def ranks_where(opt, flag):
     return [r for r, t in enumerate(every) if int(t)]
 
 
+def agree_opened(opt, opened):
+    """Whether every rank opened its state (a collective): a rank that could not stops
+    with its own error; the others raise FailedPreconditionError naming it, rather than
+    wait for it in the next collective."""
+    failed = ranks_where(opt, not opened)
+    if opened and failed:
+        raise errors.FailedPreconditionError(
+            f"rank(s) {failed} could not open their state (their errors say why); every rank "
+            "stops")
+
+
 def broadcast_parameters(opt):
     """Rank 0's parameters into every rank's (a fresh start: each rank's master weights
     come from its shard of them, as DDP starts every replica from rank 0's)."""
@@ -229,10 +240,14 @@ def agree_on_resume(opt, record):
     dist.all_gather(steps, mine, group=opt._pg)
     steps = [int(t) for t in steps]
     common = min(steps)
+    if common < 0 and max(steps) >= 0:  # decided alike on every rank; nothing written
+        raise errors.FailedPreconditionError(
+            f"the ranks' volumes hold different steps ({steps}, -1: none): a rank has no "
+            "state; start over (overwrite=True)")
     failure = None
     if record is not None and int(record["step"]) > common:
         try:
-            record = None if common < 0 else opt._core.resume(at_most=common)
+            record = opt._core.resume(at_most=common)
         except errors.Error as e:
             failure = e
     ok = torch.tensor([0 if failure is None else 1], dtype=torch.int64, device=dev)
@@ -242,10 +257,6 @@ def agree_on_resume(opt, record):
             f"the ranks' volumes hold different steps ({steps}, -1: none) and not every "
             f"rank can go back to step {common}" + (f": {failure.message}" if failure
                                                     else " (another rank could not)"))
-    if common < 0 and record is not None:
-        raise errors.FailedPreconditionError(
-            f"the ranks' volumes hold different steps ({steps}, -1: none): a rank has no "
-            "state; start over (overwrite=True)")
     return record
 
 

@@ -10,6 +10,7 @@ from memascend.torch import state as _state
 from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, choose_budget,
                                      dense_grad, dtype_name, host, offloaded, refuse_frozen,
                                      whole)
+from memascend.torch.buckets import GradientBuckets
 
 
 class OffloadedAdamW(torch.optim.Optimizer):
@@ -153,17 +154,21 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._deferred, self._pending_update, self._next_update = False, False, 0
         # On a GPU the stored ones go there (and, sharded, through the device paths).
         store_parameters = True if cuda or (self._sharded and _dist.EMULATE_DEVICE) else None
-        need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt, self._part_elements,
-                                                store_parameters, self._sharded)
-        # A budget beyond every stored tensor (the state once; twice on a data-parallel rank)
-        # would be page-locked for nothing: capped there (never below what one part needs).
-        least = _core.OffloadedAdam.minimum_host_budget(max(n for _, n in layout),
-                                                        self._part_elements, self._dt, self._dt)
-        on_host = 0 if cuda else sum(n * p.element_size()
-                                     for n, p in zip(self._numels, self._params))
-        self.host_budget, self.host_budget_reason, self.host_budget_locked = choose_budget(
-            least, max(need, least), on_host, bool(cuda), host_budget)
+        opened = False
         try:
+            if self._sharded and offload_gradients:
+                GradientBuckets.require_hooks()
+            need = _core.OffloadedAdam.stored_bytes(layout, self._dt, self._dt,
+                                                    self._part_elements, store_parameters,
+                                                    self._sharded)
+            # A budget beyond every stored tensor (the state once; twice on a data-parallel
+            # rank) would be page-locked for nothing: capped there (never below one part).
+            least = _core.OffloadedAdam.minimum_host_budget(
+                max(n for _, n in layout), self._part_elements, self._dt, self._dt)
+            on_host = 0 if cuda else sum(n * p.element_size()
+                                         for n, p in zip(self._numels, self._params))
+            self.host_budget, self.host_budget_reason, self.host_budget_locked = choose_budget(
+                least, max(need, least), on_host, bool(cuda), host_budget)
             if isinstance(volume, (str, os.PathLike)):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
                 if volume_size is None:  # memascend Note [volume size]
@@ -197,12 +202,14 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 self._cuda = OptimizerCuda(self, self._device,
                                            False if self._sharded else offload_gradients)
             if self._sharded:  # memascend/torch/buckets.py: offload_gradients hooks backward
-                from memascend.torch.buckets import GradientBuckets
                 self._shard_io = _dist.shard_io(self)
                 self._grads = GradientBuckets(self)
                 if offload_gradients:
                     self._grads.hook()
             record = self._core.resume()
+            opened = True  # what may fail on one rank only is behind: agreed before any
+            if self._sharded:  # collective, every rank learning whether the others opened
+                _dist.agree_opened(self, True)
             if self._sharded and resume:
                 record = _dist.agree_on_resume(self, record)
             held = record is not None and not (resume or overwrite)
@@ -217,10 +224,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
             if record is not None and resume:
                 self._step_count = int(record["step"])
                 self.resumed_step = self._step_count
-                self._load_into_parameters()
+                _state.load_into_parameters(self)
             else:
-                self._initialize()
+                _state.initialize(self)
         except BaseException:
+            if self._sharded and not opened:
+                _dist.agree_opened(self, False)  # the others stop with this rank
             self.close()
             raise
         self._frozen = True
@@ -230,32 +239,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
     def _owned(self):
         """The parameters this rank holds a shard of, in the order of its layout."""
         return [i for i, (k, _, _) in enumerate(self._shards) if k is not None]
-
-    def _initialize(self):
-        with torch.no_grad():
-            if self._sharded:  # every rank starts from rank 0's parameters, as under DDP
-                _dist.broadcast_parameters(self)
-            for i, p in enumerate(self._params):
-                k, begin, end = self._shards[i]
-                if k is None:
-                    continue
-                h = host(p.detach()).reshape(-1)[begin:end].contiguous()
-                self._core.initialize(k, h.data_ptr(), h.numel(), self._dt)
-        self._core.commit(self._step_count)
-
-    def _load_into_parameters(self):
-        with torch.no_grad():
-            if self._sharded:
-                _dist.load_into_parameters(self)
-                return
-            for i, p in enumerate(self._params):
-                if offloaded(p):
-                    continue
-                if self._cuda is not None:
-                    self._cuda.copy_parameter(i, p)
-                    continue
-                self._write_parameter(i, p, lambda h: self._core.load_parameters(
-                    i, h.data_ptr(), h.numel(), self._dt))
 
     def _write_parameter(self, i, p, fill):
         """Runs fill(host tensor) to produce parameter i's values, in place in p (a CPU

@@ -1,6 +1,7 @@
 """OffloadedAdamW's state_dict in torch.optim.AdamW's format (plus 'master' for 16-bit
 parameters), loading one (of this optimizer or of torch.optim.AdamW), ``opt.state`` (the
-same entries, read per parameter) and ``repr(opt)``."""
+same entries, read per parameter), ``repr(opt)``, and the state's first values (a fresh
+start) or the parameters' from it (a resume)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
@@ -160,3 +161,34 @@ def reload_parameters(opt: OffloadedAdamW) -> None:
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), opt._dt)
             opt._core.write_state("param", k, h.data_ptr(), h.numel(), opt._dt)
     opt._core.commit(opt._step_count)
+
+
+def initialize(opt: OffloadedAdamW) -> None:
+    """A fresh start: each rank's shard of the parameters (rank 0's, under
+    torch.distributed, as DDP starts from) as the master weights; committed at step 0."""
+    with torch.no_grad():
+        if opt._sharded:
+            _dist.broadcast_parameters(opt)
+        for i, p in enumerate(opt._params):
+            k, begin, end = opt._shards[i]
+            if k is None:
+                continue
+            h = host(p.detach()).reshape(-1)[begin:end].contiguous()
+            opt._core.initialize(k, h.data_ptr(), h.numel(), opt._dt)
+    opt._core.commit(opt._step_count)
+
+
+def load_into_parameters(opt: OffloadedAdamW) -> None:
+    """After a resume: the parameters' values from the volume (offloaded ones stay there)."""
+    with torch.no_grad():
+        if opt._sharded:
+            _dist.load_into_parameters(opt)
+            return
+        for i, p in enumerate(opt._params):
+            if offloaded(p):
+                continue
+            if opt._cuda is not None:
+                opt._cuda.copy_parameter(i, p)
+                continue
+            opt._write_parameter(i, p, lambda h, i=i: opt._core.load_parameters(
+                i, h.data_ptr(), h.numel(), opt._dt))
