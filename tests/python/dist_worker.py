@@ -22,10 +22,9 @@ passed to the optimizer as process_group (the sharded path at one rank).
 --odd-seed R: rank R builds the model from another seed (rank 0's values are taken).
 --take reversed|shuffled: each gradient goes into its bucket after backward, as the
 post-accumulate-grad hooks of offload_gradients=True do during it (torch 1.13 has none),
-the last parameter first or in an order of each rank's own (seeded by rank and step);
-then, as backward's end does, the parameters not reached are taken as zeros, and the
-caller all-reduces a tensor of its own before step(). --unused I: the last rank's backward
-does not reach parameter I (a branch it did not take).
+the last parameter first or in an order of each rank's own (seeded by rank and step).
+--unused I: the last rank's backward does not reach parameter I (a branch it did not
+take): its buckets from there on go at step().
 Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
@@ -109,9 +108,7 @@ def main():
                 opt._params[a.unused].grad = None
             for i in order:
                 opt._grads.take_from(i, opt._params[i])  # what the hook does
-            opt._grads._end_of_backward()  # what the callback the first hook queued does
             assert all(p.grad is None for p in model.parameters())
-            dist.all_reduce(torch.ones(1))  # a collective of the caller's before step()
         opt.step()
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()

@@ -164,9 +164,9 @@ def test_the_device_paths_carry_the_shards_as_host_memory_does(tmp_path):
         assert taken["losses"] == host["losses"], order
         for p, q in zip(host["params"], taken["params"]):
             assert torch.equal(p, q)
-    # A parameter the last rank's backward never reached (taken as zeros when its backward
-    # ends): every bucket launched before the caller's own collective, on both ranks, and
-    # the ranks' models stay alike.
+    # A parameter the last rank's backward never reached (taken as zeros at step(), with
+    # the buckets before it; the other rank launched them during backward): the ranks'
+    # collectives still pair, and their models stay alike.
     res = launch(tmp_path, 2, 4, str(tmp_path / "unused.{rank}.vol"), tmp_path / "unused.pt",
                  ["--emulate-device", "--bucket-bytes", "4096", "--take", "shuffled",
                   "--unused", "0"])

@@ -12,7 +12,14 @@ in one fixed order on every rank, the last first (the backward pass's order): a 
 launched once its parameters are all in and every bucket after it has been launched, so
 the ranks' collectives match whatever order their gradients arrive in. A collective runs
 asynchronously; its result is sent to the store when the next bucket is launched, or at
-``step()``, so the backward pass keeps computing meanwhile.
+``step()``, so the backward pass keeps computing meanwhile. A parameter backward does not
+reach (unused in a step) holds its bucket, and the buckets before it, until ``step()``:
+on every rank alike where the ranks reach the same parameters; where they do not, a
+collective of the caller's between ``backward()`` and ``step()`` would meet another rank's
+bucket (as under DDP without ``find_unused_parameters``), which docs/python.md says.
+(Taking the missing ones at the end of backward, as DDP does, needs an engine callback
+that reentrant activation checkpointing ends early: a nested backward's end is not the
+pass's.)
 """
 import weakref
 
@@ -108,8 +115,9 @@ class GradientBuckets:
 
     def hook(self):
         """Each gradient into its bucket as soon as backward has accumulated it, and
-        ``p.grad`` freed (torch >= 2.1). The hooks hold this object weakly: an optimizer
-        let go of (or closed) takes no gradient."""
+        ``p.grad`` freed (torch >= 2.1). close() removes the hooks; they hold this object
+        weakly (an optimizer dropped without close() takes gradients until the garbage
+        collector frees it)."""
         self.require_hooks()
         ref = weakref.ref(self)
 
@@ -122,25 +130,12 @@ class GradientBuckets:
                 lambda p, i=i: on_gradient(p, i)))
 
     def take_from(self, i, p):
-        """A hook's work: parameter i's gradient into its bucket, ``p.grad`` freed; at the
-        first of a backward pass, the rest are taken (as zeros) when the pass ends."""
+        """A hook's work: parameter i's gradient into its bucket, ``p.grad`` freed."""
         g = p.grad
         if g is None:
             return
-        if not self.begun and self.hooks:
-            # Parameters backward never reaches (unused in this step, on this rank) are
-            # taken at its end, so that every bucket is launched before backward returns
-            # on every rank: a collective of the caller's between backward and step()
-            # then meets no bucket of another rank's (as DDP's unused parameters).
-            engine = torch.autograd.Variable._execution_engine
-            engine.queue_callback(self._end_of_backward)
         self.take(i, self.opt._grad(i, p))
         p.grad = None
-
-    def _end_of_backward(self):
-        for i in reversed(range(len(self.opt._params))):
-            if i not in self.taken:
-                self.take(i, None)
 
     def take(self, i, g):
         """Parameter i's gradient (None: zeros) into its bucket; buckets now complete are
@@ -168,7 +163,7 @@ class GradientBuckets:
             place(matrix, column, chunk, g.reshape(-1))
             if matrix.is_cuda:  # placed on this thread's stream; launched maybe on another's
                 event = torch.cuda.Event()
-                event.record()
+                event.record(torch.cuda.current_stream(matrix.device))
                 self.placed.setdefault(b, []).append(event)
         self.taken.add(i)
         self.missing[b] -= 1
@@ -192,6 +187,8 @@ class GradientBuckets:
 
     def _send(self, b, work, row):
         work.wait()  # on a GPU: torch's stream waits for the collective, the host does not
+        if row.is_cuda:  # allocated on the launching thread's stream, used on this one's
+            row.record_stream(torch.cuda.current_stream(row.device))
         row.div_(self.opt._world)
         for i, column, _ in self.buckets[b][1]:
             k, begin, end = self.opt._shards[i]

@@ -58,13 +58,14 @@ def check_backend(opt):
     opt._comm_device = opt._device if on_gpu else torch.device("cpu")
 
 
-def check_same_model(opt):
-    """Every rank's optimizer over the same parameters (their number, shapes and dtype),
-    or InvalidArgumentError on every rank: ranks that differ would enter collectives of
-    different sizes (a hang, or shards of one rank's tensor taken for another's)."""
+def check_same_model(opt, options):
+    """Every rank's optimizer over the same parameters (their number, shapes and dtype) and
+    with the same `options` (those that decide its collectives), or InvalidArgumentError
+    on every rank: ranks that differ would enter collectives of different sizes or order
+    (a hang, or shards of one rank's tensor taken for another's)."""
     import zlib
     import torch.distributed as dist
-    text = f"{opt._dtype}|" + ";".join("x".join(map(str, s)) for s in opt._shapes)
+    text = f"{opt._dtype}|{options}|" + ";".join("x".join(map(str, s)) for s in opt._shapes)
     mine = torch.tensor([len(opt._shapes), sum(opt._numels), zlib.crc32(text.encode())],
                         dtype=torch.int64, device=opt._comm_device)
     every = [torch.zeros_like(mine) for _ in range(opt._world)]
@@ -72,9 +73,10 @@ def check_same_model(opt):
     every = [t.tolist() for t in every]
     if any(e != every[0] for e in every):
         raise errors.InvalidArgumentError(
-            "the ranks' optimizers hold different parameters ([tensors, elements, checksum "
-            f"of shapes and dtype] by rank: {every}); every rank must build the same model "
-            "and pass the same parameters in the same order")
+            "the ranks' optimizers hold different parameters or options ([tensors, "
+            f"elements, checksum of shapes, dtype and options] by rank: {every}); every rank "
+            "must build the same model, pass the same parameters in the same order, and "
+            f"the same options (this rank's: {options})")
 
 
 def gradient_check(opt):

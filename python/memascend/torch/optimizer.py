@@ -130,7 +130,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._sharded = self._world > 1 or process_group is not None
         if self._sharded:
             _dist.check_backend(self)
-            _dist.check_same_model(self)
+            _dist.check_same_model(self, dict(resume=bool(resume), overwrite=bool(overwrite),
+                                              offload_gradients=offload_gradients,
+                                              commit_every=commit_every))
         self._shards = []  # per parameter: (its group in the SDK's layout or None, begin, end)
         layout = []
         for i, n in enumerate(self._numels):
@@ -229,7 +231,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 _state.initialize(self)
         except BaseException:
             if self._sharded and not opened:
-                _dist.agree_opened(self, False)  # the others stop with this rank
+                try:
+                    _dist.agree_opened(self, False)  # the others stop with this rank
+                except Exception:  # noqa: BLE001 - this rank's own error is the one to raise
+                    pass
             self.close()
             raise
         self._frozen = True

@@ -169,13 +169,21 @@ def initialize(opt: OffloadedAdamW) -> None:
     with torch.no_grad():
         if opt._sharded:
             _dist.broadcast_parameters(opt)
-        for i, p in enumerate(opt._params):
-            k, begin, end = opt._shards[i]
-            if k is None:
-                continue
-            h = host(p.detach()).reshape(-1)[begin:end].contiguous()
-            opt._core.initialize(k, h.data_ptr(), h.numel(), opt._dt)
-    opt._core.commit(opt._step_count)
+        failure = None
+        try:  # no collective in here: what fails on one rank is agreed below
+            for i, p in enumerate(opt._params):
+                k, begin, end = opt._shards[i]
+                if k is None:
+                    continue
+                h = host(p.detach()).reshape(-1)[begin:end].contiguous()
+                opt._core.initialize(k, h.data_ptr(), h.numel(), opt._dt)
+            opt._core.commit(opt._step_count)
+        except Exception as e:  # noqa: BLE001 - raised below, after the ranks agree
+            failure = e
+        if opt._sharded:
+            _dist.agree_opened(opt, failure is None)
+        if failure is not None:
+            raise failure
 
 
 def load_into_parameters(opt: OffloadedAdamW) -> None:
