@@ -217,41 +217,31 @@ def test_the_ranks_gradient_check_is_summed_through_the_callable(tmp_path):
             a.close()
             store.close()
 
-        def failing(o, s):
-            raise errors.UnavailableError("rank 3 is gone")
-        store, a = adam(vol, failing)
-        g = torch.zeros(1024)
-        a.begin_backward(0.0)
-        a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
-        with pytest.raises(errors.UnavailableError, match="rank 3 is gone"):
-            a.end_backward(1.0)
-        a.close()
-        store.close()
-        # Not a memascend error (a code that is no StatusCode): an internal error; Ctrl-C
-        # in a stuck collective: cancelled.
+        # Its exception is end_backward's error: a memascend error keeps its code, any other
+        # (here one whose code is no StatusCode) is internal, Ctrl-C in a stuck collective
+        # is cancelled; a result that is not (overflow, sum_squares) is internal.
         class Reset(OSError):
             code = "ECONNRESET"
 
-        def interrupted(o, s):
-            raise KeyboardInterrupt
+        def raising(e):
+            def check(o, s):
+                raise e
+            return check
 
-        for raising, expected in (((lambda o, s: (_ for _ in ()).throw(Reset("reset"))),
-                                   errors.InternalError),
-                                  (interrupted, errors.CancelledError)):
-            store, a = adam(vol, raising)
+        g = torch.zeros(1024)
+        for check, expected, match in (
+                (raising(errors.UnavailableError("rank 3 is gone")), errors.UnavailableError,
+                 "rank 3 is gone"),
+                (raising(Reset("reset")), errors.InternalError, "reset"),
+                (raising(KeyboardInterrupt()), errors.CancelledError, ""),
+                (lambda o, s: (o,), errors.InternalError, "not \\(overflow, sum_squares\\)")):
+            store, a = adam(vol, check)
             a.begin_backward(0.0)
             a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
-            with pytest.raises(expected):
+            with pytest.raises(expected, match=match):
                 a.end_backward(1.0)
             a.close()
             store.close()
-        store, a = adam(vol, lambda o, s: (o,))
-        a.begin_backward(0.0)
-        a.set_gradient(0, g.data_ptr(), g.numel(), "float32")
-        with pytest.raises(errors.InternalError, match="not \\(overflow, sum_squares\\)"):
-            a.end_backward(1.0)
-        a.close()
-        store.close()
     finally:
         vol.close()
 
