@@ -5,6 +5,7 @@ gloo), or the whole batch in one process when WORLD is 1.
                    [--save-state FILE] [--load-state FILE] [--emulate-device]
                    [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
                    [--odd-rank R] [--odd-seed R] [--take ORDER] [--unused I]
+                   [--fail-read R]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -24,7 +25,8 @@ passed to the optimizer as process_group (the sharded path at one rank).
 post-accumulate-grad hooks of offload_gradients=True do during it (torch 1.13 has none),
 the last parameter first or in an order of each rank's own (seeded by rank and step).
 --unused I: the last rank's backward does not reach parameter I (a branch it did not
-take): its buckets from there on go at step().
+take): its buckets from there on go at step(). --fail-read R: rank R's reads of its
+parameters' shards fail (an I/O error, injected), as on resume.
 Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 import gpt
+import memascend
 import memascend.torch as mt
 import memascend.torch.buckets as mtb
 import memascend.torch.distributed as mtd
@@ -64,11 +67,16 @@ def main():
     ap.add_argument("--odd-seed", type=int, default=-1)
     ap.add_argument("--take", choices=["", "reversed", "shuffled"], default="")
     ap.add_argument("--unused", type=int, default=-1)
+    ap.add_argument("--fail-read", type=int, default=-1)
     a = ap.parse_args()
     torch.set_num_threads(1)
     mtd.EMULATE_DEVICE = a.emulate_device
     if a.bucket_bytes:
         mtb.BUCKET_BYTES = a.bucket_bytes
+    if a.fail_read == a.rank:
+        def failing(self, k, out, update):
+            raise memascend.errors.DataLossError(f"injected: rank {a.rank} cannot read {k}")
+        mtd.HostShards.parameters = failing
     distributed = a.world > 1 or a.group
     if distributed:
         dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,

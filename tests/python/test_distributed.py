@@ -63,6 +63,12 @@ def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
     assert sorted(a["losses"]) == [5, 6, 7, 8]
     for s in a["losses"]:
         assert a["losses"][s] == b["losses"][s], s
+    # A rank whose reads fail on resume: it raises its error and the other rank one naming
+    # it, neither waits for the other in a collective.
+    failed = launch(tmp_path, 2, 8, vol, tmp_path / "failed.pt", ["--resume", "--fail-read", "1"])
+    assert all(rc != 0 for _, _, rc in failed), failed
+    assert "injected: rank 1 cannot read" in failed[1][1]
+    assert "rank(s) [1] could not open their state" in failed[0][1]
     # Rank 1's volume a step behind rank 0's (as a rank killed between its commit and the
     # others' leaves them): rank 0 goes back to step 7, which its volume keeps whole, and
     # the pair goes on with the losses of the uninterrupted one.

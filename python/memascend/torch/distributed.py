@@ -250,14 +250,14 @@ def agree_on_resume(opt, record):
     if record is not None and int(record["step"]) > common:
         try:
             record = opt._core.resume(at_most=common)
-        except errors.Error as e:
+        except Exception as e:  # noqa: BLE001 - agreed below, then raised
             failure = e
     ok = torch.tensor([0 if failure is None else 1], dtype=torch.int64, device=dev)
     dist.all_reduce(ok, group=opt._pg)
     if int(ok) != 0:
         raise errors.FailedPreconditionError(
             f"the ranks' volumes hold different steps ({steps}, -1: none) and not every "
-            f"rank can go back to step {common}" + (f": {failure.message}" if failure
+            f"rank can go back to step {common}" + (f": {failure}" if failure
                                                     else " (another rank could not)"))
     return record
 
@@ -291,25 +291,39 @@ def gather(opt, i, mine, dtype=None):
 
 def _parameters_in(opt, update):
     """Every parameter, whole, from the ranks' shards: each rank's (updated first, if
-    `update`) into its row of a bucket, the bucket all-gathered, then into the parameters."""
-    io = opt._shard_io
+    `update`) into its row of a bucket, the bucket all-gathered, then into the parameters.
+    Reading only (no `update`), a rank whose read fails goes on taking part in every
+    bucket's gather, writing nothing more into the parameters, and returns the error."""
+    io, failure = opt._shard_io, None
     for columns, members in opt._grads.buckets:
         matrix = torch.empty(opt._world, columns, dtype=io.wire, device=opt._comm_device)
         row = matrix[opt._rank]
-        for i, column, _ in members:
-            k, begin, end = opt._shards[i]
-            if k is not None:
-                io.parameters(k, row[column:column + end - begin], update)
+        if failure is None:
+            try:
+                for i, column, _ in members:
+                    k, begin, end = opt._shards[i]
+                    if k is not None:
+                        io.parameters(k, row[column:column + end - begin], update)
+            except Exception as e:  # noqa: BLE001 - returned, agreed by the caller
+                if update:
+                    raise
+                failure = e
         _buckets.all_gather(opt, matrix)
-        for i, column, chunk in members:
-            whole = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
-            opt._params[i].data.copy_(whole.view(opt._shapes[i]))
+        if failure is None:
+            for i, column, chunk in members:
+                whole = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
+                opt._params[i].data.copy_(whole.view(opt._shapes[i]))
         del matrix, row
+    return failure
 
 
 def load_into_parameters(opt):
-    """Every parameter, whole, from the ranks' shards (after a resume)."""
-    _parameters_in(opt, update=False)
+    """Every parameter, whole, from the ranks' shards (after a resume); a rank's failed
+    read is agreed, so that every rank raises rather than one waiting in a collective."""
+    failure = _parameters_in(opt, update=False)
+    agree_opened(opt, failure is None)
+    if failure is not None:
+        raise failure
 
 
 def step_sharded(opt):
