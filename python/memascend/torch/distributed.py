@@ -58,19 +58,23 @@ def check_backend(opt):
     opt._comm_device = opt._device if on_gpu else torch.device("cpu")
 
 
+def _every(opt, values):
+    """Every rank's `values` (a few integers), by rank (a collective)."""
+    import torch.distributed as dist
+    mine = torch.tensor(values, dtype=torch.int64, device=opt._comm_device)
+    every = [torch.zeros_like(mine) for _ in range(opt._world)]
+    dist.all_gather(every, mine, group=opt._pg)
+    return [t.tolist() for t in every]
+
+
 def check_same_model(opt, options):
     """Every rank's optimizer over the same parameters (their number, shapes and dtype) and
     with the same `options` (those that decide its collectives), or InvalidArgumentError
     on every rank: ranks that differ would enter collectives of different sizes or order
     (a hang, or shards of one rank's tensor taken for another's)."""
     import zlib
-    import torch.distributed as dist
     text = f"{opt._dtype}|{options}|" + ";".join("x".join(map(str, s)) for s in opt._shapes)
-    mine = torch.tensor([len(opt._shapes), sum(opt._numels), zlib.crc32(text.encode())],
-                        dtype=torch.int64, device=opt._comm_device)
-    every = [torch.zeros_like(mine) for _ in range(opt._world)]
-    dist.all_gather(every, mine, group=opt._pg)
-    every = [t.tolist() for t in every]
+    every = _every(opt, [len(opt._shapes), sum(opt._numels), zlib.crc32(text.encode())])
     if any(e != every[0] for e in every):
         raise errors.InvalidArgumentError(
             "the ranks' optimizers hold different parameters or options ([tensors, "
@@ -98,14 +102,19 @@ def gradient_check(opt):
     return reduce
 
 
+def _gloo_wire(dtype):
+    """The dtype parameters of `dtype` cross gloo in: it has no bfloat16, so bf16 goes as
+    fp32 (the values are exact)."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
 class HostShards:
     """A rank's shards through host memory (parameters on the CPU)."""
 
     def __init__(self, opt):
         self.opt = opt
         self.device = torch.device("cpu")
-        # gloo has no bfloat16: the parameters cross in fp32 there (the values are exact).
-        self.wire = torch.float32 if opt._dtype == torch.bfloat16 else opt._dtype
+        self.wire = _gloo_wire(opt._dtype)
 
     def gradient(self, k, shard):
         self.opt._core.set_gradient(k, shard.data_ptr(), shard.numel(),
@@ -139,7 +148,7 @@ class DeviceShards:
     def __init__(self, opt, grads, params, device, grad_stream=None, own=False):
         self.opt, self.grads, self.params, self.device = opt, grads, params, device
         self.grad_stream, self.own = grad_stream, own
-        self.wire = opt._dtype if opt._nccl else HostShards(opt).wire
+        self.wire = opt._dtype if opt._nccl else _gloo_wire(opt._dtype)
         self._held = []  # emulated: the host memory of the gradients sent, until finish()
 
     def _stream(self):
@@ -193,11 +202,7 @@ def shard_io(opt):
 
 def ranks_where(opt, flag):
     """The ranks for which `flag` holds (a collective: every rank passes its own)."""
-    import torch.distributed as dist
-    mine = torch.tensor([1 if flag else 0], dtype=torch.int64, device=opt._comm_device)
-    every = [torch.zeros_like(mine) for _ in range(opt._world)]
-    dist.all_gather(every, mine, group=opt._pg)
-    return [r for r, t in enumerate(every) if int(t)]
+    return [r for r, (v,) in enumerate(_every(opt, [1 if flag else 0])) if v]
 
 
 def agree_opened(opt, opened):
@@ -234,13 +239,7 @@ def agree_on_resume(opt, record):
     """The step every rank's volume holds (memascend Note [previous commit]): a rank
     killed between its commit and the others' leaves them a step apart; the ranks ahead
     go back one."""
-    import torch.distributed as dist
-    dev = opt._comm_device
-    mine = torch.tensor([-1 if record is None else int(record["step"])], dtype=torch.int64,
-                        device=dev)
-    steps = [torch.zeros_like(mine) for _ in range(opt._world)]
-    dist.all_gather(steps, mine, group=opt._pg)
-    steps = [int(t) for t in steps]
+    steps = [v for v, in _every(opt, [-1 if record is None else int(record["step"])])]
     common = min(steps)
     if common < 0 and max(steps) >= 0:  # decided alike on every rank; nothing written
         raise errors.FailedPreconditionError(
@@ -252,9 +251,7 @@ def agree_on_resume(opt, record):
             record = opt._core.resume(at_most=common)
         except Exception as e:  # noqa: BLE001 - agreed below, then raised
             failure = e
-    ok = torch.tensor([0 if failure is None else 1], dtype=torch.int64, device=dev)
-    dist.all_reduce(ok, group=opt._pg)
-    if int(ok) != 0:
+    if ranks_where(opt, failure is not None):
         raise errors.FailedPreconditionError(
             f"the ranks' volumes hold different steps ({steps}, -1: none) and not every "
             f"rank can go back to step {common}" + (f": {failure}" if failure

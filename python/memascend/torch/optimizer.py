@@ -145,7 +145,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if not any(last * -(-n // self._world) < n for n in self._numels):
             raise errors.InvalidArgumentError(
                 f"rank {last} of {self._world} owns no parameter element: fewer ranks")
-        self._max_grad_norm = float(max_grad_norm)
         self.comm_bytes = 0  # bytes this rank sent into collectives, all steps together
         self._part_elements = int(part_elements)
         self._step_count, self.skipped_steps, self.resumed_step = 0, 0, None

@@ -64,7 +64,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
     _sharded: bool
     _pg: Any
     _step_count: int
-    _max_grad_norm: float
     _dynamic: bool
     _offloads: list[Any]
     def _check(self) -> None: ...
