@@ -339,21 +339,6 @@ class Check:
             t["failed"] += 1
         self.save()
 
-        junit = os.path.join(self.out, "pytest.xml")
-        py = os.path.join(ROOT, "tests", "python")
-        # Each test's name as it starts and ends (-v), the slowest at the end, and every
-        # thread's stack of a test still running after 150 s (faulthandler), into pytest.log
-        # as they come: the first H200 run of these was cut short at 229 s with no word.
-        self.run("pytest (cuda, core, torch)",
-                 [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rs",
-                  "--durations=20", "-o", "faulthandler_timeout=150",
-                  f"--junitxml={junit}", os.path.join(py, "test_cuda.py"),
-                  os.path.join(py, "test_device_paths.py"),
-                  os.path.join(py, "test_core.py"), os.path.join(py, "test_torch.py"),
-                  "-k", "not rss"], timeout=420, stream="pytest.log")
-        self.count_junit("pytest", junit)
-        self.save()
-
         sanitizer = shutil.which("compute-sanitizer") or next(iter(sorted(glob.glob(
             "/usr/local/cuda*/bin/compute-sanitizer") + glob.glob(
             "/opt/nvidia/*/compute-sanitizer/compute-sanitizer"))), None)
@@ -380,6 +365,23 @@ class Check:
         t["suites"]["compute-sanitizer"] = counts
         for k in counts:
             t[k] += counts[k]
+        self.save()
+
+        junit = os.path.join(self.out, "pytest.xml")
+        py = os.path.join(ROOT, "tests", "python")
+        # Each test's name as it starts and ends (-v), the slowest at the end, and every
+        # thread's stack of a test still running after 150 s (faulthandler), into pytest.log
+        # as they come: the first H200 run of these was cut short at 229 s with no word.
+        # test_cuda.py's heaviest tests (a transformers Llama, the kill -9 resume) are its
+        # last, and the sanitizer ran before: a call cut short loses the fewest results.
+        self.run("pytest (cuda, core, torch)",
+                 [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rs",
+                  "--durations=20", "-o", "faulthandler_timeout=150",
+                  f"--junitxml={junit}", os.path.join(py, "test_cuda.py"),
+                  os.path.join(py, "test_device_paths.py"),
+                  os.path.join(py, "test_core.py"), os.path.join(py, "test_torch.py"),
+                  "-k", "not rss"], timeout=420, stream="pytest.log")
+        self.count_junit("pytest", junit)
         self.save()
 
     def bench_gpu_path(self, args):
