@@ -256,7 +256,8 @@ class Parent:
     def measure_ceiling(self):
         self.ceiling = {}
         r = self.launch({"system": "ceiling"}, "compare-ceiling", -1)
-        self.ceiling = {k: r.get(k) for k in ("flops", "label", "device", "error") if k in r}
+        self.ceiling = {k: r.get(k) for k in ("flops", "label", "device", "error", "h2d_gib_per_s",
+                                              "h2d_gib_per_s_median", "h2d_label") if k in r}
         return r
 
 
@@ -312,11 +313,35 @@ def compare_losses(records):
     return (ref["system"] if ref else None), why
 
 
+def path_figures(records, ceiling):
+    """The GPU path's figures (the GPU training path's issue) for each memascend row:
+    its parameter loads' rate over the pinned ceiling of this call (h2d_ratio), and its
+    step (as tokens/s takes it: step_basis) over torch-gpu's median forward+backward in
+    this call, the first step left out (step_over_forward_backward)."""
+    ref = next((r for r in records if r.get("system") == "torch-gpu"
+                and r.get("forward_backward_seconds") and not r.get("error")), None)
+    ref_fb = statistics.median(ref["forward_backward_seconds"][1:] or
+                               ref["forward_backward_seconds"]) if ref else None
+    for r in records:
+        if r.get("system") != "memascend" or not r.get("step_seconds"):
+            continue
+        dev = (r.get("memascend_stats") or {}).get("device_parameters") or {}
+        if dev.get("copy_seconds"):
+            rate = dev["bytes_to_device"] / dev["copy_seconds"] / (1 << 30)
+            r["param_h2d_gib_per_s"] = rate
+            if (ceiling or {}).get("h2d_gib_per_s"):
+                r["h2d_ratio"] = rate / ceiling["h2d_gib_per_s"]
+        if ref_fb and r.get("tokens_per_s"):  # the step of tokens/s (step_basis says which)
+            r["step_over_forward_backward"] = r["tokens_per_step"] / r["tokens_per_s"] / ref_fb
+            r["forward_backward_reference_seconds"] = ref_fb
+
+
 def table(records):
     keys = ["system", "budget", "commit_every", "ds_aio_point", "fits", "skipped", "reason", "error",
             "peak_rss_bytes", "cgroup_peak_bytes", "torch_pinned_peak_bytes",
             "memascend_pinned_peak_bytes", "gpu_peak_bytes", "tokens_per_s", "mfu",
-            "io_bytes_per_step", "loss_rel_diff_max", "void", "void_reason"]
+            "io_bytes_per_step", "loss_rel_diff_max", "void", "void_reason", "h2d_ratio",
+            "step_over_forward_backward"]
     return [{k: r.get(k) for k in keys} for r in records]
 
 
@@ -444,6 +469,7 @@ def compare(a):
             continue
         records.append(p.launch(run, f"compare-{i:02d}-{label(run)}", i))
     ref, why = compare_losses(records)
+    path_figures(records, p.ceiling)
     for r in records:  # the records again, with the comparison
         write(os.path.join(a.out, r["record_file"]), r)
     summary = {"kind": "gpu-compare", "date": datetime.datetime.now(datetime.timezone.utc)

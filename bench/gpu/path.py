@@ -28,6 +28,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, parse_bytes,
@@ -121,14 +122,25 @@ def child_memascend(a):
 
 
 def run_child(mode, a):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode] + a.forward
+    """One child, its output passed on line by line as it comes (a call cut short keeps
+    the steps that ran), killed after a.timeout seconds; its record is its last JSON line."""
+    cmd = [sys.executable, "-u", os.path.abspath(__file__), "--child", mode] + a.forward
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-    sys.stderr.write(p.stderr[-4000:])
-    print(p.stdout[-3000:], flush=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(a.timeout, p.kill)
+    timer.start()
+    lines = []
+    try:
+        for line in p.stdout:
+            print(f"[{mode}] {line}", end="", flush=True)
+            lines.append(line)
+        p.wait()
+    finally:
+        timer.cancel()
     if p.returncode != 0:
-        return {"system": mode, "error": f"exit {p.returncode}", "seconds": time.time() - t0}
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+        why = f"killed after {a.timeout} s" if p.returncode == -9 else f"exit {p.returncode}"
+        return {"system": mode, "error": why, "seconds": time.time() - t0}
+    r = json.loads(next(x for x in reversed(lines) if x.startswith("{")))  # stderr merged
     r["seconds"] = round(time.time() - t0, 1)
     return r
 

@@ -254,6 +254,17 @@ class MemAscend:
     def context(self):
         return self.activations
 
+    def phases(self):
+        """Seconds so far by phase (memascend Note [step times]), the parameters' copies to
+        the device (their stream's time, from events), and the bytes read and written."""
+        stats = self.opt.stats()
+        out = dict(stats.get("seconds", {}), io_read_bytes=stats["io_read_bytes"],
+                   io_write_bytes=stats["io_write_bytes"])
+        copies = (stats.get("device_parameters") or {}).get("copy_seconds")
+        if copies is not None:
+            out["parameter_copies"] = copies
+        return out
+
     def update(self):
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -306,9 +317,21 @@ def train(a, device, record):
     backward = getattr(s, "backward", None) or \
         (lambda loss: (loss / a.accum if a.accum > 1 else loss).backward())
     losses, times, rss, io = [], [], [], [proc_io()]
+    # Each step's forward and backward passes, apart: on a GPU the compute stream's time
+    # from the step's start to its last backward (CUDA events, no added synchronisation);
+    # torch-gpu's is "the same run's forward+backward alone" the other systems' steps are
+    # measured against. A system's own phases per step where it reports them (memascend:
+    # Note [step times]).
+    event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
+    fb, fb_host, phases = [], [], []
+    phase_of = getattr(s, "phases", None)
+    last = phase_of() if phase_of else None
     for step in range(a.steps):
         sync()
         t0 = time.perf_counter()
+        if cuda:
+            begin, end = event(), event()
+            begin.record()
         micro = []
         for k in range(a.accum):
             x = tokens[step, k].to(device)
@@ -316,9 +339,17 @@ def train(a, device, record):
                 loss = model(input_ids=x, labels=x).loss
             backward(loss)
             micro.append(float(loss))
+        if cuda:
+            end.record()
+        fb_host.append(time.perf_counter() - t0)
         s.update()
         sync()
         times.append(time.perf_counter() - t0)
+        fb.append(begin.elapsed_time(end) / 1e3 if cuda else fb_host[-1])
+        if phase_of:
+            now = phase_of()
+            phases.append({k: round(v - last.get(k, 0.0), 6) for k, v in now.items()})
+            last = now
         losses.append(sum(micro) / len(micro))
         rss.append(rss_bytes())
         io.append(proc_io())
@@ -326,7 +357,17 @@ def train(a, device, record):
         print(f"[{a.system}] step {step}: loss {losses[-1]:.5f}, {times[-1]:.3f} s, "
               f"VmHWM {proc_status('VmHWM')}", flush=True)
     record.update(losses=losses, step_seconds=times, rss_bytes=rss, gpu_peak_bytes=None,
-                  torch_pinned_peak_bytes=None)
+                  torch_pinned_peak_bytes=None, forward_backward_seconds=fb,
+                  forward_backward_host_seconds=fb_host,
+                  forward_backward_basis=("CUDA events on the compute stream, the step's start "
+                                          "to its last backward's end" if cuda else
+                                          "perf_counter, the step's start to its last "
+                                          "backward's return") + (
+                                          " (DeepSpeed's optimizer step inside: its backward "
+                                          "steps)" if a.system == "deepspeed-zero-infinity"
+                                          else ""))
+    if phases:
+        record["step_phases"] = phases
     if cuda:
         record["torch_gpu_peak_bytes"] = torch.cuda.max_memory_reserved()
         stats = getattr(torch.cuda, "host_memory_stats", None)
@@ -344,6 +385,17 @@ def train(a, device, record):
         record["io_bytes_per_step"] = {"read": statistics.median(reads[steady]),
                                        "write": statistics.median(writes[steady]),
                                        "source": "/proc/self/io read_bytes, write_bytes"}
+    if phases and "io_write_bytes" in phases[0]:
+        # The system's own count: /proc/self/io misses O_DIRECT writes (counted when pages
+        # are dirtied, which direct I/O never does). The mean over the steps after the
+        # first: with a commit interval, the steps that commit write for those that do not.
+        steady_phases = phases[1:] if len(phases) > 2 else phases
+        record["proc_io_bytes_per_step"] = record.get("io_bytes_per_step")
+        record["io_bytes_per_step"] = {
+            k: statistics.mean(p[f"io_{k}_bytes"] for p in steady_phases)
+            for k in ("read", "write")}
+        record["io_bytes_per_step"]["source"] = "the system's own counters, mean of the " \
+            "steps after the first"
     record.update(s.finish())
     if cuda:
         record["gpu_peak_bytes"] = record["torch_gpu_peak_bytes"] + record.get(
@@ -361,6 +413,25 @@ def train(a, device, record):
         record["mfu"] = flops / step / a.ceiling_flops
 
 
+def pinned_ceiling(torch, size=1 << 30, reps=5):
+    """Host-to-device copies of `size` bytes of page-locked memory (CUDA events, one warm-up):
+    the ceiling a system's parameter loads are judged against (h2d_ratio)."""
+    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+    rates = []
+    for _ in range(reps + 1):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        dev.copy_(host, non_blocking=True)
+        end.record()
+        end.synchronize()
+        rates.append(size / (begin.elapsed_time(end) / 1e3) / (1 << 30))
+    del host, dev
+    return {"h2d_gib_per_s": max(rates[1:]), "h2d_gib_per_s_median": statistics.median(rates[1:]),
+            "h2d_label": f"{size >> 20} MiB from page-locked host memory (torch pin_memory), "
+                         f"CUDA events, best of {reps} after a warm-up"}
+
+
 def ceiling(a, device):
     """The matrix-product ceiling of this device: bf16 8192^3 with CUDA events on a GPU
     (tools/device/matmul.py); a float32 1024^3 product timed with perf_counter on the CPU."""
@@ -370,7 +441,7 @@ def ceiling(a, device):
         import matmul
         r = matmul.measure()
         return {"flops": r["median_tflops"] * 1e12, "label": "bf16 matmul 8192^3, CUDA events, "
-                "median of 20 (tools/device/matmul.py)", "detail": r}
+                "median of 20 (tools/device/matmul.py)", "detail": r, **pinned_ceiling(torch)}
     n = 1024
     x, y = torch.randn(n, n), torch.randn(n, n)
     for _ in range(2):

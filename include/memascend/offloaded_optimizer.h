@@ -82,6 +82,11 @@
 // from its master weights, rounded to the parameter dtype (FusedAdam and Convert round to
 // nearest even alike), so the bits are those that would have been stored.
 //
+// Note [step times]: times() splits the driving thread's time in the optimizer by phase
+// (wall clock, summed): an update's time less its kernels' is the time its parts waited
+// for the storage (reads, room, a batch's commit). A benchmark reads it per step to say
+// where a step went; nothing in the optimizer depends on it.
+//
 // Thread-safety: one thread drives an optimizer (its kernels use `threads`).
 // Lifetime: the storage and the threads must outlive the optimizer.
 #ifndef MEMASCEND_OFFLOADED_OPTIMIZER_H_
@@ -239,9 +244,9 @@ class OffloadedAdam {
   // refuse the commit (as Commit's) come back here, the write's from the ticket.
   absl::StatusOr<CommitTicket> CommitAsync(std::uint64_t step, std::string_view user = {});
   // Waits for the commit in progress, if any: durable, or its error.
-  absl::Status Settle() { return storage_->Settle(); }
+  absl::Status Settle();
   // Every step committed so far durable (Note [commit interval] in training_state.h).
-  absl::Status Persist() { return storage_->Persist(); }
+  absl::Status Persist();
 
   // ---- the state, whole: export to and import from another optimizer's format
   // Group g's current `kind` into `out` (the group's elements), part by part: kMaster,
@@ -288,6 +293,14 @@ class OffloadedAdam {
   float loss_scale() const noexcept { return scaler_.scale(); }
   const DynamicLossScaler& scaler() const noexcept { return scaler_; }
   std::int64_t adam_step() const noexcept { return adam_step_; }
+  // Where the driving thread's time went, summed since construction (Note [step times]).
+  struct Times {
+    double end_backward = 0;    // EndBackward: the overflow check, the scaler, the plan
+    double update = 0;          // UpdateGroup, whole
+    double update_kernels = 0;  // of which the fused Adam and the parameters' copy out
+    double commit = 0;          // Commit, CommitAsync, Settle, Persist: starting and waiting
+  };
+  const Times& times() const noexcept { return times_; }
   bool update_pending() const noexcept { return pending_.has_value(); }
 
   // ---- the update
@@ -348,6 +361,7 @@ class OffloadedAdam {
   std::vector<AdamGroupOptions> groups_;
   int version_ = 0;  // the committed version
   std::int64_t adam_step_ = 0;
+  Times times_;
   // Gradients of the step in progress.
   float scale_ = 1;
   bool overflow_ = false;

@@ -423,6 +423,13 @@ class PyAdam {
     d["skipped_steps"] = a->scaler().skipped_steps();
     d["durable_step"] = state_->durable_step();  // Note [commit interval]
     d["deferred_steps"] = state_->deferred_steps();
+    const OffloadedAdam::Times& t = a->times();  // Note [step times]
+    py::dict seconds;
+    seconds["end_backward"] = t.end_backward;
+    seconds["update"] = t.update;
+    seconds["update_kernels"] = t.update_kernels;
+    seconds["commit"] = t.commit;
+    d["seconds"] = seconds;
     return d;
   }
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -9,6 +10,20 @@
 
 namespace memascend {
 namespace {
+
+// Adds the seconds from its construction to its end to `*total` (Note [step times]).
+class Timed {
+ public:
+  explicit Timed(double* total) noexcept : total_(total), start_(Clock::now()) {}
+  ~Timed() { *total_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double* total_;
+  Clock::time_point start_;
+};
 
 std::size_t RoundPage(std::size_t b) { return (b + 4095) / 4096 * 4096; }
 
@@ -281,7 +296,18 @@ absl::Status OffloadedAdam::FinishTornStep() {
 
 absl::Status OffloadedAdam::Commit(std::uint64_t step, std::string_view user) {
   MEMASCEND_ASSIGN_OR_RETURN(CommitTicket ticket, CommitAsync(step, user));
+  Timed timed(&times_.commit);
   return ticket.Wait();
+}
+
+absl::Status OffloadedAdam::Settle() {
+  Timed timed(&times_.commit);
+  return storage_->Settle();
+}
+
+absl::Status OffloadedAdam::Persist() {
+  Timed timed(&times_.commit);
+  return storage_->Persist();
 }
 
 absl::Status OffloadedAdam::FailedUpdate() const {
@@ -293,6 +319,7 @@ absl::Status OffloadedAdam::FailedUpdate() const {
 }
 
 absl::StatusOr<CommitTicket> OffloadedAdam::CommitAsync(std::uint64_t step, std::string_view user) {
+  Timed timed(&times_.commit);
   if (pending_.has_value() && !pending_->failed.empty()) return FailedUpdate();
   const bool update = pending_.has_value();
   if (update && pending_->next_group < layout().groups.size()) {
@@ -442,6 +469,7 @@ absl::Status OffloadedAdam::SetGradient(std::size_t g, std::size_t part, TensorV
 }
 
 absl::StatusOr<StepPlan> OffloadedAdam::EndBackward(double lr_factor) {
+  Timed timed(&times_.end_backward);
   if (pending_.has_value())
     return absl::FailedPreconditionError("adam: the previous step's update has not run");
   if (!(lr_factor >= 0) || !std::isfinite(lr_factor))
@@ -552,6 +580,7 @@ void OffloadedAdam::Fill() {
 // ---- the update ------------------------------------------------------------------------
 
 absl::Status OffloadedAdam::UpdateGroup(std::size_t g, MutableTensorView params_out) {
+  Timed timed(&times_.update);
   const StateLayout& l = layout();
   if (!pending_.has_value())
     return absl::FailedPreconditionError("adam: no update planned (EndBackward first)");
@@ -612,12 +641,16 @@ absl::Status OffloadedAdam::UpdateParts(std::size_t g, const AdamConfig& adam,
       } else if (out) {
         param.data = derived_.data();
       }
-      MEMASCEND_RETURN_IF_ERROR(FusedAdam(adam, master.as<float>(), m.as<float>(), v.as<float>(),
-                                          {grad.data, n, l.grad_dtype},
-                                          {param.data, n, l.param_dtype}, K()));
+      {
+        Timed kernels(&times_.update_kernels);
+        MEMASCEND_RETURN_IF_ERROR(FusedAdam(adam, master.as<float>(), m.as<float>(), v.as<float>(),
+                                            {grad.data, n, l.grad_dtype},
+                                            {param.data, n, l.param_dtype}, K()));
+      }
       // Every kind of the part holds the new step: the storage may commit it now.
       MEMASCEND_RETURN_IF_ERROR(storage_->PartUpdated(g, part));
       if (out) {
+        Timed kernels(&times_.update_kernels);
         MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
             {param.data, n, l.param_dtype},
             {static_cast<std::byte*>(params_out.data) + begin * SizeOf(params_out.dtype), n,

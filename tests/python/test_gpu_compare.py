@@ -75,6 +75,17 @@ def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
     assert records["memascend"]["commit_every"] == 2
     stats = records["memascend"]["memascend_stats"]
     assert stats["durable_step"] == 3 and stats["deferred_steps"] == 0
+    # Each step's forward+backward apart (here the host's time), memascend's phases per step
+    # (Note [step times]), and its step over the reference's forward+backward.
+    for name in ("torch-gpu", "memascend"):
+        r = records[name]
+        assert len(r["forward_backward_seconds"]) == 3
+        assert all(0 < fb <= t for fb, t in zip(r["forward_backward_seconds"], r["step_seconds"]))
+    phases = records["memascend"]["step_phases"]
+    assert len(phases) == 3 and all(p["update"] >= p["update_kernels"] >= 0 for p in phases)
+    assert sum(p["update_kernels"] for p in phases) > 0
+    assert records["memascend"]["step_over_forward_backward"] > 0
+    assert "h2d_ratio" not in records["memascend"]  # no parameter loads to a device here
 
 
 def test_systems_torch_1_13_cannot_run_are_skipped_with_the_reason(run):

@@ -68,6 +68,8 @@ def test_offloaded_adamw_trains_as_torch_adamw(tmp_path):
     assert losses[-1] < losses[0]
     stats = opt.stats()
     assert stats["store"]["evictions"] > 0  # the budget is below the state
+    t = stats["seconds"]  # where the steps went (memascend Note [step times])
+    assert t["update"] > t["update_kernels"] > 0 and t["end_backward"] > 0 and t["commit"] > 0
     opt.close()
 
 

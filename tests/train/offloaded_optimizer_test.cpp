@@ -192,6 +192,12 @@ TEST(OffloadedAdam, PartByPartUnderABudgetGivesTheBitsOfWholeTensorAdamW) {
   // The budget was far below the state: the store evicted and read back.
   EXPECT_GT(off.store->stats().evictions, 0u);
   EXPECT_LT(2 * OffloadedAdam::MinimumHostBudget(l), l.TotalElements() * 16);
+  // Note [step times]: each phase ran and was timed; the kernels are a part of the update.
+  const OffloadedAdam::Times& t = adam->times();
+  EXPECT_GT(t.end_backward, 0);
+  EXPECT_GT(t.update_kernels, 0);
+  EXPECT_GT(t.update, t.update_kernels);
+  EXPECT_GT(t.commit, 0);  // Start's commit of step 0 (the others run in the background)
 }
 
 TEST(OffloadedAdam, AResumedRunContinuesAsTheUninterruptedOne) {

@@ -387,7 +387,9 @@ class Check:
     def bench_gpu_path(self, args):
         cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "path.py"), "--out", self.out,
                "--cli", self.cli] + args
-        rc, out = self.run("bench-gpu-path", cmd, timeout=560)
+        # Streamed: a call cut short keeps each run's step lines (path.py prints them as its
+        # runs go; the first 2026-11-27 run was cut with nothing to show).
+        rc, out = self.run("bench-gpu-path", cmd, timeout=560, stream="bench-gpu-path.log")
         records = sorted(glob.glob(os.path.join(self.out, "gpu-path-*.json")))
         self.summary["bench_gpu_path"] = {"rc": rc, "command": " ".join(cmd),
                                           "records": [os.path.basename(r) for r in records]}
@@ -409,7 +411,7 @@ class Check:
             import deepspeed_bundle  # beside this file
             env, self.summary["deepspeed_bundle"] = deepspeed_bundle.environ(DEEPSPEED_BUNDLE,
                                                                              self.env)
-        rc, out = self.run("bench-gpu", cmd, timeout=timeout, env=env)
+        rc, out = self.run("bench-gpu", cmd, timeout=timeout, env=env, stream="bench-gpu.log")
         records = sorted(glob.glob(os.path.join(self.out, "compare-*.json")) +
                          glob.glob(os.path.join(self.out, "fit-*.json")))
         self.summary["bench_gpu"] = {"rc": rc, "command": " ".join(cmd),
