@@ -40,7 +40,9 @@ def build(a, device):
     """build_llama, then VmHWM reset: peak_rss_bytes is the system's own peak from here on
     (what it keeps of the model, its setup and its training), not the harness's
     construction of the model, which every system shares (build_peak_rss_bytes)."""
+    t0 = time.time()
     model, impl = build_llama(a.layers, a.shapes, device, a.checkpointing)
+    BUILT["build_seconds"] = round(time.time() - t0, 2)
     BUILT["build_peak_rss_bytes"], why = reset_peak_rss()
     BUILT["peak_rss_scope"] = ("VmHWM from after the model was built on its device" if why is None
                                else f"VmHWM of the whole process (not reset: {why})")
@@ -301,7 +303,9 @@ def is_oom(torch, e):
 def train(a, device, record):
     import contextlib
     import torch
+    t0 = time.time()
     s = CLASSES[a.system](a, device)
+    record["setup_seconds"] = round(time.time() - t0, 2)  # the model's build_seconds inside
     record["model_impl"] = s.impl
     record["budget"] = getattr(s, "budget", None)
     if a.system == "memascend":  # Note [commit interval]: every N-th step durable
@@ -396,7 +400,9 @@ def train(a, device, record):
             for k in ("read", "write")}
         record["io_bytes_per_step"]["source"] = "the system's own counters, mean of the " \
             "steps after the first"
+    t0 = time.time()
     record.update(s.finish())
+    record["finish_seconds"] = round(time.time() - t0, 2)
     if cuda:
         record["gpu_peak_bytes"] = record["torch_gpu_peak_bytes"] + record.get(
             "device_budget_bytes", 0)
@@ -464,6 +470,7 @@ def worker(a):
     t0 = time.time()
     try:
         import torch
+        record["import_seconds"] = round(time.time() - t0, 2)  # where a run's time goes
         device = a.device if a.device != "auto" else (
             "cuda" if torch.cuda.is_available() else "cpu")
         record.update(device=device_name(device), device_kind=device, torch=torch.__version__)
