@@ -5,7 +5,7 @@ gloo), or the whole batch in one process when WORLD is 1.
                    [--save-state FILE] [--load-state FILE] [--emulate-device]
                    [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
                    [--odd-rank R] [--odd-seed R] [--take ORDER] [--unused I]
-                   [--fail-read R]
+                   [--fail-read R] [--fail-update R STEP]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -26,7 +26,9 @@ post-accumulate-grad hooks of offload_gradients=True do during it (torch 1.13 ha
 the last parameter first or in an order of each rank's own (seeded by rank and step).
 --unused I: the last rank's backward does not reach parameter I (a branch it did not
 take): its buckets from there on go at step(). --fail-read R: rank R's reads of its
-parameters' shards fail (an I/O error, injected), as on resume.
+parameters' shards fail (an I/O error, injected), as on resume. --fail-update R STEP:
+rank R's update of its second group's shard fails at step STEP (1-based; injected before
+the group is updated, as a failed read of its state would).
 Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
@@ -68,6 +70,7 @@ def main():
     ap.add_argument("--take", choices=["", "reversed", "shuffled"], default="")
     ap.add_argument("--unused", type=int, default=-1)
     ap.add_argument("--fail-read", type=int, default=-1)
+    ap.add_argument("--fail-update", type=int, nargs=2, default=[-1, -1])
     a = ap.parse_args()
     torch.set_num_threads(1)
     mtd.EMULATE_DEVICE = a.emulate_device
@@ -77,6 +80,15 @@ def main():
         def failing(self, k, out, update):
             raise memascend.errors.DataLossError(f"injected: rank {a.rank} cannot read {k}")
         mtd.HostShards.parameters = failing
+    if a.fail_update[0] == a.rank:
+        update_shard = mtd.HostShards.parameters
+
+        def failing_update(self, k, out, update):
+            if update and k == 1 and self.opt._step_count == a.fail_update[1]:
+                raise memascend.errors.DataLossError(
+                    f"injected: rank {a.rank}'s update of group {k} fails")
+            update_shard(self, k, out, update)
+        mtd.HostShards.parameters = failing_update
     distributed = a.world > 1 or a.group
     if distributed:
         dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,

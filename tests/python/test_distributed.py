@@ -94,6 +94,28 @@ def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
     assert [(tmp_path / f"r.{r}.vol").read_bytes() for r in range(2)] == before
 
 
+def test_one_ranks_failed_update_stops_every_rank_and_resume_finishes_the_step(tmp_path):
+    """Rank 1's update fails at step 3 (an injected error before its second group): both
+    ranks raise, rank 0 naming rank 1, neither waits in a gather nor commits the step; the
+    pair resumed goes on from step 2, the last both hold, as the uninterrupted pair."""
+    vol = str(tmp_path / "f.{rank}.vol")
+    failed = launch(tmp_path, 2, 6, vol, tmp_path / "failed.pt", ["--fail-update", "1", "3"])
+    assert all(rc != 0 for _, _, rc in failed), failed
+    assert "injected: rank 1's update of group 1 fails" in failed[1][1]
+    assert "rank(s) [1] failed their update of step 3" in failed[0][1]
+    assert "resume=True" in failed[0][1]
+    resumed = launch(tmp_path, 2, 6, vol, tmp_path / "resumed.pt", ["--resume"])
+    assert all(rc == 0 for _, _, rc in resumed), resumed
+    whole = launch(tmp_path, 2, 6, str(tmp_path / "w.{rank}.vol"), tmp_path / "whole.pt")
+    assert all(rc == 0 for _, _, rc in whole), whole
+    a, b = torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "whole.pt")
+    assert sorted(a["losses"]) == [3, 4, 5, 6]
+    for s in a["losses"]:
+        assert a["losses"][s] == b["losses"][s], s
+    for p, q in zip(a["params"], b["params"]):
+        assert torch.equal(p, q)
+
+
 def test_state_dict_gathers_the_shards_and_load_state_dict_takes_them_back(tmp_path):
     """state_dict() under torch.distributed is the whole state, as one process's over the
     same batches (to the tolerance of the first test); a pair that loads it, or one

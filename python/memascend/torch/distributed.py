@@ -205,15 +205,18 @@ def ranks_where(opt, flag):
     return [r for r, (v,) in enumerate(_every(opt, [1 if flag else 0])) if v]
 
 
-def agree_opened(opt, opened):
-    """Whether every rank opened its state (a collective): a rank that could not stops
-    with its own error; the others raise FailedPreconditionError naming it, rather than
-    wait for it in the next collective."""
-    failed = ranks_where(opt, not opened)
-    if opened and failed:
+def agree(opt, ok, what, after=""):
+    """Whether every rank did what it set out to (a collective): a rank that did not stops
+    with its own error; the others raise FailedPreconditionError naming it (`what` it
+    failed to do), rather than wait for it in the next collective."""
+    failed = ranks_where(opt, not ok)
+    if ok and failed:
         raise errors.FailedPreconditionError(
-            f"rank(s) {failed} could not open their state (their errors say why); every rank "
-            "stops")
+            f"rank(s) {failed} {what} (their errors say why); every rank stops{after}")
+
+
+def agree_opened(opt, opened):
+    agree(opt, opened, "could not open their state")
 
 
 def broadcast_parameters(opt):
@@ -289,8 +292,9 @@ def gather(opt, i, mine, dtype=None):
 def _parameters_in(opt, update):
     """Every parameter, whole, from the ranks' shards: each rank's (updated first, if
     `update`) into its row of a bucket, the bucket all-gathered, then into the parameters.
-    Reading only (no `update`), a rank whose read fails goes on taking part in every
-    bucket's gather, writing nothing more into the parameters, and returns the error."""
+    A rank whose read or update fails goes on taking part in every bucket's gather,
+    writing nothing more into the parameters, and returns the error (its caller agrees on
+    it: no rank waits in a gather for one that raised)."""
     io, failure = opt._shard_io, None
     for columns, members in opt._grads.buckets:
         matrix = torch.empty(opt._world, columns, dtype=io.wire, device=opt._comm_device)
@@ -302,8 +306,6 @@ def _parameters_in(opt, update):
                     if k is not None:
                         io.parameters(k, row[column:column + end - begin], update)
             except Exception as e:  # noqa: BLE001 - returned, agreed by the caller
-                if update:
-                    raise
                 failure = e
         _buckets.all_gather(opt, matrix)
         if failure is None:
@@ -336,7 +338,14 @@ def step_sharded(opt):
     if plan["skipped"]:
         opt.skipped_steps += 1
     else:
-        _parameters_in(opt, update=True)
+        # A rank's failed update (Note [failed update]: not retried) stops every rank
+        # before any commits the step: resume=True goes on from the last step every rank
+        # holds (agree_on_resume).
+        failure = _parameters_in(opt, update=True)
+        agree(opt, failure is None, f"failed their update of step {opt._step_count}",
+              "; none committed the step: resume=True goes on from the last step all hold")
+        if failure is not None:
+            raise failure
     core.commit(opt._step_count)
     opt.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
                      "loss_scale": plan["loss_scale"]}
