@@ -59,6 +59,7 @@ import cgroup  # noqa: E402
 from common import ROOT, commit, llama_shapes, parse_bytes  # noqa: E402
 from frontier import BUDGETS  # noqa: E402  (the CPU frontier's budgets, percent of the state)
 import systems  # noqa: E402
+import timeline  # noqa: E402
 
 VOID_REL = 1e-2
 # Options every worker gets as the parent has them (dest names).
@@ -66,7 +67,7 @@ SHARED = ["layers", "seq", "batch", "accum", "steps", "hidden", "heads", "kv_hea
           "intermediate", "vocab", "checkpointing", "device", "offload_activations",
           "activation_budget", "activation_volume", "ds_param_buffers", "ds_param_buffer_size",
           "ds_optimizer_buffers", "ds_sub_group_size", "ds_max_in_cpu", "ds_pipeline",
-          "ds_pin", "ds_threads"]
+          "ds_pin", "ds_threads", "trace_step"]
 
 
 def parser():
@@ -86,6 +87,8 @@ def parser():
     for name in ("hidden", "heads", "kv-heads", "intermediate", "vocab"):
         add(f"--{name}", type=int, help="replaces Llama-3.2-1B's (tiny models for tests)")
     add("--checkpointing", type=int, default=1)
+    add("--trace-step", type=int, default=2, help="memascend: the step (from 0) whose timeline "
+        "is recorded (memascend.torch.StepTrace) and drawn, timeline-*.svg (-1: none)")
     add("--device", default="auto", choices=["auto", "cuda", "cpu"])
     add("--offload-activations", type=int, default=0, help="memascend: offload_activations")
     add("--activation-budget", type=parse_bytes, default=parse_bytes("512M"))
@@ -472,6 +475,10 @@ def compare(a):
     path_figures(records, p.ceiling)
     for r in records:  # the records again, with the comparison
         write(os.path.join(a.out, r["record_file"]), r)
+        if (r.get("trace") or {}).get("spans"):
+            timeline.svg(r["trace"]["spans"], f"{r['model']}, {row_label(r)}: step "
+                         f"{r['trace']['step']}, {r['trace']['seconds']:.3f} s",
+                         os.path.join(a.out, "timeline-" + r["record_file"][8:-5] + ".svg"))
     summary = {"kind": "gpu-compare", "date": datetime.datetime.now(datetime.timezone.utc)
                .isoformat(timespec="seconds"), "command": " ".join([sys.executable] + sys.argv),
                "commit": p.commit, "model": model_name(a), "seq": a.seq, "batch": a.batch,

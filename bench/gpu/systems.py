@@ -328,10 +328,16 @@ def train(a, device, record):
     # Note [step times]).
     event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
     fb, fb_host, phases = [], [], []
+    offload = getattr(s, "offload", None)  # memascend's: one step's timeline (StepTrace)
+    trace = None
     phase_of = getattr(s, "phases", None)
     last = phase_of() if phase_of else None
     for step in range(a.steps):
         sync()
+        if offload is not None and step == getattr(a, "trace_step", -1):
+            from memascend.torch import StepTrace
+            trace = offload.trace = StepTrace(device)
+            trace.start()
         t0 = time.perf_counter()
         if cuda:
             begin, end = event(), event()
@@ -347,8 +353,13 @@ def train(a, device, record):
             end.record()
         fb_host.append(time.perf_counter() - t0)
         s.update()
+        if trace is not None and offload.trace is trace:
+            trace.host("step", "opt.step()", t0 + fb_host[-1], time.perf_counter())
         sync()
         times.append(time.perf_counter() - t0)
+        if trace is not None and offload.trace is trace:
+            offload.trace = None
+            record["trace"] = {"step": step, "seconds": times[-1], "spans": trace.finish()}
         fb.append(begin.elapsed_time(end) / 1e3 if cuda else fb_host[-1])
         if phase_of:
             now = phase_of()

@@ -137,7 +137,8 @@ def instances(tmp_path_factory):
     store = memascend.TensorStore(vol, host_budget=1 << 20)
     lease = store.acquire(store.register("t", 64))
     objs = {"OffloadedAdamW": opt, "ParameterOffload": offload,
-            "ActivationOffload": mt.offload_activations(store), "Volume": vol,
+            "ActivationOffload": mt.offload_activations(store), "StepTrace": mt.StepTrace(),
+            "Volume": vol,
             "TensorStore": store, "Lease": lease, "Error": errors.NotFoundError("x")}
     yield objs
     lease.release()

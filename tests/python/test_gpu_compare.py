@@ -88,6 +88,33 @@ def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
     assert "h2d_ratio" not in records["memascend"]  # no parameter loads to a device here
 
 
+def test_memascends_traced_step_is_drawn_as_a_timeline(run):
+    """The third step's spans (memascend.torch.StepTrace): the update of every group and
+    the loads before each module's forward, the modules' forward, recomputation and
+    backward, opt.step(); all inside the step, and drawn as an SVG."""
+    out, records = run
+    trace = records["memascend"]["trace"]
+    assert trace["step"] == 2
+    spans = trace["spans"]
+    lanes = {lane for lane, _, _, _ in spans}
+    assert lanes == {"update", "load", "compute", "step"}
+    names = [name for lane, name, _, _ in spans if lane == "compute"]
+    assert any(n.startswith("fwd ") for n in names) and any(n.startswith("bwd ") for n in names)
+    assert any(n.startswith("recompute ") for n in names)  # activation checkpointing
+    for _, _, begin, end in spans:
+        assert 0 <= begin <= end <= trace["seconds"] * 1.01
+    # Every group was updated once, before its parameters were loaded.
+    groups = [name for lane, name, _, _ in spans if lane == "update" and name != "the rest"]
+    covered = []
+    for g in groups:
+        first, last = map(int, g.split()[1].split("-"))
+        covered += range(first, last + 1)
+    assert covered == sorted(set(covered)) and covered[0] == 0
+    assert "trace" not in records["torch-gpu"]
+    svg = open(glob.glob(str(out / "timeline-*memascend*.svg"))[0]).read()
+    assert svg.startswith("<svg") and svg.count("<rect") == len(spans)
+
+
 def test_systems_torch_1_13_cannot_run_are_skipped_with_the_reason(run):
     import torch
     _, records = run

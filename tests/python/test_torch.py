@@ -73,6 +73,49 @@ def test_offloaded_adamw_trains_as_torch_adamw(tmp_path):
     opt.close()
 
 
+def test_a_traced_step_says_where_its_time_went(tmp_path):
+    """StepTrace over offload_parameters: the step's update runs group by group in the next
+    forward pass, each group before its load, and every module's forward and backward is
+    a compute span; outside the traced step nothing is recorded."""
+    import time
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model)
+    offload = mt.offload_parameters(model, opt)
+    train(model, opt, steps=1)
+    trace = offload.trace = mt.StepTrace()
+    trace.start()
+    x, y = gpt.batch(1)
+    model(x, y).backward()
+    began = time.perf_counter()
+    opt.step()
+    trace.host("step", "opt.step()", began, time.perf_counter())
+    opt.zero_grad(set_to_none=True)
+    spans = trace.finish()
+    offload.trace = None
+    ended = time.perf_counter() - trace._t0
+    assert {lane for lane, _, _, _ in spans} == {"update", "load", "compute", "step"}
+    assert all(0 <= b <= e <= ended for _, _, b, e in spans)
+    updated, loaded = {}, {}
+    for lane, name, b, _ in spans:
+        if lane == "update" and name != "the rest":
+            first, last = map(int, name.split()[1].split("-"))
+            for g in range(first, last + 1):
+                assert g not in updated
+                updated[g] = b
+        elif lane == "load":
+            loaded.setdefault(int(name.split()[1]), b)
+    assert sorted(updated) == list(range(len(updated))) and updated
+    assert all(updated[g] <= loaded[g] for g in updated if g in loaded)
+    modules = {n for n, m in model.named_modules() if list(m.parameters(recurse=False))}
+    fwd = {n.split(" ", 1)[1] for lane, n, _, _ in spans if n.startswith("fwd ")}
+    bwd = {n.split(" ", 1)[1] for lane, n, _, _ in spans if n.startswith("bwd ")}
+    assert fwd == modules and bwd <= fwd and bwd
+    train(model, opt, steps=3, first=2)
+    assert len(trace.spans) == len(spans)  # nothing more recorded
+    offload.remove()
+    opt.close()
+
+
 def test_with_parameters_and_activations_offloaded_too(tmp_path):
     ref_model, ref_losses = reference()
     model = gpt.make(seed=0)

@@ -35,7 +35,8 @@ Differences from torch.optim.AdamW, each deliberate:
 
 The package's modules: optimizer (OffloadedAdamW), state (its state_dict), scaling
 (PyTorch's GradScaler), distributed (torch.distributed), parameters (offload_parameters),
-activations (offload_activations), cuda (the device paths).
+activations (offload_activations), cuda (the device paths), trace (StepTrace: where a step's
+time goes, for a timeline).
 
 Thread-safety: one thread drives an optimizer and the modules it offloads.
 """
@@ -43,6 +44,7 @@ from memascend.torch._common import DEFAULT_PART_ELEMENTS
 from memascend.torch.activations import ActivationOffload, offload_activations
 from memascend.torch.optimizer import OffloadedAdamW
 from memascend.torch.parameters import ParameterOffload, offload_parameters
+from memascend.torch.trace import StepTrace
 
 __all__ = ["OffloadedAdamW", "offload_parameters", "offload_activations", "ParameterOffload",
-           "ActivationOffload", "DEFAULT_PART_ELEMENTS"]
+           "ActivationOffload", "StepTrace", "DEFAULT_PART_ELEMENTS"]

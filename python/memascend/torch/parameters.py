@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,9 @@ class ParameterOffload:
         self._callback_queued = False
         self._backward = False  # the pass under way (the device path reads ahead along it)
         self._acquired = set()  # on a GPU: parameters whose device copy is leased from the SDK
+        self.trace = None  # a memascend.torch.StepTrace while one step is traced
+        self._names = {id(m): name or type(m).__name__ for name, m in module.named_modules()}
+        self._marks = {}  # (pass, id(module)) -> the trace's mark where its compute began
         self._handles = []
         self._hooks = None  # the saved-tensor hooks while the root module runs
         self.fetches = 0
@@ -183,7 +187,13 @@ class ParameterOffload:
                     f"its state is {opt._dtype} on {want}. Change the model's dtype or device "
                     "before making the optimizer (or after opt.close(), which gives the model "
                     "back)")
+            t, first = self.trace, opt._next_update
+            began = time.perf_counter() if t is not None else 0.0
             opt._update_through(i)  # the previous step's update reaches this group first
+            if t is not None:
+                loading = time.perf_counter()
+                if opt._next_update != first:
+                    t.host("update", f"groups {first}-{opt._next_update - 1}", began, loading)
             if self._cuda is not None:
                 from memascend.torch.cuda import device_tensor, stream_handle
                 dev = self._cuda.device
@@ -192,6 +202,8 @@ class ParameterOffload:
                 p.data = device_tensor(address, n, code, opt._shapes[i], dev)
             else:
                 p.data = self._host_data(i)
+            if t is not None:
+                t.host("load", f"parameter {i}", loading, time.perf_counter())
             self.fetches += 1
         self._count[i] = c + 1
 
@@ -237,7 +249,10 @@ class ParameterOffload:
         self._hooks.__enter__()
 
     def _root_post_forward(self, module, inputs, output):
+        began = time.perf_counter()
         self._opt._finish_update()  # groups the forward pass did not load
+        if self.trace is not None:
+            self.trace.host("update", "the rest", began, time.perf_counter())
         if self._hooks is not None:
             self._hooks.__exit__(None, None, None)
             self._hooks = None
@@ -249,11 +264,13 @@ class ParameterOffload:
         self._prefetch(m, +1)
         for p, i in self._params_of[id(m)]:
             self._fetch(p, i)
+        self._mark("fwd", m)
         if torch.is_grad_enabled():
             return _wrap(inputs, lambda ts: _OnBackward.apply(lambda: self._post_backward(m), *ts))
         return None
 
     def _post_forward(self, m, inputs, output):
+        self._span("fwd", m, "recompute" if self._backward else "fwd")
         for p, i in self._params_of[id(m)]:
             self._release(p, i)
         if torch.is_grad_enabled():
@@ -269,10 +286,22 @@ class ParameterOffload:
         self._prefetch(m, -1)
         for p, i in self._params_of[id(m)]:
             self._fetch(p, i)
+        self._mark("bwd", m)
 
     def _post_backward(self, m):
+        self._span("bwd", m, "bwd")
         for p, i in self._params_of[id(m)]:
             self._release(p, i)
+
+    # -- the step's trace (memascend.torch.StepTrace): a module's compute, mark to span
+    def _mark(self, kind, m):
+        if self.trace is not None:
+            self._marks[kind, id(m)] = self.trace.now()
+
+    def _span(self, kind, m, label):
+        begin = self._marks.pop((kind, id(m)), None)
+        if self.trace is not None and begin is not None:
+            self.trace.compute(f"{label} {self._names.get(id(m), '?')}", begin, self.trace.now())
 
     def _end_backward(self):
         self._callback_queued = False
