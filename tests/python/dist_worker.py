@@ -5,7 +5,7 @@ gloo), or the whole batch in one process when WORLD is 1.
                    [--save-state FILE] [--load-state FILE] [--emulate-device]
                    [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
                    [--odd-rank R] [--odd-seed R] [--take ORDER] [--unused I]
-                   [--fail-read R] [--fail-update R STEP]
+                   [--fail-read R] [--fail-update R STEP] [--fail-gradient R STEP]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -28,7 +28,10 @@ the last parameter first or in an order of each rank's own (seeded by rank and s
 take): its buckets from there on go at step(). --fail-read R: rank R's reads of its
 parameters' shards fail (an I/O error, injected), as on resume. --fail-update R STEP:
 rank R's update of its second group's shard fails at step STEP (1-based; injected before
-the group is updated, as a failed read of its state would).
+the group is updated, as a failed read of its state would); --fail-gradient R STEP: rank
+R's store refuses its second group's gradient shard at step STEP. After a failed step()
+rank 0 saves to OUT.failed the parameters as they are, the error, and the error of a
+second step() (which must refuse at once), then raises the first.
 Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
@@ -71,24 +74,34 @@ def main():
     ap.add_argument("--unused", type=int, default=-1)
     ap.add_argument("--fail-read", type=int, default=-1)
     ap.add_argument("--fail-update", type=int, nargs=2, default=[-1, -1])
+    ap.add_argument("--fail-gradient", type=int, nargs=2, default=[-1, -1])
     a = ap.parse_args()
     torch.set_num_threads(1)
     mtd.EMULATE_DEVICE = a.emulate_device
     if a.bucket_bytes:
         mtb.BUCKET_BYTES = a.bucket_bytes
     if a.fail_read == a.rank:
-        def failing(self, k, out, update):
+        def failing(self, k, out):
             raise memascend.errors.DataLossError(f"injected: rank {a.rank} cannot read {k}")
         mtd.HostShards.parameters = failing
     if a.fail_update[0] == a.rank:
-        update_shard = mtd.HostShards.parameters
+        update_shard = mtd.HostShards.update
 
-        def failing_update(self, k, out, update):
-            if update and k == 1 and self.opt._step_count == a.fail_update[1]:
+        def failing_update(self, k):
+            if k == 1 and self.opt._step_count == a.fail_update[1]:
                 raise memascend.errors.DataLossError(
                     f"injected: rank {a.rank}'s update of group {k} fails")
-            update_shard(self, k, out, update)
-        mtd.HostShards.parameters = failing_update
+            update_shard(self, k)
+        mtd.HostShards.update = failing_update
+    if a.fail_gradient[0] == a.rank:
+        gradient_shard = mtd.HostShards.gradient
+
+        def failing_gradient(self, k, shard):
+            if k == 1 and self.opt._step_count + 1 == a.fail_gradient[1]:
+                raise memascend.errors.ResourceExhaustedError(
+                    f"injected: rank {a.rank}'s store refuses group {k}'s gradient")
+            gradient_shard(self, k, shard)
+        mtd.HostShards.gradient = failing_gradient
     distributed = a.world > 1 or a.group
     if distributed:
         dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,
@@ -129,7 +142,19 @@ def main():
             for i in order:
                 opt._grads.take_from(i, opt._params[i])  # what the hook does
             assert all(p.grad is None for p in model.parameters())
-        opt.step()
+        try:
+            opt.step()
+        except Exception as first:
+            try:
+                opt.step()  # a failed optimizer refuses at once, before any collective
+                again = None
+            except Exception as e:  # noqa: BLE001 - recorded
+                again = f"{type(e).__name__}: {e}"
+            if a.rank == 0:
+                torch.save({"at": step + 1, "error": str(first), "again": again,
+                            "params": [p.detach().clone() for p in model.parameters()]},
+                           a.out + ".failed")
+            raise
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()
         if a.world > 1:

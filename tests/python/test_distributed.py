@@ -94,16 +94,26 @@ def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
     assert [(tmp_path / f"r.{r}.vol").read_bytes() for r in range(2)] == before
 
 
-def test_one_ranks_failed_update_stops_every_rank_and_resume_finishes_the_step(tmp_path):
-    """Rank 1's update fails at step 3 (an injected error before its second group): both
-    ranks raise, rank 0 naming rank 1, neither waits in a gather nor commits the step; the
-    pair resumed goes on from step 2, the last both hold, as the uninterrupted pair."""
+@pytest.mark.parametrize("phase", ["update", "gradient"])
+def test_one_ranks_failed_step_stops_every_rank_and_resume_goes_on(tmp_path, phase):
+    """Rank 1's step 3 fails (injected: its update before its second group, or its store
+    refusing a gradient shard): both ranks raise, rank 0 naming rank 1, neither waits in a
+    collective, commits the step or changes a parameter, and a second step() refuses at
+    once; the pair resumed goes on from step 2, the last both hold, as the uninterrupted
+    pair."""
     vol = str(tmp_path / "f.{rank}.vol")
-    failed = launch(tmp_path, 2, 6, vol, tmp_path / "failed.pt", ["--fail-update", "1", "3"])
+    out = tmp_path / "failed.pt"
+    failed = launch(tmp_path, 2, 6, vol, out, [f"--fail-{phase}", "1", "3"])
     assert all(rc != 0 for _, _, rc in failed), failed
-    assert "injected: rank 1's update of group 1 fails" in failed[1][1]
-    assert "rank(s) [1] failed their update of step 3" in failed[0][1]
-    assert "resume=True" in failed[0][1]
+    what = {"update": "update of step 3", "gradient": "take this step's gradients"}[phase]
+    assert "injected: rank 1's" in failed[1][1]
+    assert "rank(s) [1] failed" in failed[0][1] and what in failed[0][1], failed[0][1]
+    at = torch.load(str(out) + ".failed")
+    assert at["at"] == 3 and "resume=True" in at["again"]
+    two = launch(tmp_path, 2, 2, str(tmp_path / "two.{rank}.vol"), tmp_path / "two.pt")
+    assert all(rc == 0 for _, _, rc in two), two
+    for p, q in zip(at["params"], torch.load(tmp_path / "two.pt")["params"]):
+        assert torch.equal(p, q)  # rank 0's parameters: step 2's, untouched by step 3
     resumed = launch(tmp_path, 2, 6, vol, tmp_path / "resumed.pt", ["--resume"])
     assert all(rc == 0 for _, _, rc in resumed), resumed
     whole = launch(tmp_path, 2, 6, str(tmp_path / "w.{rank}.vol"), tmp_path / "whole.pt")

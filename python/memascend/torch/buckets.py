@@ -95,6 +95,7 @@ class GradientBuckets:
             for i, column, chunk in members:
                 self.where[i] = (b, column, chunk)
         self.hooks = []
+        self.failed = None  # an agreed failure's message: no further step on any rank
         self._reset()
 
     def _reset(self):
@@ -105,6 +106,17 @@ class GradientBuckets:
         self.next = len(self.buckets) - 1  # the next bucket to launch
         self.inflight = []   # (bucket, work, row): launched, not yet sent
         self.begun = False
+        self.error = None    # this rank's first local failure of the step (kept, agreed)
+
+    def _local(self, f, *args):
+        """f(*args), its failure kept rather than raised: the rank goes on taking part in
+        the step's collectives, and finish() agrees on it (no rank waits for one that
+        raised)."""
+        if self.error is None:
+            try:
+                f(*args)
+            except Exception as e:  # noqa: BLE001 - kept, agreed and raised at finish()
+                self.error = e
 
     @staticmethod
     def require_hooks():
@@ -141,6 +153,8 @@ class GradientBuckets:
         """Parameter i's gradient (None: zeros) into its bucket; buckets now complete are
         launched."""
         opt = self.opt
+        if self.failed is not None:
+            return  # every rank alike: step() refuses (an earlier step failed on a rank)
         if i in self.taken:
             raise errors.FailedPreconditionError(
                 f"parameter {i} got a second gradient before step(): its first one went to "
@@ -150,8 +164,8 @@ class GradientBuckets:
             # This rank's last commit durable before the step's collectives: no rank
             # completes step s + 1 before every rank's step s is durable, so after a crash
             # the ranks' volumes are at most a step apart (Note [previous commit]).
-            opt._core.settle()
-            opt._core.begin_backward(0.0)
+            self._local(opt._core.settle)  # the previous commit's error shows here
+            self._local(opt._core.begin_backward, 0.0)
             self.begun = True
         b, column, chunk = self.where[i]
         if g is not None:
@@ -193,13 +207,17 @@ class GradientBuckets:
         for i, column, _ in self.buckets[b][1]:
             k, begin, end = self.opt._shards[i]
             if k is not None:
-                self.opt._shard_io.gradient(k, row[column:column + end - begin])
+                self._local(self.opt._shard_io.gradient, k, row[column:column + end - begin])
 
     def finish(self):
         """At step(): the gradients not taken yet (the last parameter first, so that each
         bucket is launched as soon as it is complete), every result sent, every copy
-        done."""
+        done; a rank's failure on the way (its store's, its last commit's) is agreed:
+        every rank raises, the others naming it."""
+        from memascend.torch import distributed as _dist
         opt = self.opt
+        if self.failed is not None:
+            raise errors.FailedPreconditionError(self.failed)
         try:
             for i in reversed(range(len(opt._params))):
                 if i not in self.taken:
@@ -214,8 +232,22 @@ class GradientBuckets:
                 pass
             self._reset()
             raise
-        opt._shard_io.finish()
+        self._local(opt._shard_io.finish)
+        error = self.error
         self._reset()
+        try:
+            _dist.agree(opt, error is None, "failed to take this step's gradients")
+        except errors.Error as e:
+            self.fail(str(e))
+            raise
+        if error is not None:
+            self.fail(f"this rank failed to take a step's gradients ({error})")
+            raise error
+
+    def fail(self, why):
+        """An agreed failure: every later step() refuses on every rank, before any
+        collective, with `why` (the state goes on from its volume: resume=True)."""
+        self.failed = f"{why}; no further step here: reopen with resume=True"
 
     def close(self):
         for h in self.hooks:

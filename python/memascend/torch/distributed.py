@@ -126,14 +126,15 @@ class HostShards:
     def stats(self):
         return {}
 
-    def parameters(self, k, out, update):
-        """Group k's parameters (updated first, if `update`) into `out`."""
+    def update(self, k):
+        """Group k's update, into the store (Note [optimizer overlap]: loads read it)."""
+        self.opt._core.update_group(k)
+
+    def parameters(self, k, out):
+        """Group k's newest parameters into `out`."""
         opt = self.opt
         mine = out if out.dtype == opt._dtype else torch.empty(out.numel(), dtype=opt._dtype)
-        if update:
-            opt._core.update_group(k, mine.data_ptr(), mine.numel(), opt._dt)
-        else:
-            opt._core.load_parameters(k, mine.data_ptr(), mine.numel(), opt._dt)
+        opt._core.load_parameters(k, mine.data_ptr(), mine.numel(), opt._dt)
         if mine is not out:
             out.copy_(mine)
 
@@ -173,10 +174,11 @@ class DeviceShards:
     def stats(self):
         return {"device_parameters": self.params.stats(), "device_gradients": self.grads.stats()}
 
-    def parameters(self, k, out, update):
+    def update(self, k):
+        self.opt._core.update_group(k)  # into the store; copied out by parameters()
+
+    def parameters(self, k, out):
         opt = self.opt
-        if update:
-            opt._core.update_group(k)  # into the store; copied out below
         mine = out if out.dtype == opt._dtype else torch.empty(out.numel(), dtype=opt._dtype,
                                                                device=out.device)
         self.params.copy_to(k, mine.data_ptr(), self._stream())
@@ -290,28 +292,49 @@ def gather(opt, i, mine, dtype=None):
 
 
 def _parameters_in(opt, update):
-    """Every parameter, whole, from the ranks' shards: each rank's (updated first, if
-    `update`) into its row of a bucket, the bucket all-gathered, then into the parameters.
-    A rank whose read or update fails goes on taking part in every bucket's gather,
-    writing nothing more into the parameters, and returns the error (its caller agrees on
-    it: no rank waits in a gather for one that raised)."""
+    """Every parameter, whole, from the ranks' shards: each rank's into its row of a
+    bucket, the bucket all-gathered, then into the parameters. With `update` every rank
+    first updates its shards and the ranks agree on that, so a failed update (Note [failed
+    update]) leaves every rank's parameters as they were. A rank whose read fails goes on
+    taking part in every bucket's gather and returns its error; each row carries whether it
+    is whole (the matrix's last column), and no rank takes a bucket with a row that is not,
+    nor any after it: the parameters hold no rank's unread bytes."""
     io, failure = opt._shard_io, None
+    if update:
+        for k, _, _ in opt._shards:
+            if k is not None and failure is None:
+                try:
+                    io.update(k)  # into the store; loaded below
+                except Exception as e:  # noqa: BLE001 - agreed below
+                    failure = e
+        try:
+            agree(opt, failure is None, f"failed their update of step {opt._step_count}",
+                  "; none committed the step: resume=True goes on from the last step all hold")
+        except errors.Error as e:
+            opt._grads.fail(str(e))
+            raise
+        if failure is not None:
+            opt._grads.fail(f"this rank's update of step {opt._step_count} failed ({failure})")
+            raise failure
+    whole = True  # every rank's rows so far
     for columns, members in opt._grads.buckets:
-        matrix = torch.empty(opt._world, columns, dtype=io.wire, device=opt._comm_device)
+        matrix = torch.empty(opt._world, columns + 1, dtype=io.wire, device=opt._comm_device)
         row = matrix[opt._rank]
         if failure is None:
             try:
                 for i, column, _ in members:
                     k, begin, end = opt._shards[i]
                     if k is not None:
-                        io.parameters(k, row[column:column + end - begin], update)
+                        io.parameters(k, row[column:column + end - begin])
             except Exception as e:  # noqa: BLE001 - returned, agreed by the caller
                 failure = e
+        row[columns] = 1 if failure is None else 0
         _buckets.all_gather(opt, matrix)
-        if failure is None:
+        whole = whole and bool((matrix[:, columns] == 1).all())
+        if whole:
             for i, column, chunk in members:
-                whole = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
-                opt._params[i].data.copy_(whole.view(opt._shapes[i]))
+                taken = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
+                opt._params[i].data.copy_(taken.view(opt._shapes[i]))
         del matrix, row
     return failure
 
@@ -339,12 +362,16 @@ def step_sharded(opt):
         opt.skipped_steps += 1
     else:
         # A rank's failed update (Note [failed update]: not retried) stops every rank
-        # before any commits the step: resume=True goes on from the last step every rank
-        # holds (agree_on_resume).
+        # before any commits the step or changes a parameter: resume=True goes on from the
+        # last step every rank holds (agree_on_resume).
         failure = _parameters_in(opt, update=True)
-        agree(opt, failure is None, f"failed their update of step {opt._step_count}",
-              "; none committed the step: resume=True goes on from the last step all hold")
+        try:
+            agree(opt, failure is None, "failed to load their updated parameters")
+        except errors.Error as e:
+            opt._grads.fail(str(e))
+            raise
         if failure is not None:
+            opt._grads.fail(f"this rank failed to load its updated parameters ({failure})")
             raise failure
     core.commit(opt._step_count)
     opt.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
