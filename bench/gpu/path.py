@@ -127,7 +127,8 @@ def run_child(mode, a):
     cmd = [sys.executable, "-u", os.path.abspath(__file__), "--child", mode] + a.forward
     t0 = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timer = threading.Timer(a.timeout, p.kill)
+    expired = threading.Event()
+    timer = threading.Timer(a.timeout, lambda: (expired.set(), p.kill()))
     timer.start()
     lines = []
     try:
@@ -138,9 +139,12 @@ def run_child(mode, a):
     finally:
         timer.cancel()
     if p.returncode != 0:
-        why = f"killed after {a.timeout} s" if p.returncode == -9 else f"exit {p.returncode}"
+        why = f"killed after {a.timeout} s" if expired.is_set() else f"exit {p.returncode}"
         return {"system": mode, "error": why, "seconds": time.time() - t0}
-    r = json.loads(next(x for x in reversed(lines) if x.startswith("{")))  # stderr merged
+    last = next((x for x in reversed(lines) if x.startswith("{")), None)  # stderr merged
+    if last is None:
+        return {"system": mode, "error": "exit 0 without its record", "seconds": time.time() - t0}
+    r = json.loads(last)
     r["seconds"] = round(time.time() - t0, 1)
     return r
 

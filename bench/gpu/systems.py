@@ -402,15 +402,19 @@ def train(a, device, record):
                                        "source": "/proc/self/io read_bytes, write_bytes"}
     if phases and "io_write_bytes" in phases[0]:
         # The system's own count: /proc/self/io misses O_DIRECT writes (counted when pages
-        # are dirtied, which direct I/O never does). The mean over the steps after the
-        # first: with a commit interval, the steps that commit write for those that do not.
+        # are dirtied, which direct I/O never does). The mean over the steps tokens/s is
+        # over (steady_step's window: with a commit interval, whole intervals, so the steps
+        # that commit write for those that do not).
         steady_phases = phases[1:] if len(phases) > 2 else phases
+        every = record.get("commit_every") or 1
+        if every > 1 and len(steady_phases) >= every:
+            steady_phases = steady_phases[:len(steady_phases) // every * every]
         record["proc_io_bytes_per_step"] = record.get("io_bytes_per_step")
         record["io_bytes_per_step"] = {
             k: statistics.mean(p[f"io_{k}_bytes"] for p in steady_phases)
             for k in ("read", "write")}
-        record["io_bytes_per_step"]["source"] = "the system's own counters, mean of the " \
-            "steps after the first"
+        record["io_bytes_per_step"]["source"] = "the system's own counters, the mean over " \
+            f"the {len(steady_phases)} steps tokens/s is over"
     t0 = time.time()
     record.update(s.finish())
     record["finish_seconds"] = round(time.time() - t0, 2)

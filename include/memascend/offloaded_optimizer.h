@@ -84,8 +84,9 @@
 //
 // Note [step times]: times() splits the driving thread's time in the optimizer by phase
 // (wall clock, summed): an update's time less its kernels' is the time its parts waited
-// for the storage (reads, room, a batch's commit). A benchmark reads it per step to say
-// where a step went; nothing in the optimizer depends on it.
+// for the storage (reads, room, a batch's commit); a commit's wait can also fall in the
+// next step's first gradient (its room), counted under gradients. A benchmark reads it
+// per step to say where a step went; nothing in the optimizer depends on it.
 //
 // Thread-safety: one thread drives an optimizer (its kernels use `threads`).
 // Lifetime: the storage and the threads must outlive the optimizer.
@@ -295,6 +296,8 @@ class OffloadedAdam {
   std::int64_t adam_step() const noexcept { return adam_step_; }
   // Where the driving thread's time went, summed since construction (Note [step times]).
   struct Times {
+    double gradients = 0;       // Begin/End/Write/SetGradient: conversion, checks, and
+                                // the storage's waits for a gradient's room
     double end_backward = 0;    // EndBackward: the overflow check, the scaler, the plan
     double update = 0;          // UpdateGroup, whole
     double update_kernels = 0;  // of which the fused Adam and the parameters' copy out

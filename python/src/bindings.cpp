@@ -425,6 +425,7 @@ class PyAdam {
     d["deferred_steps"] = state_->deferred_steps();
     const OffloadedAdam::Times& t = a->times();  // Note [step times]
     py::dict seconds;
+    seconds["gradients"] = t.gradients;
     seconds["end_backward"] = t.end_backward;
     seconds["update"] = t.update;
     seconds["update_kernels"] = t.update_kernels;

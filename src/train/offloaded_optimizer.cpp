@@ -429,6 +429,7 @@ void OffloadedAdam::SetGradientScale(float gradient_scale) {
 }
 
 absl::StatusOr<StateBuffer> OffloadedAdam::BeginGradient(std::size_t g, std::size_t part) {
+  Timed timed(&times_.gradients);  // with the storage's wait for room (a commit's settle)
   const StateLayout& l = layout();
   if (g >= l.groups.size() || part >= l.Parts(g))
     return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
@@ -436,6 +437,7 @@ absl::StatusOr<StateBuffer> OffloadedAdam::BeginGradient(std::size_t g, std::siz
 }
 
 absl::Status OffloadedAdam::EndGradient(std::size_t g, std::size_t part, StateBuffer gradient) {
+  Timed timed(&times_.gradients);
   const StateLayout& l = layout();
   if (g >= l.groups.size() || part >= l.Parts(g))
     return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
@@ -453,7 +455,10 @@ absl::Status OffloadedAdam::WriteGradient(
     std::size_t g, std::size_t part, const std::function<absl::Status(MutableTensorView)>& fill) {
   MEMASCEND_ASSIGN_OR_RETURN(StateBuffer grad, BeginGradient(g, part));
   const auto [begin, end] = layout().PartRange(g, part);
-  MEMASCEND_RETURN_IF_ERROR(fill({grad.data, end - begin, layout().grad_dtype}));
+  {
+    Timed timed(&times_.gradients);
+    MEMASCEND_RETURN_IF_ERROR(fill({grad.data, end - begin, layout().grad_dtype}));
+  }
   return EndGradient(g, part, std::move(grad));
 }
 
@@ -670,7 +675,10 @@ absl::Status OffloadedAdam::UpdateAll(const std::function<void(std::size_t)>& af
   if (storage_->OwnsUpdate()) {
     if (pending_->next_group != 0)
       return absl::FailedPreconditionError("adam: the storage's own update runs whole");
-    MEMASCEND_RETURN_IF_ERROR(storage_->UpdateAll(pending_->adam, threads_));
+    {
+      Timed timed(&times_.update);  // its kernels are the storage's, not split out
+      MEMASCEND_RETURN_IF_ERROR(storage_->UpdateAll(pending_->adam, threads_));
+    }
     pending_->next_group = groups;
     if (after_group) after_group(groups - 1);
     return absl::OkStatus();

@@ -14,6 +14,8 @@ _INSTALLED = os.environ.get("MEMASCEND_TEST_INSTALLED")
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "last: run after every other test of the session (the "
+                            "heaviest: a device call cut short loses the fewest results)")
     if not _INSTALLED:
         return
     import memascend
@@ -28,3 +30,7 @@ def pytest_report_header(config):
         import memascend
         return f"memascend {memascend.__version__} from {os.path.dirname(memascend.__file__)}"
     return None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)  # stable

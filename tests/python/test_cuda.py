@@ -298,6 +298,7 @@ def test_the_sharded_path_over_nccl_trains_as_one_process(tmp_path):
         assert nccl["pinned_allocs"][1] == nccl["pinned_allocs"][0]
 
 
+@pytest.mark.last  # the heaviest GPU tests (conftest.py)
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
 def test_a_transformers_llama_fine_tunes_offloaded_as_on_the_gpu(tmp_path, checkpointing):
     ref = _llama_reference(checkpointing)

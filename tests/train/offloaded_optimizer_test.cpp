@@ -194,6 +194,7 @@ TEST(OffloadedAdam, PartByPartUnderABudgetGivesTheBitsOfWholeTensorAdamW) {
   EXPECT_LT(2 * OffloadedAdam::MinimumHostBudget(l), l.TotalElements() * 16);
   // Note [step times]: each phase ran and was timed; the kernels are a part of the update.
   const OffloadedAdam::Times& t = adam->times();
+  EXPECT_GT(t.gradients, 0);
   EXPECT_GT(t.end_backward, 0);
   EXPECT_GT(t.update_kernels, 0);
   EXPECT_GT(t.update, t.update_kernels);

@@ -372,8 +372,9 @@ class Check:
         # Each test's name as it starts and ends (-v), the slowest at the end, and every
         # thread's stack of a test still running after 150 s (faulthandler), into pytest.log
         # as they come: the first H200 run of these was cut short at 229 s with no word.
-        # test_cuda.py's heaviest tests (a transformers Llama, the kill -9 resume) are its
-        # last, and the sanitizer ran before: a call cut short loses the fewest results.
+        # The heaviest tests (test_cuda.py's transformers Llama, marked `last`) run after
+        # every other file's, and the sanitizer ran before: a call cut short loses the
+        # fewest results.
         self.run("pytest (cuda, core, torch)",
                  [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rs",
                   "--durations=20", "-o", "faulthandler_timeout=150",
