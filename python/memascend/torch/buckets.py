@@ -235,14 +235,7 @@ class GradientBuckets:
         self._local(opt._shard_io.finish)
         error = self.error
         self._reset()
-        try:
-            _dist.agree(opt, error is None, "failed to take this step's gradients")
-        except errors.Error as e:
-            self.fail(str(e))
-            raise
-        if error is not None:
-            self.fail(f"this rank failed to take a step's gradients ({error})")
-            raise error
+        _dist.agree_on_step(opt, error, "failed to take this step's gradients")
 
     def fail(self, why):
         """An agreed failure: every later step() refuses on every rank, before any

@@ -217,6 +217,20 @@ def agree(opt, ok, what, after=""):
             f"rank(s) {failed} {what} (their errors say why); every rank stops{after}")
 
 
+def agree_on_step(opt, failure, what, after=""):
+    """A step's agreement (a collective): where any rank's `failure` (this rank's error, or
+    None) stopped it, every rank raises (this rank its own error, the others one naming it)
+    and every later step() refuses at once on every rank."""
+    try:
+        agree(opt, failure is None, what, after)
+    except errors.Error as e:
+        opt._grads.fail(str(e))
+        raise
+    if failure is not None:
+        opt._grads.fail(f"this rank failed a step ({failure})")
+        raise failure
+
+
 def agree_opened(opt, opened):
     agree(opt, opened, "could not open their state")
 
@@ -307,15 +321,9 @@ def _parameters_in(opt, update):
                     io.update(k)  # into the store; loaded below
                 except Exception as e:  # noqa: BLE001 - agreed below
                     failure = e
-        try:
-            agree(opt, failure is None, f"failed their update of step {opt._step_count}",
-                  "; none committed the step: resume=True goes on from the last step all hold")
-        except errors.Error as e:
-            opt._grads.fail(str(e))
-            raise
-        if failure is not None:
-            opt._grads.fail(f"this rank's update of step {opt._step_count} failed ({failure})")
-            raise failure
+        agree_on_step(opt, failure, f"failed their update of step {opt._step_count}",
+                      "; none committed the step: resume=True goes on from the last step all "
+                      "hold")
     whole = True  # every rank's rows so far
     for columns, members in opt._grads.buckets:
         matrix = torch.empty(opt._world, columns + 1, dtype=io.wire, device=opt._comm_device)
@@ -365,14 +373,7 @@ def step_sharded(opt):
         # before any commits the step or changes a parameter: resume=True goes on from the
         # last step every rank holds (agree_on_resume).
         failure = _parameters_in(opt, update=True)
-        try:
-            agree(opt, failure is None, "failed to load their updated parameters")
-        except errors.Error as e:
-            opt._grads.fail(str(e))
-            raise
-        if failure is not None:
-            opt._grads.fail(f"this rank failed to load its updated parameters ({failure})")
-            raise failure
+        agree_on_step(opt, failure, "failed to load their updated parameters")
     core.commit(opt._step_count)
     opt.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
                      "loss_scale": plan["loss_scale"]}
