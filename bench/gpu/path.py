@@ -12,8 +12,13 @@ device, the model, the commit, the command and the figures:
 
   h2d_ratio                 parameter loads' bandwidth (bytes over the copy stream's
                             time, CUDA events) over the pinned ceiling of the same call
-  step_over_forward_backward  median step time over the median forward+backward time
-                            (steps 5 to the end): what the update and the I/O add
+  step_over_forward_backward  the step (median; with a commit interval the mean over
+                            whole intervals) over the reference's median forward+backward
+                            alone, steps 5 to the end: what the update and the I/O add
+                            (memascend's own forward pass runs the previous step's update,
+                            Note [optimizer overlap], so its forward+backward is not "alone")
+  step_phases, trace        memascend's seconds by phase per step (Note [step times]) and
+                            one step's spans (StepTrace), drawn as gpu-path-*-timeline.svg
   loss_rel_diff_max         the largest |loss - reference| / reference over the steps
   rss_growth                host RSS from step 5 to the last, as a fraction
   peak_rss_bytes, peak_pinned_bytes (the store's page-locked arena), gpu_peak_bytes
@@ -31,6 +36,7 @@ import sys
 import threading
 import time
 
+import timeline
 from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, parse_bytes,
                     rss_bytes, steady_step, token_stream)
 
@@ -47,11 +53,15 @@ def child_reference(a):
     params = list(model.parameters())
     master = [p.detach().float().clone().requires_grad_(True) for p in params]
     opt = torch.optim.AdamW(master, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
-    losses = []
+    losses, fb = [], []
     for step in range(a.steps):
         x = tokens[step].cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
+        torch.cuda.synchronize()
+        fb.append(time.perf_counter() - t0)  # forward+backward alone: what the path's step
         for m, p in zip(master, params):
             m.grad = p.grad.float()
             p.grad = None
@@ -61,7 +71,7 @@ def child_reference(a):
             for m, p in zip(master, params):
                 p.copy_(m)
         losses.append(float(loss))
-    return {"system": "torch-gpu", "losses": losses,
+    return {"system": "torch-gpu", "losses": losses, "forward_backward_seconds": fb,
             "gpu_peak_bytes": torch.cuda.max_memory_reserved()}
 
 
@@ -80,10 +90,14 @@ def child_memascend(a):
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
-    losses, fb, steps, rss = [], [], [], []
+    losses, fb, steps, rss, phases, trace = [], [], [], [], [], None
+    last = opt.stats()["seconds"]
     for step in range(a.steps):
         x = tokens[step].cuda()
         torch.cuda.synchronize()
+        if step == min(2, a.steps - 1):  # a step's timeline (memascend.torch.StepTrace)
+            trace = offload.trace = mt.StepTrace("cuda")
+            trace.start()
         t0 = time.perf_counter()
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
@@ -93,6 +107,13 @@ def child_memascend(a):
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         t2 = time.perf_counter()
+        if offload.trace is not None:
+            trace.host("step", "opt.step()", t1, t2)
+            offload.trace = None
+            trace = {"step": step, "seconds": t2 - t0, "spans": trace.finish()}
+        now = opt.stats()["seconds"]  # Note [step times]
+        phases.append({k: now[k] - last[k] for k in now})
+        last = now
         losses.append(float(loss))
         fb.append(t1 - t0)
         steps.append(t2 - t0)
@@ -105,6 +126,9 @@ def child_memascend(a):
     dp = stats["device_parameters"]
     out = {
         "system": "memascend", "losses": losses, "forward_backward_seconds": fb,
+        "forward_backward_basis": "host, synchronised: the previous step's update runs in the "
+                                  "forward pass (Note [optimizer overlap])",
+        "step_phases": phases, "trace": trace,
         "step_seconds": steps, "rss_bytes": rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
@@ -206,9 +230,15 @@ def main():
     record["commit"] = commit()
     if "error" not in mem:
         tail = slice(min(5, a.steps - 1), None)
-        fb = statistics.median(mem["forward_backward_seconds"][tail])
         st, record["step_basis"] = steady_step(mem["step_seconds"][tail], a.commit_every)
-        record["step_over_forward_backward"] = st / fb
+        if "error" not in ref:  # the model's forward+backward alone, on the GPU
+            fb = statistics.median(ref["forward_backward_seconds"][tail])
+            record["forward_backward_seconds"] = fb
+            record["step_over_forward_backward"] = st / fb
+        if mem.get("trace"):
+            timeline.svg(mem["trace"]["spans"], f"llama-3.2-1b-shapes-{a.layers}-layers, batch "
+                         f"{a.batch}: step {mem['trace']['step']}", os.path.join(
+                             a.out, f"gpu-path-{a.layers}l-timeline.svg"))
         record["tokens_per_s"] = a.batch * a.seq / st
         rss = mem["rss_bytes"][tail]
         record["rss_growth"] = (rss[-1] - rss[0]) / rss[0]
