@@ -6,6 +6,7 @@ gloo), or the whole batch in one process when WORLD is 1.
                    [--bucket-bytes N] [--group] [--dynamic-loss-scale] [--inf-at STEP]
                    [--odd-rank R] [--odd-seed R] [--take ORDER] [--unused I]
                    [--fail-read R] [--fail-update R STEP] [--fail-gradient R STEP]
+                   [--fail-load R STEP] [--fail-state-read R] [--fail-state-write R]
 
 Each step's global batch is gpt.batch(step, batch_size=4); rank r trains rows
 [r * 4 / WORLD, (r + 1) * 4 / WORLD). Rank 0 writes OUT (torch.save): the global losses
@@ -29,9 +30,14 @@ take): its buckets from there on go at step(). --fail-read R: rank R's reads of 
 parameters' shards fail (an I/O error, injected), as on resume. --fail-update R STEP:
 rank R's update of its second group's shard fails at step STEP (1-based; injected before
 the group is updated, as a failed read of its state would); --fail-gradient R STEP: rank
-R's store refuses its second group's gradient shard at step STEP. After a failed step()
-rank 0 saves to OUT.failed the parameters as they are, the error, and the error of a
-second step() (which must refuse at once), then raises the first.
+R's store refuses its second group's gradient shard at step STEP; --fail-load R STEP:
+rank R's read of its second group's updated parameters fails at step STEP (each on the
+host's or the emulated device's shard path). After a failed step() every rank saves to
+OUT.failed.RANK the parameters as they are and the error; rank 0 alone calls step() again
+(it must refuse at once, before any collective: else it would wait for rank 1) and saves
+that error too; then each raises the first. --fail-state-read R, --fail-state-write R:
+rank R's reads of its state for --save-state's state_dict() fail, or its writes for
+--load-state's load_state_dict().
 Every rank prints "end SKIPPED SCALE CHECKSUM" after its last step.
 """
 import argparse
@@ -49,6 +55,40 @@ import memascend.torch.buckets as mtb
 import memascend.torch.distributed as mtd
 
 GLOBAL_BATCH = 4
+
+
+class Failing:
+    """The SDK's optimizer with one method failing (as an I/O error would)."""
+
+    def __init__(self, core, method, rank):
+        self.core, self.method, self.rank = core, method, rank
+
+    def __getattr__(self, name):
+        if name == self.method:
+            def fail(kind, k, *args):
+                raise memascend.errors.DataLossError(
+                    f"injected: rank {self.rank}'s {name} of its {kind} of group {k} fails")
+            return fail
+        return getattr(self.core, name)
+
+
+def inject(cls, a):
+    """--fail-update, --fail-gradient, --fail-load on this rank: the shard path `cls`'s
+    method raises for group 1 at the step named."""
+    def failing(name, flag, error):
+        real = getattr(cls, name)
+
+        def method(self, k, *args):
+            if k == 1 and self.opt._step_count + (name == "gradient") == flag[1]:
+                raise error(f"injected: rank {a.rank}'s {name} of group {k} fails")
+            return real(self, k, *args)
+        setattr(cls, name, method)
+    errors = memascend.errors
+    for name, flag, error in (("update", a.fail_update, errors.DataLossError),
+                              ("gradient", a.fail_gradient, errors.ResourceExhaustedError),
+                              ("parameters", a.fail_load, errors.DataLossError)):
+        if flag[0] == a.rank:
+            failing(name, flag, error)
 
 
 def main():
@@ -75,6 +115,9 @@ def main():
     ap.add_argument("--fail-read", type=int, default=-1)
     ap.add_argument("--fail-update", type=int, nargs=2, default=[-1, -1])
     ap.add_argument("--fail-gradient", type=int, nargs=2, default=[-1, -1])
+    ap.add_argument("--fail-load", type=int, nargs=2, default=[-1, -1])
+    ap.add_argument("--fail-state-read", type=int, default=-1)
+    ap.add_argument("--fail-state-write", type=int, default=-1)
     a = ap.parse_args()
     torch.set_num_threads(1)
     mtd.EMULATE_DEVICE = a.emulate_device
@@ -84,24 +127,8 @@ def main():
         def failing(self, k, out):
             raise memascend.errors.DataLossError(f"injected: rank {a.rank} cannot read {k}")
         mtd.HostShards.parameters = failing
-    if a.fail_update[0] == a.rank:
-        update_shard = mtd.HostShards.update
-
-        def failing_update(self, k):
-            if k == 1 and self.opt._step_count == a.fail_update[1]:
-                raise memascend.errors.DataLossError(
-                    f"injected: rank {a.rank}'s update of group {k} fails")
-            update_shard(self, k)
-        mtd.HostShards.update = failing_update
-    if a.fail_gradient[0] == a.rank:
-        gradient_shard = mtd.HostShards.gradient
-
-        def failing_gradient(self, k, shard):
-            if k == 1 and self.opt._step_count + 1 == a.fail_gradient[1]:
-                raise memascend.errors.ResourceExhaustedError(
-                    f"injected: rank {a.rank}'s store refuses group {k}'s gradient")
-            gradient_shard(self, k, shard)
-        mtd.HostShards.gradient = failing_gradient
+    for cls in (mtd.HostShards, mtd.DeviceShards):  # injected on both shard paths
+        inject(cls, a)
     distributed = a.world > 1 or a.group
     if distributed:
         dist.init_process_group("gloo", init_method="file://" + a.init_file, rank=a.rank,
@@ -121,6 +148,8 @@ def main():
     if a.load_state:
         saved = torch.load(a.load_state)
         model.load_state_dict(saved["model"])
+        if a.fail_state_write == a.rank:
+            opt._core = Failing(opt._core, "write_state", a.rank)
         opt.load_state_dict(saved["opt"])
         first = saved["step"]
     rows = GLOBAL_BATCH // a.world
@@ -145,15 +174,15 @@ def main():
         try:
             opt.step()
         except Exception as first:
-            try:
-                opt.step()  # a failed optimizer refuses at once, before any collective
-                again = None
-            except Exception as e:  # noqa: BLE001 - recorded
-                again = f"{type(e).__name__}: {e}"
+            again = None
             if a.rank == 0:
-                torch.save({"at": step + 1, "error": str(first), "again": again,
-                            "params": [p.detach().clone() for p in model.parameters()]},
-                           a.out + ".failed")
+                try:
+                    opt.step()  # a failed optimizer refuses at once, before any collective
+                except Exception as e:  # noqa: BLE001 - recorded
+                    again = f"{type(e).__name__}: {e}"
+            torch.save({"at": step + 1, "error": str(first), "again": again,
+                        "params": [p.detach().clone() for p in model.parameters()]},
+                       f"{a.out}.failed.{a.rank}")
             raise
         opt.zero_grad(set_to_none=True)
         total = loss.detach().clone()
@@ -166,6 +195,8 @@ def main():
     print("end", opt.skipped_steps, opt.loss_scale,
           float(sum(p.double().sum() for p in model.parameters())), flush=True)
     if a.save_state:
+        if a.fail_state_read == a.rank:
+            opt._core = Failing(opt._core, "read_state", a.rank)
         state = opt.state_dict()  # a collective: every rank
         if a.rank == 0:
             torch.save({"opt": state, "model": model.state_dict(), "step": a.steps},

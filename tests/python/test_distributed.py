@@ -94,29 +94,42 @@ def test_a_resumed_pair_continues_and_ranks_that_disagree_are_refused(tmp_path):
     assert [(tmp_path / f"r.{r}.vol").read_bytes() for r in range(2)] == before
 
 
-@pytest.mark.parametrize("phase", ["update", "gradient"])
+@pytest.mark.parametrize("phase", ["update", "gradient", "load", "gradient-device"])
 def test_one_ranks_failed_step_stops_every_rank_and_resume_goes_on(tmp_path, phase):
-    """Rank 1's step 3 fails (injected: its update before its second group, or its store
-    refusing a gradient shard): both ranks raise, rank 0 naming rank 1, neither waits in a
-    collective, commits the step or changes a parameter, and a second step() refuses at
-    once; the pair resumed goes on from step 2, the last both hold, as the uninterrupted
-    pair."""
+    """Rank 1's step 3 fails (injected: its update before its second group, its store
+    refusing a gradient shard, or its read of an updated shard; on the host's shard path
+    or the emulated device's): both ranks raise, rank 0 naming rank 1, neither waits in a
+    collective, and a later step() refuses at once on rank 0 alone. No rank's parameters
+    hold unread bytes: they are step 2's, or after a failed load step 3's up to the
+    bucket that failed and step 2's after it. The pair resumed goes on from step 2, the
+    last both hold, as the uninterrupted pair."""
     vol = str(tmp_path / "f.{rank}.vol")
     out = tmp_path / "failed.pt"
-    failed = launch(tmp_path, 2, 6, vol, out, [f"--fail-{phase}", "1", "3"])
+    kind, _, device = phase.partition("-")
+    extra = ["--bucket-bytes", "4096"] + (["--emulate-device"] if device else [])
+    failed = launch(tmp_path, 2, 6, vol, out, [f"--fail-{kind}", "1", "3"] + extra)
     assert all(rc != 0 for _, _, rc in failed), failed
-    what = {"update": "update of step 3", "gradient": "take this step's gradients"}[phase]
-    assert "injected: rank 1's" in failed[1][1]
+    what = {"update": "update of step 3", "gradient": "take this step's gradients",
+            "load": "load their updated parameters"}[kind]
+    assert f"injected: rank 1's {'parameters' if kind == 'load' else kind}" in failed[1][1]
     assert "rank(s) [1] failed" in failed[0][1] and what in failed[0][1], failed[0][1]
-    at = torch.load(str(out) + ".failed")
-    assert at["at"] == 3 and "resume=True" in at["again"]
-    two = launch(tmp_path, 2, 2, str(tmp_path / "two.{rank}.vol"), tmp_path / "two.pt")
-    assert all(rc == 0 for _, _, rc in two), two
-    for p, q in zip(at["params"], torch.load(tmp_path / "two.pt")["params"]):
-        assert torch.equal(p, q)  # rank 0's parameters: step 2's, untouched by step 3
-    resumed = launch(tmp_path, 2, 6, vol, tmp_path / "resumed.pt", ["--resume"])
+    at = [torch.load(f"{out}.failed.{r}") for r in range(2)]
+    assert at[0]["at"] == 3 and "resume=True" in at[0]["again"]
+    runs = {n: launch(tmp_path, 2, n, str(tmp_path / f"s{n}.{{rank}}.vol"),
+                      tmp_path / f"s{n}.pt", extra) for n in (2, 3)}
+    assert all(rc == 0 for r in runs.values() for _, _, rc in r), runs
+    step2, step3 = (torch.load(tmp_path / f"s{n}.pt")["params"] for n in (2, 3))
+    for rank in range(2):
+        new = [torch.equal(p, q) for p, q in zip(at[rank]["params"], step3)]
+        old = [torch.equal(p, q) for p, q in zip(at[rank]["params"], step2)]
+        assert all(a or b for a, b in zip(new, old)), rank  # no unread bytes anywhere
+        if kind == "load":  # the buckets before the failed read were taken
+            assert any(new) and not all(new), rank
+        else:
+            assert all(old), rank
+    resumed = launch(tmp_path, 2, 6, vol, tmp_path / "resumed.pt", ["--resume"] + extra)
     assert all(rc == 0 for _, _, rc in resumed), resumed
-    whole = launch(tmp_path, 2, 6, str(tmp_path / "w.{rank}.vol"), tmp_path / "whole.pt")
+    whole = launch(tmp_path, 2, 6, str(tmp_path / "w.{rank}.vol"), tmp_path / "whole.pt", extra)
     assert all(rc == 0 for _, _, rc in whole), whole
     a, b = torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "whole.pt")
     assert sorted(a["losses"]) == [3, 4, 5, 6]
@@ -124,6 +137,17 @@ def test_one_ranks_failed_step_stops_every_rank_and_resume_goes_on(tmp_path, pha
         assert a["losses"][s] == b["losses"][s], s
     for p, q in zip(a["params"], b["params"]):
         assert torch.equal(p, q)
+
+
+def test_a_ranks_failed_state_read_stops_every_ranks_state_dict(tmp_path):
+    """state_dict() is a collective: rank 1's state reads fail, it keeps gathering, and
+    every rank raises (rank 0 naming rank 1) rather than one waiting for the other."""
+    failed = launch(tmp_path, 2, 2, str(tmp_path / "s.{rank}.vol"), tmp_path / "s.pt",
+                    ["--save-state", str(tmp_path / "s.state"), "--fail-state-read", "1"])
+    assert all(rc != 0 for _, _, rc in failed), failed
+    assert "injected: rank 1's read_state" in failed[1][1]
+    assert "rank(s) [1] failed to read their state" in failed[0][1], failed[0][1]
+    assert not os.path.exists(tmp_path / "s.state")
 
 
 def test_state_dict_gathers_the_shards_and_load_state_dict_takes_them_back(tmp_path):
@@ -154,6 +178,13 @@ def test_state_dict_gathers_the_shards_and_load_state_dict_takes_them_back(tmp_p
     assert sorted(l["losses"]) == [5, 6, 7, 8]
     for s in l["losses"]:
         assert l["losses"][s] == w["losses"][s], s
+    # A rank whose writes of the given state fail: every rank raises before any commits
+    # it (rank 0 naming rank 1), none waiting for the other.
+    bad = launch(tmp_path, 2, 8, str(tmp_path / "b.{rank}.vol"), tmp_path / "bad.pt",
+                 ["--load-state", str(tmp_path / "two.state"), "--fail-state-write", "1"])
+    assert all(rc != 0 for _, _, rc in bad), bad
+    assert "injected: rank 1's write_state" in bad[1][1]
+    assert "rank(s) [1] failed to write the state_dict given" in bad[0][1], bad[0][1]
     # One process's state, split across a pair: each rank keeps its shard.
     split = launch(tmp_path, 2, 8, str(tmp_path / "s.{rank}.vol"), tmp_path / "split.pt",
                    ["--load-state", str(tmp_path / "one.state")])

@@ -109,7 +109,7 @@ def test_a_traced_step_says_where_its_time_went(tmp_path):
     modules = {n for n, m in model.named_modules() if list(m.parameters(recurse=False))}
     fwd = {n.split(" ", 1)[1] for lane, n, _, _ in spans if n.startswith("fwd ")}
     bwd = {n.split(" ", 1)[1] for lane, n, _, _ in spans if n.startswith("bwd ")}
-    assert fwd == modules and bwd <= fwd and bwd
+    assert fwd == modules and bwd == fwd  # the embeddings too (their inputs need no grad)
     train(model, opt, steps=3, first=2)
     assert len(trace.spans) == len(spans)  # nothing more recorded
     offload.remove()

@@ -232,7 +232,10 @@ class GradientBuckets:
                 pass
             self._reset()
             raise
-        self._local(opt._shard_io.finish)
+        try:  # always: the copies queued are waited for and the blocks let go
+            opt._shard_io.finish()
+        except Exception as e:  # noqa: BLE001 - agreed below, as the others
+            self.error = self.error or e
         error = self.error
         self._reset()
         _dist.agree_on_step(opt, error, "failed to take this step's gradients")

@@ -312,7 +312,8 @@ def _parameters_in(opt, update):
     update]) leaves every rank's parameters as they were. A rank whose read fails goes on
     taking part in every bucket's gather and returns its error; each row carries whether it
     is whole (the matrix's last column), and no rank takes a bucket with a row that is not,
-    nor any after it: the parameters hold no rank's unread bytes."""
+    nor any after it: the parameters hold no rank's unread bytes (those of the buckets
+    before such a failure are the new ones, the rest as they were)."""
     io, failure = opt._shard_io, None
     if update:
         for k, _, _ in opt._shards:
@@ -324,7 +325,9 @@ def _parameters_in(opt, update):
         agree_on_step(opt, failure, f"failed their update of step {opt._step_count}",
                       "; none committed the step: resume=True goes on from the last step all "
                       "hold")
-    whole = True  # every rank's rows so far
+    # Whether every rank's rows so far were whole, on the gathers' device: the check
+    # waits for no gather (the host goes on queuing the next bucket's copies).
+    whole = torch.ones((), dtype=torch.bool, device=opt._comm_device)
     for columns, members in opt._grads.buckets:
         matrix = torch.empty(opt._world, columns + 1, dtype=io.wire, device=opt._comm_device)
         row = matrix[opt._rank]
@@ -338,11 +341,13 @@ def _parameters_in(opt, update):
                 failure = e
         row[columns] = 1 if failure is None else 0
         _buckets.all_gather(opt, matrix)
-        whole = whole and bool((matrix[:, columns] == 1).all())
-        if whole:
-            for i, column, chunk in members:
-                taken = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
-                opt._params[i].data.copy_(taken.view(opt._shapes[i]))
+        whole &= (matrix[:, columns] == 1).all()
+        for i, column, chunk in members:
+            taken = matrix[:, column:column + chunk].reshape(-1)[:opt._numels[i]]
+            p, src = opt._params[i].data, taken.view(opt._shapes[i])
+            if src.dtype != p.dtype or src.device != p.device:
+                src = src.to(p.device, p.dtype)
+            torch.where(whole.to(p.device), src, p, out=p)
         del matrix, row
     return failure
 

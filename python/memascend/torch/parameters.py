@@ -58,7 +58,7 @@ class ParameterOffload:
         self._callback_queued = False
         self._backward = False  # the pass under way (the device path reads ahead along it)
         self._acquired = set()  # on a GPU: parameters whose device copy is leased from the SDK
-        self.trace = None  # a memascend.torch.StepTrace while one step is traced
+        self._trace = None  # a memascend.torch.StepTrace while one step is traced
         self._names = {id(m): name or type(m).__name__ for name, m in module.named_modules()}
         self._marks = {}  # (pass, id(module)) -> the trace's mark where its compute began
         self._handles = []
@@ -294,6 +294,15 @@ class ParameterOffload:
             self._release(p, i)
 
     # -- the step's trace (memascend.torch.StepTrace): a module's compute, mark to span
+    @property
+    def trace(self):
+        return self._trace
+
+    @trace.setter
+    def trace(self, trace):
+        self._trace = trace
+        self._marks.clear()  # no span pairs one trace's mark with another's
+
     def _mark(self, kind, m):
         if self.trace is not None:
             self._marks[kind, id(m)] = self.trace.now()
@@ -305,6 +314,9 @@ class ParameterOffload:
 
     def _end_backward(self):
         self._callback_queued = False
+        for kind, key in list(self._marks):  # modules whose inputs needed no gradient
+            if kind == "bwd":
+                self._span("bwd", next(m for m in self._modules if id(m) == key), "bwd")
         for m in self._modules:
             for p, i in self._params_of[id(m)]:
                 if self._count.get(i, 0) > 0:

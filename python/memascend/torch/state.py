@@ -22,14 +22,24 @@ def _entry(opt: OffloadedAdamW, i: int) -> dict[str, torch.Tensor]:
     under torch.distributed a collective (each rank's shard all-gathered)."""
     entry = {"step": torch.tensor(float(opt._core.adam_step))}
     kinds = ["exp_avg", "exp_avg_sq"] + (["master"] if opt._dt != "float32" else [])
+    failure = None
     for kind in kinds:
         k, begin, end = opt._shards[i]
-        t = torch.empty(end - begin, dtype=torch.float32)
-        if k is not None:
-            opt._core.read_state(kind, k, t.data_ptr(), t.numel(), "float32")
+        t = torch.zeros(end - begin, dtype=torch.float32)
+        if k is not None and failure is None:
+            try:  # a rank whose read fails goes on gathering, then the ranks agree
+                opt._core.read_state(kind, k, t.data_ptr(), t.numel(), "float32")
+            except Exception as e:  # noqa: BLE001 - agreed below
+                if not opt._sharded:
+                    raise
+                failure = e
         if opt._sharded:
             t = _dist.gather(opt, i, t, dtype=torch.float32)
         entry[kind] = t.view(opt._shapes[i])
+    if opt._sharded:
+        _dist.agree(opt, failure is None, "failed to read their state")
+        if failure is not None:
+            raise failure
     return entry
 
 
@@ -121,7 +131,7 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
         raise errors.InvalidArgumentError(
             f"the parameters were stepped {sorted(steps)} times; OffloadedAdamW keeps one "
             "step count")
-    with torch.no_grad():
+    def write():
         for i, idx in enumerate(order):
             entry = state_dict["state"][idx]
             for kind in ("exp_avg", "exp_avg_sq"):
@@ -139,6 +149,7 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
                 continue
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), "float32")
             opt._core.write_state("param", k, h.data_ptr(), h.numel(), "float32")
+    _written(opt, write, "failed to write the state_dict given")
     opt._core.set_adam_step(int(steps.pop()) if steps else 0)
     for mine, theirs in zip(opt.param_groups, groups):
         for key in ("lr", "weight_decay"):
@@ -151,7 +162,7 @@ def reload_parameters(opt: OffloadedAdamW) -> None:
     opt._check()
     if opt._sharded:
         _dist.refuse_offloaded(opt, "reload_parameters")
-    with torch.no_grad():
+    def write():
         for i, p in enumerate(opt._params):
             if offloaded(p):
                 continue
@@ -160,7 +171,24 @@ def reload_parameters(opt: OffloadedAdamW) -> None:
                 continue
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), opt._dt)
             opt._core.write_state("param", k, h.data_ptr(), h.numel(), opt._dt)
+    _written(opt, write, "failed to write the parameters as master weights")
     opt._core.commit(opt._step_count)
+
+
+def _written(opt: OffloadedAdamW, write, what: str) -> None:
+    """write() (no collective in it) under torch.no_grad(); under torch.distributed a
+    rank's failure is agreed before any rank commits: every rank raises and later steps
+    refuse (its state is part-written: resume=True goes on from the volumes)."""
+    failure = None
+    with torch.no_grad():
+        try:
+            write()
+        except Exception as e:  # noqa: BLE001 - agreed below, or raised as it was
+            if not opt._sharded:
+                raise
+            failure = e
+    if opt._sharded:
+        _dist.agree_on_step(opt, failure, what)
 
 
 def initialize(opt: OffloadedAdamW) -> None:

@@ -43,16 +43,15 @@ class StepTrace:
         self.spans, self._events = [], []
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            self._anchor = torch.cuda.Event(enable_timing=True)
-            self._anchor.record()
+            self._anchor = self.now()
         self._t0 = time.perf_counter()
 
     def now(self):
         """A mark on the compute lane: a CUDA event recorded on the current stream, or the
         host's time."""
-        if self.cuda:
+        if self.cuda:  # the stream the calling thread computes on, of this trace's device
             e = torch.cuda.Event(enable_timing=True)
-            e.record()
+            e.record(torch.cuda.current_stream(self.device))
             return e
         return time.perf_counter()
 
@@ -61,12 +60,15 @@ class StepTrace:
         self._events.append(("compute", name, begin, end))
 
     def host(self, lane: str, name: str, begin: float, end: float) -> None:
-        """A span of the host's, in perf_counter seconds."""
-        self.spans.append((lane, name, begin - self._t0, end - self._t0))
+        """A span of the host's, in perf_counter seconds (none before start())."""
+        if self._t0 is not None:
+            self.spans.append((lane, name, begin - self._t0, end - self._t0))
 
     def finish(self) -> list[tuple[str, str, float, float]]:
         """The step has ended: the device is synchronised and the compute marks become
         seconds from start(). Returns the spans, sorted by their beginning."""
+        if self._t0 is None:
+            raise RuntimeError("StepTrace.finish() before start()")
         if self.cuda:
             torch.cuda.synchronize(self.device)
             at = lambda e: self._anchor.elapsed_time(e) / 1e3  # noqa: E731
