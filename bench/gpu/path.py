@@ -90,14 +90,14 @@ def child_memascend(a):
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
-    losses, fb, steps, rss, phases, trace = [], [], [], [], [], None
+    losses, fb, steps, rss, phases, traced = [], [], [], [], [], None
     last = opt.stats()["seconds"]
     for step in range(a.steps):
         x = tokens[step].cuda()
         torch.cuda.synchronize()
         if step == min(2, a.steps - 1):  # a step's timeline (memascend.torch.StepTrace)
-            trace = offload.trace = mt.StepTrace("cuda")
-            trace.start()
+            offload.trace = mt.StepTrace("cuda")
+            offload.trace.start()
         t0 = time.perf_counter()
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
@@ -108,9 +108,9 @@ def child_memascend(a):
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         if offload.trace is not None:
-            trace.host("step", "opt.step()", t1, t2)
+            offload.trace.host("step", "opt.step()", t1, t2)
+            traced = {"step": step, "seconds": t2 - t0, "spans": offload.trace.finish()}
             offload.trace = None
-            trace = {"step": step, "seconds": t2 - t0, "spans": trace.finish()}
         now = opt.stats()["seconds"]  # Note [step times]
         phases.append({k: now[k] - last[k] for k in now})
         last = now
@@ -128,7 +128,7 @@ def child_memascend(a):
         "system": "memascend", "losses": losses, "forward_backward_seconds": fb,
         "forward_backward_basis": "host, synchronised: the previous step's update runs in the "
                                   "forward pass (Note [optimizer overlap])",
-        "step_phases": phases, "trace": trace,
+        "step_phases": phases, "trace": traced,
         "step_seconds": steps, "rss_bytes": rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],

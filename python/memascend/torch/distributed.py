@@ -108,7 +108,13 @@ def _gloo_wire(dtype):
     return torch.float32 if dtype == torch.bfloat16 else dtype
 
 
-class HostShards:
+class _Shards:
+    def update(self, k):
+        """Group k's update, into the store (Note [optimizer overlap]: loads read it)."""
+        self.opt._core.update_group(k)
+
+
+class HostShards(_Shards):
     """A rank's shards through host memory (parameters on the CPU)."""
 
     def __init__(self, opt):
@@ -126,10 +132,6 @@ class HostShards:
     def stats(self):
         return {}
 
-    def update(self, k):
-        """Group k's update, into the store (Note [optimizer overlap]: loads read it)."""
-        self.opt._core.update_group(k)
-
     def parameters(self, k, out):
         """Group k's newest parameters into `out`."""
         opt = self.opt
@@ -142,7 +144,7 @@ class HostShards:
         pass
 
 
-class DeviceShards:
+class DeviceShards(_Shards):
     """A rank's shards through the device paths (memascend/device_training.h): gradients
     out by DeviceGradients, parameters back by DeviceParameters.copy_to."""
 
@@ -173,9 +175,6 @@ class DeviceShards:
 
     def stats(self):
         return {"device_parameters": self.params.stats(), "device_gradients": self.grads.stats()}
-
-    def update(self, k):
-        self.opt._core.update_group(k)  # into the store; copied out by parameters()
 
     def parameters(self, k, out):
         opt = self.opt

@@ -270,7 +270,7 @@ class ParameterOffload:
         return None
 
     def _post_forward(self, m, inputs, output):
-        self._span("fwd", m, "recompute" if self._backward else "fwd")
+        self._span("fwd", id(m), "recompute" if self._backward else "fwd")
         for p, i in self._params_of[id(m)]:
             self._release(p, i)
         if torch.is_grad_enabled():
@@ -289,7 +289,7 @@ class ParameterOffload:
         self._mark("bwd", m)
 
     def _post_backward(self, m):
-        self._span("bwd", m, "bwd")
+        self._span("bwd", id(m), "bwd")
         for p, i in self._params_of[id(m)]:
             self._release(p, i)
 
@@ -304,19 +304,21 @@ class ParameterOffload:
         self._marks.clear()  # no span pairs one trace's mark with another's
 
     def _mark(self, kind, m):
-        if self.trace is not None:
-            self._marks[kind, id(m)] = self.trace.now()
+        if self._trace is not None:
+            self._marks[kind, id(m)] = self._trace.now()
 
-    def _span(self, kind, m, label):
-        begin = self._marks.pop((kind, id(m)), None)
-        if self.trace is not None and begin is not None:
-            self.trace.compute(f"{label} {self._names.get(id(m), '?')}", begin, self.trace.now())
+    def _span(self, kind, key, label):
+        if self._trace is None:
+            return
+        begin = self._marks.pop((kind, key), None)
+        if begin is not None:
+            self._trace.compute(f"{label} {self._names.get(key, '?')}", begin, self._trace.now())
 
     def _end_backward(self):
         self._callback_queued = False
         for kind, key in list(self._marks):  # modules whose inputs needed no gradient
             if kind == "bwd":
-                self._span("bwd", next(m for m in self._modules if id(m) == key), "bwd")
+                self._span("bwd", key, "bwd")
         for m in self._modules:
             for p, i in self._params_of[id(m)]:
                 if self._count.get(i, 0) > 0:
