@@ -51,6 +51,8 @@ constexpr OptionSpec kKernelsOptions[] = {
     {"device", true, "cpu (default) or cuda: the CUDA kernels on device 0, in device memory"},
     {"threads", true, "CPU threads (default: all online CPUs)"},
     {"reps", true, "repetitions; the best is reported (default 5)"},
+    {"part-elements", true,
+     "elements per call of the per-part Adam row (default 1M: memascend.torch's parts)"},
     {"json", false, "print one JSON object"},
     {"help", false, "show this help"},
 };
@@ -199,11 +201,16 @@ int RunKernels(std::span<char* const> argv) {
   auto threads =
       args->GetInt("threads", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
   auto reps = args->GetInt("reps", 5);
-  for (const absl::Status& s : {elements.status(), threads.status(), reps.status()}) {
+  auto part = args->GetBytes("part-elements", std::uint64_t{1} << 20);
+  for (const absl::Status& s :
+       {elements.status(), threads.status(), reps.status(), part.status()}) {
     if (!s.ok()) return Fail("kernels", s, true);
   }
-  if (*threads < 1 || *threads > 1024 || *reps < 1 || *reps > 1000) {
-    return Fail("kernels", absl::InvalidArgumentError("--threads and --reps must be positive"),
+  if (*threads < 1 || *threads > 1024 || *reps < 1 || *reps > 1000 || *part < 1) {
+    return Fail("kernels",
+                absl::InvalidArgumentError(
+                    "--threads, --reps and --part-elements must be positive (threads <= 1024, "
+                    "reps <= 1000)"),
                 true);
   }
   const std::string device = args->Get("device", "cpu");
@@ -215,7 +222,8 @@ int RunKernels(std::span<char* const> argv) {
   }
   auto r = device == "cuda"
                ? RunCudaKernelBench(*elements, static_cast<int>(*reps))
-               : RunKernelBench(*elements, static_cast<int>(*threads), static_cast<int>(*reps));
+               : RunKernelBench(*elements, static_cast<int>(*threads), static_cast<int>(*reps),
+                                static_cast<std::size_t>(*part));
   if (!r.ok())
     return Fail("kernels", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);
   const double n = static_cast<double>(r->elements);
@@ -242,6 +250,11 @@ int RunKernels(std::span<char* const> argv) {
     w.Field("adam_unfused_extra_bytes", r->adam_unfused_extra_bytes);
     w.Field("adam_fused_over_copy_ceiling", r->adam_fused_gbps / r->copy_ceiling_gbps);
     w.Field("adam_fused_speedup", r->adam_unfused_seconds / r->adam_fused_seconds);
+    if (r->device == "cpu") {
+      w.Field("adam_part_elements", r->adam_part_elements);
+      w.Field("adam_parts_gbps", r->adam_parts_gbps);
+      w.Field("adam_parts_over_fused", r->adam_parts_gbps / r->adam_fused_gbps);
+    }
     w.EndObject();
     fmt::print("{}\n", w.str());
     return kExitOk;
@@ -268,6 +281,11 @@ int RunKernels(std::span<char* const> argv) {
   fmt::print("  {:<34} {:>9.2f} GB/s  {:.0f} B/element, {:.2f} x copy ceiling\n",
              "adam, fused (bf16 in/out)", r->adam_fused_gbps, r->adam_fused_bytes_per_element,
              r->adam_fused_gbps / r->copy_ceiling_gbps);
+  if (r->device == "cpu") {
+    fmt::print("  {:<34} {:>9.2f} GB/s  {:.2f} x one call over the whole\n",
+               fmt::format("adam, fused, parts of {}", r->adam_part_elements), r->adam_parts_gbps,
+               r->adam_parts_gbps / r->adam_fused_gbps);
+  }
   fmt::print(
       "  {:<34} {:>9.2f} GB/s  {:.0f} B/element, {} bytes allocated; fused is {:.2f}x faster\n",
       "adam, unfused (5 passes)", r->adam_unfused_gbps, r->adam_unfused_bytes_per_element,

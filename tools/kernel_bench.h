@@ -28,9 +28,15 @@ struct KernelBenchResult {
   std::uint64_t adam_unfused_extra_bytes = 0;
   double adam_fused_seconds = 0;
   double adam_unfused_seconds = 0;
+  // The fused Adam over the same elements one call per part of adam_part_elements, as
+  // OffloadedAdam runs it (CPU only).
+  std::size_t adam_part_elements = 0;
+  double adam_parts_gbps = 0;
 };
 
-absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t elements, int threads, int reps);
+// `part_elements`: the part size of the per-part Adam row (memascend.torch's default).
+absl::StatusOr<KernelBenchResult> RunKernelBench(std::size_t elements, int threads, int reps,
+                                                 std::size_t part_elements = std::size_t{1} << 20);
 
 // The same measurements on CUDA device 0, in device memory: the CUDA kernels against
 // device-side baselines (ZeRO's boolean temporaries, one kernel per Adam operation)

@@ -98,6 +98,9 @@ def parser():
     add("--keep-scratch", action="store_true")
     add("--seed", type=int, help="the order's (default: from the clock; recorded)")
     add("--run-timeout", type=int, default=900, help="seconds per run")
+    add("--cli", default=None, help="the memascend CLI, for the CPU update's ceiling (`bench "
+        "kernels`; default: $MEMASCEND_CLI, else the device bundle's or a build's)")
+    add("--cpu-kernels-elements", default="32M", help="elements of that measurement")
     add("--time-budget", type=int, default=0, help="seconds for the whole call (0: none): "
         "no run starts with under a minute of it left, and none runs past it")
     # DeepSpeed: DeepSpeed's defaults, the parameter buffer raised past the largest tensor;
@@ -261,7 +264,45 @@ class Parent:
         r = self.launch({"system": "ceiling"}, "compare-ceiling", -1)
         self.ceiling = {k: r.get(k) for k in ("flops", "label", "device", "error", "h2d_gib_per_s",
                                               "h2d_gib_per_s_median", "h2d_label") if k in r}
+        self.ceiling.update(cpu_update_ceiling(self.a.cli, self.a.cpu_kernels_elements))
         return r
+
+
+def find_cli(given):
+    if given or os.environ.get("MEMASCEND_CLI"):
+        return given or os.environ["MEMASCEND_CLI"]
+    for build in (os.path.join(ROOT, ".device", "unpacked", "build"),
+                  os.path.join(ROOT, "build", "device"), os.path.join(ROOT, "build", "release"),
+                  os.path.join(ROOT, "build", "test")):
+        cli = os.path.join(build, "tools", "memascend")
+        if os.access(cli, os.X_OK):
+            return cli
+    return None
+
+
+def cpu_update_ceiling(given, elements):
+    """The CPU update's ceiling in this call: `memascend bench kernels` on every core, the
+    fused Adam over one call and part by part (2^20 elements, as memascend.torch updates),
+    and the copy ceiling; what memascend's update_kernels time per step is read against
+    (path_figures). Said why not where no CLI is at hand or it fails."""
+    cli = find_cli(given)
+    if cli is None:
+        return {"cpu_kernels_error": "no memascend CLI found (--cli)"}
+    cmd = [cli, "bench", "kernels", "--elements", elements, "--reps", "3", "--json"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        r = json.loads(out.stdout) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        return {"cpu_kernels_error": f"{' '.join(cmd)}: {e}"}
+    if r is None:
+        return {"cpu_kernels_error": f"{' '.join(cmd)}: rc {out.returncode}: "
+                                     f"{(out.stderr or out.stdout)[-300:]}"}
+    return {"cpu_threads": r.get("threads"), "cpu_simd": r.get("simd"),
+            "cpu_copy_gbps": r.get("copy_ceiling_gbps"), "cpu_adam_gbps": r.get("adam_fused_gbps"),
+            "cpu_adam_parts_gbps": r.get("adam_parts_gbps"),
+            "cpu_adam_part_elements": r.get("adam_part_elements"),
+            "cpu_adam_bytes_per_element": r.get("adam_fused_bytes_per_element"),
+            "cpu_kernels_command": " ".join(cmd)}
 
 
 def write(path, obj):
@@ -334,9 +375,27 @@ def path_figures(records, ceiling):
             r["param_h2d_gib_per_s"] = rate
             if (ceiling or {}).get("h2d_gib_per_s"):
                 r["h2d_ratio"] = rate / ceiling["h2d_gib_per_s"]
+        update_figures(r, ceiling or {})
         if ref_fb and r.get("tokens_per_s"):  # the step of tokens/s (step_basis says which)
             r["step_over_forward_backward"] = r["tokens_per_step"] / r["tokens_per_s"] / ref_fb
             r["forward_backward_reference_seconds"] = ref_fb
+
+
+def update_figures(r, ceiling):
+    """The CPU update's rate in a memascend row: the bytes the fused Adam moves per step
+    (the kernel bench's count per element, times the parameters) over the median of the
+    steps' update_kernels seconds (the first step left out), and that over the same call's
+    per-part kernel rate (`update_over_cpu_adam_parts`: 1.0 is the update at the kernel's
+    ceiling; below, time lost between parts or threads left idle)."""
+    kernels = [p.get("update_kernels") for p in (r.get("step_phases") or [])[1:]]
+    kernels = [k for k in kernels if k]
+    per_element = ceiling.get("cpu_adam_bytes_per_element") or 28
+    if not kernels or not r.get("parameters"):
+        return
+    r["update_kernels_seconds"] = statistics.median(kernels)
+    r["update_gbps"] = per_element * r["parameters"] / r["update_kernels_seconds"] / 1e9
+    if ceiling.get("cpu_adam_parts_gbps"):
+        r["update_over_cpu_adam_parts"] = r["update_gbps"] / ceiling["cpu_adam_parts_gbps"]
 
 
 def table(records):

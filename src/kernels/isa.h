@@ -38,6 +38,11 @@ AdamArgs AdamCoefficients(const AdamConfig& config);
 // kInvalidArgument for step < 1, betas outside [0, 1), eps <= 0, negative lr or decay.
 absl::Status ValidateAdamConfig(const AdamConfig& config);
 
+// Elements per task of an element-wise kernel over `elements` on a pool of `threads`
+// (Note [kernel grain] in kernels.cpp): 2^18 for one thread or a large call, finer for a
+// call too small to give each thread several tasks, never under 2^14; a multiple of 2^12.
+std::size_t ElementwiseGrain(int threads, std::size_t elements) noexcept;
+
 struct Isa {
   SimdLevel level;
   // Any exponent field all ones: 32-bit (fp32) or 16-bit words with the given mask.

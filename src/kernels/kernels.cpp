@@ -1,5 +1,7 @@
 // The public CPU kernels: instruction-set dispatch, threading, validation.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
@@ -44,32 +46,37 @@ namespace {
 
 constexpr std::size_t kChunkElements = 1u << 18;  // 1 MiB of fp32 per task
 
-// Runs fn(begin, end) over [0, n) in chunks, on the pool if any.
+// Runs fn(begin, end) over [0, n) in tasks of ElementwiseGrain (Note [kernel grain]), on
+// the pool if any.
 template <typename F>
 void Chunked(KernelThreads* threads, std::size_t n, F&& fn) {
-  const std::size_t chunks = (n + kChunkElements - 1) / kChunkElements;
+  const std::size_t grain = kernels::ElementwiseGrain(threads ? threads->size() : 1, n);
+  const std::size_t chunks = (n + grain - 1) / grain;
   if (threads == nullptr || chunks <= 1) {
     if (n > 0) fn(std::size_t{0}, n);
     return;
   }
   threads->ParallelFor(chunks, [&](std::size_t c) {
-    const std::size_t begin = c * kChunkElements;
-    fn(begin, std::min(n, begin + kChunkElements));
+    const std::size_t begin = c * grain;
+    fn(begin, std::min(n, begin + grain));
   });
 }
 
-// Chunks over a list of tensors without building a list: chunk c is found by walking
-// the tensors' chunk counts.
+// Tasks over a list of tensors without building a list: task c is found by walking the
+// tensors' task counts. The grain is the list's (Note [kernel grain]).
 template <typename F>
 void ChunkedList(KernelThreads* threads, std::span<const TensorView> tensors, F&& fn) {
+  std::size_t elements = 0;
+  for (const TensorView& t : tensors) elements += t.elements;
+  const std::size_t grain = kernels::ElementwiseGrain(threads ? threads->size() : 1, elements);
   std::size_t chunks = 0;
-  for (const TensorView& t : tensors) chunks += (t.elements + kChunkElements - 1) / kChunkElements;
+  for (const TensorView& t : tensors) chunks += (t.elements + grain - 1) / grain;
   const auto run = [&](std::size_t c) {
     for (const TensorView& t : tensors) {
-      const std::size_t mine = (t.elements + kChunkElements - 1) / kChunkElements;
+      const std::size_t mine = (t.elements + grain - 1) / grain;
       if (c < mine) {
-        const std::size_t begin = c * kChunkElements;
-        fn(t, begin, std::min(t.elements, begin + kChunkElements));
+        const std::size_t begin = c * grain;
+        fn(t, begin, std::min(t.elements, begin + grain));
         return;
       }
       c -= mine;
@@ -94,7 +101,16 @@ void ChunkedList(KernelThreads* threads, std::span<const TensorView> tensors, F&
 // mixes one call's counter with another's function: the bug this replaced let such a
 // worker run a chunk of the next call with the previous call's dangling lambda, which
 // showed as losses that differed now and then on a 16-core machine.
+//
+// Note [worker spin]: a worker that has finished a call watches for the next one for
+// kSpin (reading `published`, yielding the CPU between reads) before it sleeps on `wake`.
+// The optimizer calls the pool once per part, back to back, and each call lasts tens to
+// hundreds of microseconds: a worker woken through the condition variable for each
+// joined late and did a fraction of its share (the fused Adam over parts of 2^18
+// elements, 2 threads: 0.68 x one call over the whole with sleeping workers). It still
+// joins under `mu` (Note [kernel threads]); the spin only decides when to look.
 struct KernelThreads::Impl {
+  static constexpr std::chrono::microseconds kSpin{200};
   struct Call {
     void (*thunk)(void*, std::size_t);
     void* ctx;
@@ -112,7 +128,8 @@ struct KernelThreads::Impl {
   std::mutex mu;
   std::condition_variable wake, done;
   std::vector<std::thread> workers;
-  std::uint64_t generation = 0;  // of the published call
+  std::uint64_t generation = 0;             // of the published call
+  std::atomic<std::uint64_t> published{0};  // `generation`, readable without mu (a hint)
   bool stop = false;
   Call* call = nullptr;     // the call in progress, if any (guarded by mu)
   std::size_t running = 0;  // workers inside `call` (guarded by mu)
@@ -120,8 +137,18 @@ struct KernelThreads::Impl {
   void Work() {
     std::uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mu);
+    const auto ready = [&] { return stop || (call != nullptr && generation != seen); };
     for (;;) {
-      wake.wait(lock, [&] { return stop || (call != nullptr && generation != seen); });
+      if (!ready()) {  // Note [worker spin]
+        lock.unlock();
+        const auto until = std::chrono::steady_clock::now() + kSpin;
+        while (published.load(std::memory_order_acquire) == seen &&
+               std::chrono::steady_clock::now() < until) {
+          std::this_thread::yield();
+        }
+        lock.lock();
+      }
+      wake.wait(lock, ready);
       if (stop) return;
       seen = generation;
       Call* joined = call;
@@ -159,6 +186,7 @@ void KernelThreads::Run(std::size_t chunks, void (*thunk)(void*, std::size_t), v
     std::lock_guard<std::mutex> lock(m.mu);
     m.call = &call;
     ++m.generation;
+    m.published.store(m.generation, std::memory_order_release);
   }
   m.wake.notify_all();
   call.Drain();  // the caller works too
@@ -302,6 +330,27 @@ absl::Status Convert(TensorView from, MutableTensorView to, const KernelOptions&
 }
 
 namespace kernels {
+
+// Note [kernel grain]: an element-wise kernel (each element's result its own: the Adam
+// update, a conversion, the overflow check's "any") is cut into tasks for the pool. One
+// task per kChunkElements (2^18) leaves threads idle whenever a call is small against the
+// pool: the offloaded optimizer calls once per part, and memascend.torch's parts are 2^20
+// elements, so a 16-thread pool ran each part's update on 4 threads. So a call is cut into
+// about kTasksPerThread tasks per thread (balance against a worker that wakes late), of
+// at least kMinGrain elements (a task of ~100 KiB outlasts its dispatch many times over),
+// at most kChunkElements, and a multiple of kGrainAlign (whole pages of fp32, whole
+// vectors). The results are the same bits whatever the grain. The sum of squares is not
+// element-wise: its tasks stay 2^18 elements, which its bits depend on (kernels.h).
+std::size_t ElementwiseGrain(int threads, std::size_t elements) noexcept {
+  constexpr std::size_t kTasksPerThread = 4;
+  constexpr std::size_t kMinGrain = std::size_t{1} << 14;
+  constexpr std::size_t kGrainAlign = std::size_t{1} << 12;
+  if (threads <= 1) return kChunkElements;
+  const std::size_t tasks = static_cast<std::size_t>(threads) * kTasksPerThread;
+  const std::size_t per_task = (elements + tasks - 1) / tasks;
+  const std::size_t aligned = (per_task + kGrainAlign - 1) / kGrainAlign * kGrainAlign;
+  return std::clamp(aligned, kMinGrain, kChunkElements);
+}
 
 absl::Status ValidateAdamConfig(const AdamConfig& c) {
   if (c.step < 1 || !(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) ||

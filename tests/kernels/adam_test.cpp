@@ -1,11 +1,15 @@
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include <memascend/kernels.h>
 
+#include "kernels/isa.h"
 #include "kernels/kernel_test_util.h"
 #include "testing/status_matchers.h"
 
@@ -124,6 +128,80 @@ TEST_P(Adam, RejectsBadArguments) {
 }
 
 MEMASCEND_INSTANTIATE_KERNEL_TEST(Adam);
+
+// Note [kernel grain]: a part of memascend.torch's default size (2^20 elements) gives every
+// thread of a large pool several tasks; one thread, or a call large enough, keeps 2^18.
+TEST(ElementwiseGrain, GivesEveryThreadOfThePoolTasks) {
+  constexpr std::size_t kPart = std::size_t{1} << 20;
+  EXPECT_EQ(kernels::ElementwiseGrain(1, kPart), std::size_t{1} << 18);
+  EXPECT_EQ(kernels::ElementwiseGrain(16, std::size_t{1} << 30), std::size_t{1} << 18);
+  for (int threads : {2, 3, 4, 8, 16, 64, 256}) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{4099}, std::size_t{1} << 16,
+                          std::size_t{1} << 18, kPart, kPart + 77, std::size_t{1} << 22}) {
+      const std::size_t grain = kernels::ElementwiseGrain(threads, n);
+      EXPECT_EQ(grain % 4096, 0u) << threads << " threads, " << n;
+      EXPECT_GE(grain, std::size_t{1} << 14) << threads << " threads, " << n;
+      EXPECT_LE(grain, std::size_t{1} << 18) << threads << " threads, " << n;
+      const std::size_t tasks = (n + grain - 1) / grain;
+      // As many tasks as the pool has threads, unless the call is too small for them.
+      EXPECT_GE(tasks, std::min<std::size_t>(static_cast<std::size_t>(threads),
+                                             n / (std::size_t{1} << 14)))
+          << threads << " threads, " << n;
+    }
+  }
+  EXPECT_GE(kPart / kernels::ElementwiseGrain(16, kPart), 32u);  // was 4 (2^18 a task)
+}
+
+// The grain changes who computes an element, never its value: the update and the working
+// copy are the same bits on one thread, on pools of any size, whole or part by part.
+TEST(FusedAdam, IsBitIdenticalWhateverTheThreadsAndParts) {
+  const std::size_t n = (std::size_t{1} << 20) + 77;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> p0(n);
+  std::vector<std::uint16_t> g(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    p0[i] = normal(rng) * 0.1f;
+    g[i] = FloatToBFloat16(normal(rng) * 0.01f);
+  }
+  struct Run {
+    std::vector<float> p, m, v;
+    std::vector<std::uint16_t> out;
+  };
+  const auto run = [&](KernelThreads* threads, std::size_t part) {
+    Run r{p0, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f),
+          std::vector<std::uint16_t>(n)};
+    AdamConfig c;
+    c.weight_decay = 0.01f;
+    for (int step = 1; step <= 2; ++step) {
+      c.step = step;
+      for (std::size_t b = 0; b < n; b += part) {
+        const std::size_t k = std::min(part, n - b);
+        EXPECT_OK(FusedAdam(c, std::span(r.p).subspan(b, k), std::span(r.m).subspan(b, k),
+                            std::span(r.v).subspan(b, k), {g.data() + b, k, DType::kBF16},
+                            {r.out.data() + b, k, DType::kBF16}, {threads}));
+      }
+    }
+    return r;
+  };
+  const Run want = run(nullptr, n);
+  KernelThreads three(3), sixteen(16);
+  for (KernelThreads* threads : {&three, &sixteen}) {
+    // Parts whose sizes are multiples of the vector width (a part's tail that is not runs
+    // on the scalar unit, whose last bit may differ): 2^20 (memascend.torch's), 2^18, and
+    // 3 x 2^14, which puts the task boundaries elsewhere than the whole call's.
+    for (std::size_t part : {n, std::size_t{1} << 20, std::size_t{1} << 18, std::size_t{3} << 14}) {
+      const Run got = run(threads, part);
+      EXPECT_EQ(std::memcmp(got.p.data(), want.p.data(), n * 4), 0)
+          << threads->size() << " " << part;
+      EXPECT_EQ(std::memcmp(got.m.data(), want.m.data(), n * 4), 0)
+          << threads->size() << " " << part;
+      EXPECT_EQ(std::memcmp(got.v.data(), want.v.data(), n * 4), 0)
+          << threads->size() << " " << part;
+      EXPECT_EQ(got.out, want.out) << threads->size() << " threads, parts of " << part;
+    }
+  }
+}
 
 TEST(SumOfSquares, AndClipCoefficient) {
   std::vector<float> a(100001, 0.5f);

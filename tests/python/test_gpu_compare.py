@@ -29,7 +29,8 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     env = dict(os.environ, MEMASCEND_COMMIT="test")
     p = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--budgets", "25",
-                        "--commit-every", "2", "--ds-aio", "1M:8"] + TINY, capture_output=True, text=True, env=env,
+                        "--commit-every", "2", "--ds-aio", "1M:8", "--cpu-kernels-elements", "1M"]
+                       + TINY, capture_output=True, text=True, env=env,
                        timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     records = {}
@@ -86,6 +87,17 @@ def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
     assert sum(p["update_kernels"] for p in phases) > 0
     assert records["memascend"]["step_over_forward_backward"] > 0
     assert "h2d_ratio" not in records["memascend"]  # no parameter loads to a device here
+    # The CPU update's rate against the kernel's ceiling measured in the call (`memascend
+    # bench kernels`, found through MEMASCEND_CLI, which ctest sets, or a build's).
+    m = records["memascend"]
+    assert m["update_kernels_seconds"] > 0 and m["update_gbps"] > 0
+    ceiling = m["ceiling"]
+    if os.environ.get("MEMASCEND_CLI"):
+        assert ceiling.get("cpu_adam_parts_gbps", 0) > 0 or "AVX2" in ceiling["cpu_kernels_error"], \
+            ceiling
+    if ceiling.get("cpu_adam_parts_gbps"):
+        assert ceiling["cpu_adam_part_elements"] == 1 << 20 and ceiling["cpu_threads"] >= 1
+        assert m["update_over_cpu_adam_parts"] > 0
 
 
 def test_memascends_traced_step_is_drawn_as_a_timeline(run):

@@ -297,6 +297,15 @@ class Check:
                          threads=r["threads"], simd=r["simd"])
             self.ceiling("cpu_copy_gbps", round(r["copy_ceiling_gbps"], 1), "GB/s (read + write)",
                          " ".join(cmd), threads=r["threads"])
+            # The update's kernel, whole and part by part as OffloadedAdam runs it (Note
+            # [kernel grain]).
+            self.ceiling("cpu_adam_fused_gbps", round(r["adam_fused_gbps"], 1), "GB/s",
+                         " ".join(cmd), threads=r["threads"])
+            if r.get("adam_parts_gbps"):
+                self.ceiling("cpu_adam_parts_gbps", round(r["adam_parts_gbps"], 1), "GB/s",
+                             " ".join(cmd), threads=r["threads"],
+                             part_elements=r["adam_part_elements"],
+                             over_fused=round(r["adam_parts_over_fused"], 3))
         self.save()
 
     # ---- tests -----------------------------------------------------------------------
@@ -405,7 +414,7 @@ class Check:
         # Volumes and swap files on the check's scratch disk (probed for O_DIRECT above), not
         # under $OUT, which goes back to the caller (a run killed midway leaves them there).
         cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "compare.py"), "--out", self.out,
-               "--time-budget", str(timeout - 40),
+               "--time-budget", str(timeout - 40), "--cli", self.cli,
                "--nvme-path", os.path.join(self.scratch(), "compare")] + args
         env = None
         if os.path.isdir(DEEPSPEED_BUNDLE):
