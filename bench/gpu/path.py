@@ -3,7 +3,13 @@
 tuned in bf16 through memascend.torch with the GPU's memory capped, against the same
 model trained with everything on the GPU (torch.optim.AdamW over fp32 master weights).
 
-    python3 bench/gpu/path.py --out DIR [--layers 16] [--seq 2048] [--steps 20]
+    python3 bench/gpu/path.py --out DIR [--layers 16] [--seq 2048] [--batch 1] [--accum 1]
+                              [--steps 20]
+
+`--accum N` makes a step N micro-batches of `--batch` sequences (each micro-batch's loss
+divided by N), so a step's compute can exceed the update under the GPU cap, where a
+larger batch does not fit (the logits alone of 8 sequences of 2048 tokens are 4 GiB in
+bf16); memascend's gradients then stay in p.grad until step() (offload_gradients=False).
 
 Run by `./run device bench-gpu-path` (docs/gpu.md). Each system runs in a process of its
 own, in a random order; the parent measures the pinned host-to-device ceiling first
@@ -43,8 +49,19 @@ from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, par
 
 def build(a):
     model, _ = build_llama(a.layers, LLAMA_1B, "cuda", bool(a.checkpointing))
-    tokens = token_stream(a.steps, 1, a.batch, a.seq, LLAMA_1B["vocab_size"])[:, 0]
+    tokens = token_stream(a.steps, a.accum, a.batch, a.seq, LLAMA_1B["vocab_size"])
     return model, tokens
+
+
+def forward_backward(model, tokens, accum):
+    """A step's micro-batches, forward and backward; their mean loss."""
+    total = 0.0
+    for x in tokens:
+        x = x.cuda()
+        loss = model(input_ids=x, labels=x).loss
+        (loss / accum if accum > 1 else loss).backward()
+        total += float(loss)
+    return total / accum
 
 
 def child_reference(a):
@@ -55,11 +72,9 @@ def child_reference(a):
     opt = torch.optim.AdamW(master, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
     losses, fb = [], []
     for step in range(a.steps):
-        x = tokens[step].cuda()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
+        loss = forward_backward(model, tokens[step], a.accum)
         torch.cuda.synchronize()
         fb.append(time.perf_counter() - t0)  # forward+backward alone: what the path's step
         for m, p in zip(master, params):
@@ -70,7 +85,7 @@ def child_reference(a):
         with torch.no_grad():
             for m, p in zip(master, params):
                 p.copy_(m)
-        losses.append(float(loss))
+        losses.append(loss)
     return {"system": "torch-gpu", "losses": losses, "forward_backward_seconds": fb,
             "gpu_peak_bytes": torch.cuda.max_memory_reserved()}
 
@@ -84,7 +99,8 @@ def child_memascend(a):
     opt = mt.OffloadedAdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                             volume=os.path.join(a.volume_dir, "gpu_path.vol"),
                             host_budget=a.host_budget, overwrite=True,
-                            commit_every=a.commit_every)
+                            commit_every=a.commit_every,
+                            offload_gradients=False if a.accum > 1 else None)
     offload = mt.offload_parameters(model, opt)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -93,14 +109,12 @@ def child_memascend(a):
     losses, fb, steps, rss, phases, traced = [], [], [], [], [], None
     last = opt.stats()["seconds"]
     for step in range(a.steps):
-        x = tokens[step].cuda()
         torch.cuda.synchronize()
         if step == min(2, a.steps - 1):  # a step's timeline (memascend.torch.StepTrace)
             offload.trace = mt.StepTrace("cuda")
             offload.trace.start()
         t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
+        loss = forward_backward(model, tokens[step], a.accum)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         opt.step()
@@ -114,7 +128,7 @@ def child_memascend(a):
         now = opt.stats()["seconds"]  # Note [step times]
         phases.append({k: now[k] - last[k] for k in now})
         last = now
-        losses.append(float(loss))
+        losses.append(loss)
         fb.append(t1 - t0)
         steps.append(t2 - t0)
         rss.append(rss_bytes())
@@ -187,6 +201,7 @@ def main():
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches of --batch a step")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--gpu-cap", type=parse_bytes, default=parse_bytes("8G"))
     ap.add_argument("--host-budget", type=parse_bytes, default=parse_bytes("24G"))
@@ -198,12 +213,15 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=int, default=900)
     a = ap.parse_args()
+    if a.accum < 1 or a.batch < 1:
+        ap.error("--batch and --accum must be at least 1")
     if a.child:
         r = child_reference(a) if a.child == "reference" else child_memascend(a)
         print(json.dumps(r))
         return 0
     os.makedirs(a.volume_dir, exist_ok=True)
     a.forward = [f"--layers={a.layers}", f"--seq={a.seq}", f"--batch={a.batch}",
+                 f"--accum={a.accum}",
                  f"--steps={a.steps}", f"--gpu-cap={a.gpu_cap}", f"--host-budget={a.host_budget}",
                  f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}",
                  f"--commit-every={a.commit_every}"]
@@ -217,6 +235,7 @@ def main():
             timespec="seconds"),
         "command": " ".join([sys.executable] + sys.argv), "order": order,
         "model": f"llama-3.2-1b-shapes-{a.layers}-layers", "seq": a.seq, "batch": a.batch,
+        "accum": a.accum, "tokens_per_step": a.accum * a.batch * a.seq,
         "commit_every": a.commit_every,
         "steps": a.steps, "gpu_cap_bytes": a.gpu_cap, "host_budget_bytes": a.host_budget,
         "checkpointing": bool(a.checkpointing), "pcie": ceiling, "runs": results,
@@ -237,9 +256,9 @@ def main():
             record["step_over_forward_backward"] = st / fb
         if mem.get("trace"):
             timeline.svg(mem["trace"]["spans"], f"llama-3.2-1b-shapes-{a.layers}-layers, batch "
-                         f"{a.batch}: step {mem['trace']['step']}", os.path.join(
+                         f"{a.batch} x {a.accum}: step {mem['trace']['step']}", os.path.join(
                              a.out, f"gpu-path-{a.layers}l-timeline.svg"))
-        record["tokens_per_s"] = a.batch * a.seq / st
+        record["tokens_per_s"] = a.accum * a.batch * a.seq / st
         rss = mem["rss_bytes"][tail]
         record["rss_growth"] = (rss[-1] - rss[0]) / rss[0]
         record["peak_rss_bytes"] = mem["peak_rss_bytes"]

@@ -241,7 +241,10 @@ class MemAscend:
         self.opt = mt.OffloadedAdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                                      volume=os.path.join(a.scratch, "memascend.vol"),
                                      host_budget=self.budget["bytes"], overwrite=True,
-                                     commit_every=getattr(a, "commit_every_point", 1))
+                                     commit_every=getattr(a, "commit_every_point", 1),
+                                     # Accumulating micro-batches, the gradients stay in
+                                     # p.grad until step() (docs/python.md, "On a GPU").
+                                     offload_gradients=False if a.accum > 1 else None)
         self.offload = mt.offload_parameters(self.model, self.opt)
         self.activations = None
         if a.offload_activations:
