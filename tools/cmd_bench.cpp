@@ -206,14 +206,20 @@ int RunKernels(std::span<char* const> argv) {
        {elements.status(), threads.status(), reps.status(), part.status()}) {
     if (!s.ok()) return Fail("kernels", s, true);
   }
-  if (*threads < 1 || *threads > 1024 || *reps < 1 || *reps > 1000 || *part < 1) {
+  if (*threads < 1 || *threads > 1024 || *reps < 1 || *reps > 1000 || *part < 4096) {
     return Fail("kernels",
                 absl::InvalidArgumentError(
-                    "--threads, --reps and --part-elements must be positive (threads <= 1024, "
-                    "reps <= 1000)"),
+                    "--threads and --reps must be positive (threads <= 1024, reps <= 1000), "
+                    "--part-elements at least 4096"),
                 true);
   }
   const std::string device = args->Get("device", "cpu");
+  if (device == "cuda" && args->Has("part-elements")) {
+    return Fail(
+        "kernels",
+        absl::InvalidArgumentError("--part-elements is a CPU measurement (no --device cuda)"),
+        true);
+  }
   if (device != "cpu" && device != "cuda") {
     return Fail(
         "kernels",

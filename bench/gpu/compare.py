@@ -264,7 +264,9 @@ class Parent:
         r = self.launch({"system": "ceiling"}, "compare-ceiling", -1)
         self.ceiling = {k: r.get(k) for k in ("flops", "label", "device", "error", "h2d_gib_per_s",
                                               "h2d_gib_per_s_median", "h2d_label") if k in r}
-        self.ceiling.update(cpu_update_ceiling(self.a.cli, self.a.cpu_kernels_elements))
+        # at the update's thread count (torch's default, OffloadedAdamW's), not every CPU
+        self.ceiling.update(cpu_update_ceiling(self.a.cli, self.a.cpu_kernels_elements,
+                                               r.get("torch_threads")))
         return r
 
 
@@ -280,15 +282,17 @@ def find_cli(given):
     return None
 
 
-def cpu_update_ceiling(given, elements):
-    """The CPU update's ceiling in this call: `memascend bench kernels` on every core, the
+def cpu_update_ceiling(given, elements, threads=None):
+    """The CPU update's ceiling in this call: `memascend bench kernels`: the
     fused Adam over one call and part by part (2^20 elements, as memascend.torch updates),
-    and the copy ceiling; what memascend's update_kernels time per step is read against
-    (path_figures). Said why not where no CLI is at hand or it fails."""
+    and the copy ceiling, on `threads` threads (the update's: torch's default, as the
+    ceiling worker reported it); what memascend's update_kernels time per step is read
+    against (path_figures). Said why not where no CLI is at hand or it fails."""
     cli = find_cli(given)
     if cli is None:
         return {"cpu_kernels_error": "no memascend CLI found (--cli)"}
-    cmd = [cli, "bench", "kernels", "--elements", elements, "--reps", "3", "--json"]
+    cmd = [cli, "bench", "kernels", "--elements", elements, "--reps", "3", "--json"] + (
+        ["--threads", str(threads)] if threads else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         r = json.loads(out.stdout) if out.returncode == 0 else None

@@ -140,6 +140,8 @@ def child_memascend(a):
     dp = stats["device_parameters"]
     out = {
         "system": "memascend", "losses": losses, "forward_backward_seconds": fb,
+        "offload_gradients": a.accum == 1,  # accumulating: each gradient leaves at step()
+        "update_threads": torch.get_num_threads(),
         "forward_backward_basis": "host, synchronised: the previous step's update runs in the "
                                   "forward pass (Note [optimizer overlap])",
         "step_phases": phases, "trace": traced,

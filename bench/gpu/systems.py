@@ -227,6 +227,7 @@ class MemAscend:
         from memascend import _core
         self.model, self.impl = build(a, device)
         self.counts = counts(self.model)
+        self.accum = a.accum
         params = list(self.model.parameters())
         layout = [(f"p{i}", p.numel()) for i, p in enumerate(params)]
         state = _core.OffloadedAdam.stored_bytes(layout, "bfloat16", "bfloat16",
@@ -275,9 +276,14 @@ class MemAscend:
         self.opt.zero_grad(set_to_none=True)
 
     def finish(self):
+        import torch
         self.opt.settle()
         stats = self.opt.stats()
         out = {"optimizer": "memascend.torch.OffloadedAdamW + offload_parameters",
+               # the update's threads (OffloadedAdamW's default), and whether each gradient
+               # left during backward or at step() (accumulating: docs/python.md, "On a GPU")
+               "update_threads": torch.get_num_threads(),
+               "offload_gradients": self.accum == 1,
                "host_budget_bytes": self.opt.host_budget,
                "host_budget_locked": self.opt.host_budget_locked,
                "memascend_pinned_peak_bytes": stats["store"]["pinned_peak_bytes"],
@@ -465,7 +471,8 @@ def ceiling(a, device):
         import matmul
         r = matmul.measure()
         return {"flops": r["median_tflops"] * 1e12, "label": "bf16 matmul 8192^3, CUDA events, "
-                "median of 20 (tools/device/matmul.py)", "detail": r, **pinned_ceiling(torch)}
+                "median of 20 (tools/device/matmul.py)", "detail": r, **pinned_ceiling(torch),
+                "torch_threads": torch.get_num_threads()}
     n = 1024
     x, y = torch.randn(n, n), torch.randn(n, n)
     for _ in range(2):
@@ -477,7 +484,8 @@ def ceiling(a, device):
         times.append(time.perf_counter() - t0)
     return {"flops": 2 * n ** 3 / statistics.median(times),
             "label": f"CPU float32 matmul {n}^3, perf_counter, median of 10 "
-                     f"({torch.get_num_threads()} threads)"}
+                     f"({torch.get_num_threads()} threads)",
+            "torch_threads": torch.get_num_threads()}
 
 
 def worker(a):

@@ -108,7 +108,9 @@ void ChunkedList(KernelThreads* threads, std::span<const TensorView> tensors, F&
 // hundreds of microseconds: a worker woken through the condition variable for each
 // joined late and did a fraction of its share (the fused Adam over parts of 2^18
 // elements, 2 threads: 0.68 x one call over the whole with sleeping workers). It still
-// joins under `mu` (Note [kernel threads]); the spin only decides when to look.
+// joins under `mu` (Note [kernel threads]); the spin only decides when to look. A pool
+// with more threads than the machine has CPUs does not spin: its watchers would take the
+// CPUs the others work on.
 struct KernelThreads::Impl {
   static constexpr std::chrono::microseconds kSpin{200};
   struct Call {
@@ -130,6 +132,7 @@ struct KernelThreads::Impl {
   std::vector<std::thread> workers;
   std::uint64_t generation = 0;             // of the published call
   std::atomic<std::uint64_t> published{0};  // `generation`, readable without mu (a hint)
+  bool spin = true;                         // Note [worker spin]; set before any worker
   bool stop = false;
   Call* call = nullptr;     // the call in progress, if any (guarded by mu)
   std::size_t running = 0;  // workers inside `call` (guarded by mu)
@@ -139,7 +142,7 @@ struct KernelThreads::Impl {
     std::unique_lock<std::mutex> lock(mu);
     const auto ready = [&] { return stop || (call != nullptr && generation != seen); };
     for (;;) {
-      if (!ready()) {  // Note [worker spin]
+      if (spin && !ready()) {  // Note [worker spin]
         lock.unlock();
         const auto until = std::chrono::steady_clock::now() + kSpin;
         while (published.load(std::memory_order_acquire) == seen &&
@@ -162,6 +165,8 @@ struct KernelThreads::Impl {
 };
 
 KernelThreads::KernelThreads(int threads) : impl_(new Impl) {
+  const unsigned cpus = std::thread::hardware_concurrency();
+  impl_->spin = cpus == 0 || static_cast<unsigned>(std::max(threads, 1)) <= cpus;
   for (int i = 1; i < std::max(threads, 1); ++i)
     impl_->workers.emplace_back([this] { impl_->Work(); });
 }

@@ -8,6 +8,7 @@
 
 #include <memascend/kernels.h>
 
+#include "kernels/isa.h"
 #include "kernels/kernel_test_util.h"
 
 namespace memascend {
@@ -123,30 +124,38 @@ TEST_P(Overflow, SpecialFiniteValuesAreNotOverflows) {
 
 MEMASCEND_INSTANTIATE_KERNEL_TEST(Overflow);
 
-// Note [kernel grain]: a pool of 16 cuts a call of 2^20 elements into tasks of 2^14; an
-// overflow on either side of every task boundary, and in a list whose tasks straddle its
-// tensors, is found.
+// Note [kernel grain]: a pool of 16 cuts a call of 2^20 + 5 elements into tasks of
+// ElementwiseGrain(16, n); an overflow on either side of every task boundary is found, on
+// every instruction set this CPU has, and in the last tensor of a list (a list's tasks
+// are cut per tensor).
 TEST(Overflow, IsFoundAtTheTaskBoundariesOfALargePool) {
   KernelThreads pool(16);
-  const KernelOptions options{&pool};
   const std::size_t n = (std::size_t{1} << 20) + 5;
-  for (DType t : {DType::kF32, DType::kBF16}) {
-    Buffer b(t, n);
-    const TensorView clean[] = {b.view()};
-    ASSERT_FALSE(HasOverflow(clean, options));
-    for (std::size_t pos = 0; pos < n; pos += std::size_t{1} << 14) {
-      for (std::size_t at : {pos, pos == 0 ? n - 1 : pos - 1}) {
-        Buffer c = b;
-        c.Set(at, std::numeric_limits<float>::quiet_NaN());
-        const TensorView v[] = {c.view()};
-        ASSERT_TRUE(HasOverflow(v, options)) << ToString(t) << " at " << at;
+  const std::size_t grain = kernels::ElementwiseGrain(pool.size(), n);
+  ASSERT_LT(grain, n / 8);  // many tasks, so many boundaries
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!::memascend::testing::CpuHas(level)) continue;
+    const KernelOptions options{&pool, level};
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      Buffer b(t, n);
+      const TensorView clean[] = {b.view()};
+      ASSERT_FALSE(HasOverflow(clean, options));
+      for (std::size_t edge = 0; edge < n; edge += grain) {
+        for (std::size_t at : {edge, edge == 0 ? n - 1 : edge - 1}) {
+          Buffer c = b;
+          c.Set(at, std::numeric_limits<float>::quiet_NaN());
+          const TensorView v[] = {c.view()};
+          ASSERT_TRUE(HasOverflow(v, options))
+              << ToString(level) << " " << ToString(t) << " at " << at;
+        }
       }
+      Buffer small(t, 3), c = b;
+      c.Set(n - 1, std::numeric_limits<float>::infinity());
+      const TensorView list[] = {small.view(), small.view(), c.view()};
+      EXPECT_TRUE(HasOverflow(list, options)) << ToString(level) << " " << ToString(t);
+      EXPECT_TRUE(HasOverflowWithTemporaries(list, options))
+          << ToString(level) << " " << ToString(t);
     }
-    Buffer small(t, 3), c = b;
-    c.Set(n - 1, std::numeric_limits<float>::infinity());
-    const TensorView list[] = {small.view(), c.view(), small.view()};
-    EXPECT_TRUE(HasOverflow(list, options)) << ToString(t);
-    EXPECT_TRUE(HasOverflowWithTemporaries(list, options)) << ToString(t);
   }
 }
 
