@@ -132,7 +132,8 @@ absl::Status FusedAdam(const AdamConfig& config, std::span<float> master, std::s
                        const KernelOptions& options = {});
 
 // Element-wise dtype conversion, round to nearest even (NaN stays NaN, overflow to
-// fp16 becomes inf). kInvalidArgument for mismatched counts.
+// fp16 becomes inf); between equal dtypes a copy, bit for bit. Either way spread over the
+// threads (Note [kernel grain]). kInvalidArgument for mismatched counts.
 absl::Status Convert(TensorView from, MutableTensorView to, const KernelOptions& options = {});
 
 // Single values, for tests and scalar code.

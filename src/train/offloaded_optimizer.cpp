@@ -29,15 +29,6 @@ std::size_t RoundPage(std::size_t b) { return (b + 4095) / 4096 * 4096; }
 
 constexpr StateKind kStateKinds[] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
 
-// `from` into `to`, converting unless the dtypes agree.
-absl::Status CopyOrConvert(TensorView from, MutableTensorView to, const KernelOptions& k) {
-  if (from.dtype == to.dtype && from.elements == to.elements) {
-    std::memcpy(to.data, from.data, from.elements * SizeOf(from.dtype));
-    return absl::OkStatus();
-  }
-  return Convert(from, to, k);
-}
-
 }  // namespace
 
 DynamicLossScaler::Options NoLossScaling() noexcept {
@@ -186,11 +177,11 @@ absl::Status OffloadedAdam::InitializeFrom(std::size_t g, TensorView weights) {
     if (l.Stored(StateKind::kParameters, g)) {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer param,
                                  storage_->Overwrite(StateKind::kParameters, g, part, false));
-      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(from, {param.data, n, l.param_dtype}, K()));
+      MEMASCEND_RETURN_IF_ERROR(Convert(from, {param.data, n, l.param_dtype}, K()));
     }
     MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master,
                                storage_->Overwrite(StateKind::kMaster, g, part, false));
-    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(from, {master.data, n, DType::kF32}, K()));
+    MEMASCEND_RETURN_IF_ERROR(Convert(from, {master.data, n, DType::kF32}, K()));
     for (StateKind k : {StateKind::kExpAvg, StateKind::kExpAvgSq}) {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer st, storage_->Overwrite(k, g, part, false));
       std::memset(st.data, 0, st.bytes);
@@ -367,7 +358,7 @@ absl::Status OffloadedAdam::ReadState(StateKind kind, std::size_t g, MutableTens
     const auto [begin, end] = l.PartRange(g, part);
     const std::size_t n = end - begin;
     MEMASCEND_ASSIGN_OR_RETURN(StateBuffer s, storage_->Read(kind, g, part, false));
-    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
+    MEMASCEND_RETURN_IF_ERROR(Convert(
         {s.data, n, DType::kF32},
         {static_cast<std::byte*>(out.data) + begin * SizeOf(out.dtype), n, out.dtype}, K()));
   }
@@ -386,9 +377,9 @@ absl::Status OffloadedAdam::WriteState(StateKind kind, std::size_t g, TensorView
     const auto [begin, end] = l.PartRange(g, part);
     const std::size_t n = end - begin;
     MEMASCEND_ASSIGN_OR_RETURN(StateBuffer s, storage_->Overwrite(kind, g, part, false));
-    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
-        {static_cast<const std::byte*>(in.data) + begin * SizeOf(in.dtype), n, in.dtype},
-        {s.data, n, stored}, K()));
+    MEMASCEND_RETURN_IF_ERROR(
+        Convert({static_cast<const std::byte*>(in.data) + begin * SizeOf(in.dtype), n, in.dtype},
+                {s.data, n, stored}, K()));
   }
   return absl::OkStatus();
 }
@@ -469,7 +460,7 @@ absl::Status OffloadedAdam::SetGradient(std::size_t g, std::size_t part, TensorV
           fmt::format("adam: group {} part {} has {} elements, the gradient {}", g, part,
                       to.elements, gradient.elements));
     }
-    return CopyOrConvert(gradient, to, K());
+    return Convert(gradient, to, K());
   });
 }
 
@@ -656,11 +647,11 @@ absl::Status OffloadedAdam::UpdateParts(std::size_t g, const AdamConfig& adam,
       MEMASCEND_RETURN_IF_ERROR(storage_->PartUpdated(g, part));
       if (out) {
         Timed kernels(&times_.update_kernels);
-        MEMASCEND_RETURN_IF_ERROR(CopyOrConvert(
-            {param.data, n, l.param_dtype},
-            {static_cast<std::byte*>(params_out.data) + begin * SizeOf(params_out.dtype), n,
-             params_out.dtype},
-            K()));
+        MEMASCEND_RETURN_IF_ERROR(
+            Convert({param.data, n, l.param_dtype},
+                    {static_cast<std::byte*>(params_out.data) + begin * SizeOf(params_out.dtype), n,
+                     params_out.dtype},
+                    K()));
       }
     }
     MEMASCEND_RETURN_IF_ERROR(storage_->Discard(StateKind::kGradient, g, part));
@@ -710,13 +701,13 @@ absl::Status OffloadedAdam::LoadParameters(std::size_t g, MutableTensorView out)
     if (derived) {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Read(StateKind::kMaster, g, part, next));
       const MutableTensorView half{derived_.data(), n, l.param_dtype};
-      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({m.data, n, DType::kF32}, half, K()));
-      MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({half.data, n, l.param_dtype}, to, K()));
+      MEMASCEND_RETURN_IF_ERROR(Convert({m.data, n, DType::kF32}, half, K()));
+      MEMASCEND_RETURN_IF_ERROR(Convert({half.data, n, l.param_dtype}, to, K()));
       continue;
     }
     MEMASCEND_ASSIGN_OR_RETURN(StateBuffer p,
                                storage_->Read(StateKind::kParameters, g, part, next));
-    MEMASCEND_RETURN_IF_ERROR(CopyOrConvert({p.data, n, l.param_dtype}, to, K()));
+    MEMASCEND_RETURN_IF_ERROR(Convert({p.data, n, l.param_dtype}, to, K()));
   }
   return absl::OkStatus();
 }

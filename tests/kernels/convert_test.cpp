@@ -147,6 +147,27 @@ TEST_P(Conversion, VectorPathsMatchTheScalarDefinition) {
               ::memascend::testing::StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// Between equal dtypes Convert copies: every bit pattern, NaN payloads and signalling
+// NaNs included, on one thread and over a pool's many tasks (Note [kernel grain]).
+TEST_P(Conversion, EqualDtypesAreCopiedBitForBit) {
+  const std::size_t n = (std::size_t{1} << 20) + 3;
+  std::mt19937 rng(5);
+  std::vector<std::uint32_t> w32(n);
+  for (std::uint32_t& w : w32) w = static_cast<std::uint32_t>(rng());
+  w32[1] = 0x7f800001u;      // a signalling NaN
+  w32[n - 1] = 0xffc12345u;  // a quiet NaN with a payload
+  std::vector<std::uint32_t> c32(n);
+  ASSERT_OK(Convert({w32.data(), n, DType::kF32}, {c32.data(), n, DType::kF32}, options_));
+  EXPECT_EQ(c32, w32);
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    std::vector<std::uint16_t> w16(n), c16(n);
+    for (std::size_t i = 0; i < n; ++i) w16[i] = static_cast<std::uint16_t>(w32[i] >> 7);
+    w16[2] = t == DType::kF16 ? 0x7c01 : 0x7f81;  // signalling NaNs
+    ASSERT_OK(Convert({w16.data(), n, t}, {c16.data(), n, t}, options_));
+    EXPECT_EQ(c16, w16) << ToString(t);
+  }
+}
+
 MEMASCEND_INSTANTIATE_KERNEL_TEST(Conversion);
 
 }  // namespace
