@@ -61,3 +61,20 @@ def batch(step, vocab=256, batch_size=4, seq=32):
     g = torch.Generator().manual_seed(1000 + step)
     x = torch.randint(0, vocab, (batch_size, seq + 1), generator=g)
     return x[:, :-1], x[:, 1:]
+
+
+def train_accumulating(model, opt, steps=6, micro=2, device="cpu"):
+    """Each step `micro` micro-batches (batch(step * micro + k)), each loss divided by
+    `micro` before its backward, then opt.step(); the steps' mean losses."""
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for k in range(micro):
+            x, y = (t.to(device) for t in batch(step * micro + k))
+            loss = model(x, y)
+            (loss / micro).backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total / micro)
+    return losses

@@ -106,31 +106,16 @@ def test_gradients_accumulate_on_the_gpu_under_offload_parameters(tmp_path):
     gradient leaves at step()) with the parameters offloaded, as bench/gpu's --accum runs:
     the losses and weights of torch.optim.AdamW accumulating the same way."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    micro, steps = 2, 6
-
-    def run(model, opt):
-        losses = []
-        for step in range(steps):
-            total = 0.0
-            for k in range(micro):
-                x, y = (t.cuda() for t in gpt.batch(step * micro + k))
-                loss = model(x, y)
-                (loss / micro).backward()
-                total += loss.item()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(total / micro)
-        return losses
-
     ref_model = gpt.make(seed=0).cuda()
-    ref_losses = run(ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3,
-                                                  weight_decay=0.01))
+    ref_losses = gpt.train_accumulating(
+        ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3, weight_decay=0.01),
+        device="cuda")
     model = gpt.make(seed=0).cuda()
     opt = mt.OffloadedAdamW(param_groups(model), lr=1e-3, weight_decay=0.01,
                             volume=str(tmp_path / "accum.vol"), host_budget=1 << 20,
                             part_elements=1 << 18, offload_gradients=False)
     offload = mt.offload_parameters(model, opt)
-    losses = run(model, opt)
+    losses = gpt.train_accumulating(model, opt, device="cuda")
     assert losses == pytest.approx(ref_losses, rel=TOL, abs=TOL)
     assert losses[-1] < losses[0]
     assert opt.stats()["device_gradients"]["groups"] > 0  # they left through the device path

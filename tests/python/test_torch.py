@@ -139,34 +139,17 @@ def test_with_parameters_and_activations_offloaded_too(tmp_path):
     vol.close()
 
 
-def train_accumulating(model, opt, steps=6, micro=2):
-    """Each step `micro` micro-batches, each loss divided by `micro` before its backward;
-    the steps' mean losses."""
-    losses = []
-    for step in range(steps):
-        total = 0.0
-        for k in range(micro):
-            x, y = gpt.batch(step * micro + k)
-            loss = model(x, y)
-            (loss / micro).backward()
-            total += loss.item()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total / micro)
-    return losses
-
-
 def test_gradients_accumulate_over_micro_batches_under_offload_parameters(tmp_path):
     """Gradient accumulation with the parameters offloaded: p.grad adds up over the
     micro-batches while p.data is released between uses, and step() takes the sum, as
     torch.optim.AdamW does (bench/gpu's --accum runs this way, offload_gradients=False)."""
     ref_model = gpt.make(seed=0)
-    ref_losses = train_accumulating(
+    ref_losses = gpt.train_accumulating(
         ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3, weight_decay=0.01))
     model = gpt.make(seed=0)
     opt = offloaded(tmp_path, model, offload_gradients=False)
     offload = mt.offload_parameters(model, opt)
-    losses = train_accumulating(model, opt)
+    losses = gpt.train_accumulating(model, opt)
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
     assert losses[-1] < losses[0]
     offload.remove()
