@@ -133,7 +133,8 @@ absl::Status FusedAdam(const AdamConfig& config, std::span<float> master, std::s
 
 // Element-wise dtype conversion, round to nearest even (NaN stays NaN, overflow to
 // fp16 becomes inf); between equal dtypes a copy, bit for bit. Either way spread over the
-// threads (Note [kernel grain]). kInvalidArgument for mismatched counts.
+// threads (Note [kernel grain]). `from` and `to` must not overlap. kInvalidArgument for
+// mismatched counts.
 absl::Status Convert(TensorView from, MutableTensorView to, const KernelOptions& options = {});
 
 // Single values, for tests and scalar code.
