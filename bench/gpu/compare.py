@@ -390,7 +390,9 @@ def update_figures(r, ceiling):
     (the kernel bench's count per element, times the parameters) over the median of the
     steps' update_kernels seconds (the first step left out), and that over the same call's
     per-part kernel rate (`update_over_cpu_adam_parts`: 1.0 is the update at the kernel's
-    ceiling; below, time lost between parts or threads left idle)."""
+    ceiling; below, time lost between parts or threads left idle). On a GPU the update
+    writes its parameters to the store only; on the CPU update_kernels also holds their
+    copy out to the model (4 bytes more a parameter, not counted)."""
     kernels = [p.get("update_kernels") for p in (r.get("step_phases") or [])[1:]]
     kernels = [k for k in kernels if k]
     per_element = ceiling.get("cpu_adam_bytes_per_element") or 28

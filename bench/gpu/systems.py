@@ -227,7 +227,9 @@ class MemAscend:
         from memascend import _core
         self.model, self.impl = build(a, device)
         self.counts = counts(self.model)
-        self.accum = a.accum
+        # Accumulating micro-batches, the gradients stay in p.grad until step()
+        # (docs/python.md, "On a GPU"); else each leaves during backward.
+        self.offload_gradients = a.accum == 1
         params = list(self.model.parameters())
         layout = [(f"p{i}", p.numel()) for i, p in enumerate(params)]
         state = _core.OffloadedAdam.stored_bytes(layout, "bfloat16", "bfloat16",
@@ -243,9 +245,7 @@ class MemAscend:
                                      volume=os.path.join(a.scratch, "memascend.vol"),
                                      host_budget=self.budget["bytes"], overwrite=True,
                                      commit_every=getattr(a, "commit_every_point", 1),
-                                     # Accumulating micro-batches, the gradients stay in
-                                     # p.grad until step() (docs/python.md, "On a GPU").
-                                     offload_gradients=False if a.accum > 1 else None)
+                                     offload_gradients=None if self.offload_gradients else False)
         self.offload = mt.offload_parameters(self.model, self.opt)
         self.activations = None
         if a.offload_activations:
@@ -280,10 +280,8 @@ class MemAscend:
         self.opt.settle()
         stats = self.opt.stats()
         out = {"optimizer": "memascend.torch.OffloadedAdamW + offload_parameters",
-               # the update's threads (OffloadedAdamW's default), and whether each gradient
-               # left during backward or at step() (accumulating: docs/python.md, "On a GPU")
-               "update_threads": torch.get_num_threads(),
-               "offload_gradients": self.accum == 1,
+               "update_threads": torch.get_num_threads(),  # OffloadedAdamW's default
+               "offload_gradients": self.offload_gradients,
                "host_budget_bytes": self.opt.host_budget,
                "host_budget_locked": self.opt.host_budget_locked,
                "memascend_pinned_peak_bytes": stats["store"]["pinned_peak_bytes"],
