@@ -124,6 +124,32 @@ def test_gradients_accumulate_on_the_gpu_under_offload_parameters(tmp_path):
     opt.close()
 
 
+def test_parameters_that_move_on_the_device_are_seen_where_they_are(tmp_path):
+    """A device budget of four of the largest parameters (about half the model): groups
+    are evicted and come back at other addresses, and under accumulation most uses find
+    theirs where it was (Note [device views]: the tensor of the last use is reused only at
+    the same address). Losses and weights as torch.optim.AdamW's."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref_model = gpt.make(seed=0).cuda()
+    ref_losses = gpt.train_accumulating(
+        ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3, weight_decay=0.01),
+        device="cuda")
+    model = gpt.make(seed=0).cuda()
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    opt = mt.OffloadedAdamW(param_groups(model), lr=1e-3, weight_decay=0.01,
+                            volume=str(tmp_path / "moving.vol"), host_budget=1 << 20,
+                            part_elements=1 << 18, offload_gradients=False)
+    offload = mt.offload_parameters(model, opt, device_budget=4 * largest, read_ahead=largest)
+    losses = gpt.train_accumulating(model, opt, device="cuda")
+    assert losses == pytest.approx(ref_losses, rel=TOL, abs=TOL)
+    stats = opt.stats()["device_parameters"]
+    assert stats["evictions"] > 0 and stats["hits"] > 0, stats
+    assert stats["peak_resident_bytes"] <= 4 * largest
+    offload.remove()
+    assert_same(ref_model, model)
+    opt.close()
+
+
 def test_bf16_parameters_on_the_gpu_train(tmp_path):
     # bf16 weights with fp32 master weights and moments on the volume, as fine-tuning runs.
     model = gpt.make(seed=0).cuda().to(torch.bfloat16)

@@ -50,7 +50,9 @@ def wanted(rel, path):
     name = parts[-1]
     if name == "CTestTestfile.cmake" or name.endswith(("_include.cmake", "_tests.cmake")):
         return True
-    if parts[0] == "python" and name.endswith(".py"):
+    # The package as installed: its modules and its type hints (py.typed, the stubs),
+    # which test_core.py checks are beside the modules.
+    if parts[0] == "python" and (name.endswith((".py", ".pyi")) or name == "py.typed"):
         return True
     if name.endswith((".a", ".o")):
         return False

@@ -58,6 +58,7 @@ class ParameterOffload:
         self._callback_queued = False
         self._backward = False  # the pass under way (the device path reads ahead along it)
         self._acquired = set()  # on a GPU: parameters whose device copy is leased from the SDK
+        self._views = {}  # on a GPU: param index -> (address, its tensor there); Note [device views]
         self._trace = None  # a memascend.torch.StepTrace while one step is traced
         self._names = {id(m): name or type(m).__name__ for name, m in module.named_modules()}
         self._marks = {}  # (pass, id(module)) -> the trace's mark where its compute began
@@ -87,6 +88,17 @@ class ParameterOffload:
         covered = {i for own in self._params_of.values() for _, i in own}
         optimizer._defer_updates(len(covered) == len(optimizer._params))
 
+    # -- Note [device views]: on a GPU each use of a module makes its parameters' data a
+    # tensor over the SDK's device block (device_tensor: torch.as_tensor through
+    # __cuda_array_interface__, then two views), and a use releases it to an empty tensor.
+    # Under gradient accumulation or activation checkpointing a group is used three times
+    # a micro-batch, mostly found where it was (a hit), and at batch 1 the H200's compute
+    # per module is shorter than the host's hooks (docs/gpu.md, "The third lease"). So the
+    # tensor made for a group is kept with its address: a group found at the same address
+    # gets the same tensor back, and every release sets the same empty tensor of its dtype
+    # and device. A kept tensor owns nothing and is only ever set as its own parameter's data
+    # while the SDK leases that block to it (an acquire that returned that address); a block
+    # the group lost and got back elsewhere gets a new tensor. remove() forgets them.
     def _use_device(self, device_budget, read_ahead):
         """The device budget: by default room for the largest module twice (in use, and
         the next) plus the read-ahead, which is twice the largest module."""
@@ -199,7 +211,13 @@ class ParameterOffload:
                 dev = self._cuda.device
                 address, n, code = self._cuda.params.acquire(i, stream_handle(dev), self._backward)
                 self._acquired.add(i)
-                p.data = device_tensor(address, n, code, opt._shapes[i], dev)
+                # Note [device views]: a group found at the address of its last use gets the
+                # tensor made then (a view of SDK memory, owning nothing), not a new one.
+                view = self._views.get(i)
+                if view is None or view[0] != address:
+                    view = (address, device_tensor(address, n, code, opt._shapes[i], dev))
+                    self._views[i] = view
+                p.data = view[1]
             else:
                 p.data = self._host_data(i)
             if t is not None:
@@ -216,7 +234,7 @@ class ParameterOffload:
                 from memascend.torch.cuda import stream_handle
                 self._acquired.discard(i)
                 self._cuda.params.release(i, stream_handle(self._cuda.device))
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            p.data = _empty(p.dtype, p.device)
             if self._cuda is None:
                 self._drop_view(i)
 
@@ -382,6 +400,7 @@ class ParameterOffload:
                     p.data = h
                 self._count[i] = 0
                 OFFLOADED.pop(id(p), None)
+        self._views.clear()
 
 
 def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, window: int = 2,
@@ -404,6 +423,18 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     makes them.
     """
     return ParameterOffload(module, optimizer, window, device_budget, read_ahead)
+
+
+_EMPTY = {}  # (dtype, device) -> the empty tensor a released parameter holds
+
+
+def _empty(dtype, device):
+    """The one empty tensor of `dtype` on `device` that released parameters share (Note
+    [device views]): nothing is allocated for it, and nothing writes into it."""
+    t = _EMPTY.get((dtype, device))
+    if t is None:
+        t = _EMPTY[dtype, device] = torch.empty(0, dtype=dtype, device=device)
+    return t
 
 
 class _OnBackward(torch.autograd.Function):
