@@ -149,10 +149,11 @@ struct OffloadedAdamOptions {
   std::size_t read_ahead_bytes = 0;
   std::size_t keep_bytes = 0;  // Note [kept state]
   bool gradient_room = false;  // Note [gradient room]
-  // How each gradient part is checked for inf/NaN: the fused one-pass kernel
-  // (HasOverflow), or PyTorch's way with a byte-per-element temporary per pass
-  // (HasOverflowWithTemporaries), kept to measure what fusing saves (the ablation).
-  // The same answer either way.
+  // How each gradient part is checked for inf/NaN: fused into the pass that sums its
+  // squares for the norm (a non-finite sum is an overflow: Note [one pass], one read of
+  // the part for both), or PyTorch's way with a byte-per-element temporary per pass
+  // (HasOverflowWithTemporaries) before the sum, kept to measure what fusing saves (the
+  // ablation). The same answer either way.
   enum class OverflowCheck { kFused, kTemporaries };
   OverflowCheck overflow_check = OverflowCheck::kFused;
   // Note [global gradient check]; empty: this optimizer holds every gradient.

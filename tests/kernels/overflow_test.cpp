@@ -159,6 +159,42 @@ TEST(Overflow, IsFoundAtTheTaskBoundariesOfALargePool) {
   }
 }
 
+// Note [one pass] (OffloadedAdam): the optimizer's overflow check is the sum of squares,
+// so the sum must be non-finite exactly where HasOverflow finds an overflow: an inf or a
+// NaN in the vector body or the scalar tail of any dtype on every instruction set, and
+// finite for the largest finite values of each dtype, whose squares overflow a float.
+TEST(Overflow, TheSumOfSquaresIsNonFiniteExactlyWhereThereIsOne) {
+  KernelThreads pool(3);
+  const float bad[] = {std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN()};
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!::memascend::testing::CpuHas(level)) continue;
+    const KernelOptions options{&pool, level};
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const float largest = t == DType::kF32   ? FLT_MAX
+                            : t == DType::kF16 ? 65504.0f
+                                               : BFloat16ToFloat(0x7F7F);
+      for (std::size_t n : {5u, 16u, 37u, 70001u}) {  // a tail alone, none, both
+        Buffer b(t, n);
+        for (std::size_t i = 0; i < n; i += 3) b.Set(i, i % 2 ? largest : -largest);
+        const TensorView big[] = {b.view()};
+        ASSERT_TRUE(std::isfinite(SumOfSquares(big, options))) << ToString(level) << ToString(t);
+        for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+          for (float f : bad) {
+            Buffer c = b;
+            c.Set(at, f);
+            const TensorView v[] = {c.view()};
+            ASSERT_FALSE(std::isfinite(SumOfSquares(v, options, 12.5)))
+                << ToString(level) << " " << ToString(t) << " n " << n << " at " << at << " " << f;
+            ASSERT_TRUE(HasOverflow(v, options));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelThreads, EveryChunkRunsOnceAcrossRepeatedCalls) {
   KernelThreads pool(4);
   EXPECT_EQ(pool.size(), 4);

@@ -144,14 +144,25 @@ def test_gradients_accumulate_over_micro_batches_under_offload_parameters(tmp_pa
     micro-batches while p.data is released between uses, and step() takes the sum, as
     torch.optim.AdamW does (bench/gpu's --accum runs this way, offload_gradients=False)."""
     ref_model = gpt.make(seed=0)
-    ref_losses = gpt.train_accumulating(
-        ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3, weight_decay=0.01))
+    ref_opt = torch.optim.AdamW(param_groups(ref_model), lr=1e-3, weight_decay=0.01)
+    ref_losses = gpt.train_accumulating(ref_model, ref_opt)
     model = gpt.make(seed=0)
     opt = offloaded(tmp_path, model, offload_gradients=False)
     offload = mt.offload_parameters(model, opt)
     losses = gpt.train_accumulating(model, opt)
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
     assert losses[-1] < losses[0]
+    # An evaluation under inference mode, then training again (Note [device views]: the
+    # empty tensor released parameters share is never an inference tensor).
+    x, y = gpt.batch(0)
+    mt.parameters._EMPTY.clear()  # so the evaluation's releases make it anew
+    with torch.inference_mode():
+        evaluated = [float(m(x, y)) for m in (ref_model, model)]
+    assert evaluated[1] == pytest.approx(evaluated[0], rel=1e-5, abs=1e-5)
+    assert not any(p.is_inference() for p in model.parameters())
+    more = gpt.train_accumulating(model, opt, steps=2)
+    assert more == pytest.approx(gpt.train_accumulating(ref_model, ref_opt, steps=2),
+                                 rel=1e-5, abs=1e-5)
     offload.remove()
     assert_same(ref_model, model)
     opt.close()

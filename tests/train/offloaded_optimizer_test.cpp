@@ -505,6 +505,54 @@ TEST(OffloadedAdam, AnOverflowSkipsTheStepAndLeavesTheStateAsItWas) {
   ExpectState(state.get(), ref);
 }
 
+// Note [one pass]: the fused check is the sum of squares; PyTorch's way is a pass of its
+// own. Every kind of overflow skips the step either way, the largest finite value does
+// not, and the norm has the same bits.
+TEST(OffloadedAdam, TheOverflowCheckInTheNormsPassFindsWhatASeparatePassFinds) {
+  const StateLayout l = Layout();  // fp16 gradients: 65504 is the largest finite one
+  const float kValues[] = {INFINITY, -INFINITY, NAN, 65504.0f, -65504.0f};
+  for (const float value : kValues) {
+    double norms[2] = {0, 0};
+    for (const auto check : {OffloadedAdamOptions::OverflowCheck::kFused,
+                             OffloadedAdamOptions::OverflowCheck::kTemporaries}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "value " << value << ", check "
+                   << (check == OffloadedAdamOptions::OverflowCheck::kFused ? "fused" : "temps"));
+      ASSERT_OK_AND_ASSIGN(auto state, InMemoryTrainingState::Create(l));
+      KernelThreads threads(3);
+      OffloadedAdamOptions o = Options();
+      o.overflow_check = check;
+      ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(state.get(), o, &threads));
+      Reference ref(l, o);
+      ASSERT_OK(Start(adam.get(), ref));
+      adam->BeginBackward();
+      for (std::size_t g = 0; g < l.groups.size(); ++g) {
+        const auto f = Gradient(l.groups[g].elements, g, 1, 1024.0f);
+        for (std::size_t p = 0; p < l.Parts(g); ++p) {
+          const auto [begin, end] = l.PartRange(g, p);
+          std::vector<float> grad(f.begin() + static_cast<std::ptrdiff_t>(begin),
+                                  f.begin() + static_cast<std::ptrdiff_t>(end));
+          // In the last part of the first group, and in the middle group's only one.
+          if ((g == 0 && p + 1 == l.Parts(g)) || g == 1) grad[grad.size() / 2] = value;
+          ASSERT_OK(adam->SetGradient(g, p, {grad.data(), grad.size(), DType::kF32}));
+        }
+      }
+      ASSERT_OK_AND_ASSIGN(StepPlan plan, adam->EndBackward());
+      EXPECT_EQ(plan.skipped, !std::isfinite(value));
+      if (!plan.skipped) {
+        EXPECT_TRUE(std::isfinite(plan.grad_norm));
+        EXPECT_GT(plan.grad_norm, 65504.0 / 1024.0);  // two of them, unscaled
+        norms[check == OffloadedAdamOptions::OverflowCheck::kFused ? 0 : 1] = plan.grad_norm;
+        ASSERT_OK(adam->UpdateAll());
+      }
+      ASSERT_OK(adam->Commit(1));
+    }
+    if (std::isfinite(value)) {
+      EXPECT_EQ(norms[0], norms[1]);
+    }
+  }
+}
+
 TEST(OffloadedAdam, DerivedParametersAreTheRoundedMasterWeights) {
   const StateLayout l = Layout(/*derive_first=*/true);
   Offloaded off(l);

@@ -65,6 +65,7 @@ class ParameterOffload:
         self._handles = []
         self._hooks = None  # the saved-tensor hooks while the root module runs
         self.fetches = 0
+        self.views_made = 0  # on a GPU: device tensors made (Note [device views])
         for m in self._modules:
             self._handles.append(m.register_forward_pre_hook(self._pre_forward))
             self._handles.append(m.register_forward_hook(self._post_forward))
@@ -88,17 +89,16 @@ class ParameterOffload:
         covered = {i for own in self._params_of.values() for _, i in own}
         optimizer._defer_updates(len(covered) == len(optimizer._params))
 
-    # -- Note [device views]: on a GPU each use of a module makes its parameters' data a
+    # -- Note [device views]: on a GPU a use of a module sets its parameters' data to a
     # tensor over the SDK's device block (device_tensor: torch.as_tensor through
-    # __cuda_array_interface__, then two views), and a use releases it to an empty tensor.
-    # Under gradient accumulation or activation checkpointing a group is used three times
-    # a micro-batch, mostly found where it was (a hit), and at batch 1 the H200's compute
-    # per module is shorter than the host's hooks (docs/gpu.md, "The third lease"). So the
-    # tensor made for a group is kept with its address: a group found at the same address
-    # gets the same tensor back, and every release sets the same empty tensor of its dtype
-    # and device. A kept tensor owns nothing and is only ever set as its own parameter's data
-    # while the SDK leases that block to it (an acquire that returned that address); a block
-    # the group lost and got back elsewhere gets a new tensor. remove() forgets them.
+    # __cuda_array_interface__, then two views); a release, to an empty tensor. Under
+    # accumulation or checkpointing a group is used three times a micro-batch, mostly
+    # found where it was, and at batch 1 the H200 computes a module faster than the hooks
+    # run (docs/gpu.md, "The third lease"). So a group's tensor is kept with its address
+    # and set again while the SDK returns that address (a group that moved gets a new
+    # one), and releases share one empty tensor per dtype and device. Both are made outside
+    # inference mode (`p.data = t` gives p t's dispatch keys: one made in an evaluation
+    # pass would fail a later backward). They own nothing; remove() forgets them.
     def _use_device(self, device_budget, read_ahead):
         """The device budget: by default room for the largest module twice (in use, and
         the next) plus the read-ahead, which is twice the largest module."""
@@ -215,8 +215,10 @@ class ParameterOffload:
                 # tensor made then (a view of SDK memory, owning nothing), not a new one.
                 view = self._views.get(i)
                 if view is None or view[0] != address:
-                    view = (address, device_tensor(address, n, code, opt._shapes[i], dev))
+                    with torch.inference_mode(False):  # kept: never an inference tensor
+                        view = (address, device_tensor(address, n, code, opt._shapes[i], dev))
                     self._views[i] = view
+                    self.views_made += 1
                 p.data = view[1]
             else:
                 p.data = self._host_data(i)
@@ -433,7 +435,8 @@ def _empty(dtype, device):
     [device views]): nothing is allocated for it, and nothing writes into it."""
     t = _EMPTY.get((dtype, device))
     if t is None:
-        t = _EMPTY[dtype, device] = torch.empty(0, dtype=dtype, device=device)
+        with torch.inference_mode(False):  # shared: never an inference tensor
+            t = _EMPTY[dtype, device] = torch.empty(0, dtype=dtype, device=device)
     return t
 
 
