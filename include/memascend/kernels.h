@@ -115,9 +115,9 @@ struct AdamConfig {
 float ClipCoefficient(double global_norm, double max_norm) noexcept;
 
 // Sum of squares of all elements (in double), for the global gradient norm, added to
-// `total`. Each tensor is summed in tasks of 2^18 elements and the tasks' sums are added
+// `total`. Each tensor is summed in tasks of 2^16 elements and the tasks' sums are added
 // to the total one by one, in order, whatever the thread count. So a caller holding a
-// gradient in slices whose boundaries are multiples of 2^18 elements can sum it slice by
+// gradient in slices whose boundaries are multiples of 2^16 elements can sum it slice by
 // slice, each call continuing the last one's total, and gets the bits of one call over
 // the whole.
 double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& options = {},

@@ -50,7 +50,7 @@
 // update (Note [optimizer overlap]) reads none. Gradients are converted and checked part
 // by part; the sum of squares for the clip coefficient runs on over the parts in order
 // (SumOfSquares with a running total), which gives the bits of one sum over the group
-// when parts are multiples of 2^18 elements (the kernels' task): the results do not
+// when parts are multiples of 2^16 elements (the sum's task): the results do not
 // depend on the part size.
 //
 // Note [optimizer overlap]: the update of step s and the forward pass of step s + 1 can

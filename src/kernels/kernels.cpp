@@ -46,6 +46,13 @@ const Isa& PickIsa(SimdLevel cap) {
 namespace {
 
 constexpr std::size_t kChunkElements = 1u << 18;  // 1 MiB of fp32 per task
+// Note [sum tasks]: the sum of squares' task, on which its bits depend (its partial sums
+// are added in task order), so fixed whatever the threads: 2^16 elements, so that a part
+// of 2^20 elements (memascend.torch's) is 16 tasks, one per thread of the GPU machines.
+// At 2^18 it was 4: the gradients' norm, which runs as each part lands, used 4 of 16
+// threads (docs/kernels.md). Bits of sums over more than 2^16 elements differ from those
+// of versions before 2026-11-27 in their last places.
+constexpr std::size_t kSumChunkElements = 1u << 16;
 
 // Runs fn(begin, end) over [0, n) in tasks of ElementwiseGrain (Note [kernel grain]), on
 // the pool if any.
@@ -265,7 +272,8 @@ double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& op
                     double total) {
   const kernels::Isa& isa = kernels::PickIsa(options.max_simd);
   std::size_t chunks = 0;
-  for (const TensorView& t : tensors) chunks += (t.elements + kChunkElements - 1) / kChunkElements;
+  for (const TensorView& t : tensors)
+    chunks += (t.elements + kSumChunkElements - 1) / kSumChunkElements;
   constexpr std::size_t kWave = 1024;
   double partial[kWave];
   for (std::size_t base = 0; base < chunks; base += kWave) {
@@ -273,11 +281,11 @@ double SumOfSquares(std::span<const TensorView> tensors, const KernelOptions& op
     const auto run = [&](std::size_t i) {
       std::size_t c = base + i;
       for (const TensorView& t : tensors) {
-        const std::size_t mine = (t.elements + kChunkElements - 1) / kChunkElements;
+        const std::size_t mine = (t.elements + kSumChunkElements - 1) / kSumChunkElements;
         if (c < mine) {
-          const std::size_t begin = c * kChunkElements;
-          partial[i] =
-              isa.sum_squares(t.data, t.dtype, begin, std::min(t.elements, begin + kChunkElements));
+          const std::size_t begin = c * kSumChunkElements;
+          partial[i] = isa.sum_squares(t.data, t.dtype, begin,
+                                       std::min(t.elements, begin + kSumChunkElements));
           return;
         }
         c -= mine;

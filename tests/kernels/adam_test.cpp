@@ -230,7 +230,8 @@ TEST(SumOfSquares, IsBitIdenticalWhateverTheThreads) {
   }
 }
 
-// A gradient held in slices at multiples of 2^18 elements (the trainer's parts) sums,
+// A gradient held in slices at multiples of 2^16 elements (the sum's task, Note [sum
+// tasks]; the trainer's parts are multiples of 2^18) sums,
 // slice by slice with a running total, to the bits of one call over the whole.
 TEST(SumOfSquares, SlicesContinuingARunningTotalGiveTheBitsOfOneCall) {
   std::mt19937 rng(5);
@@ -248,7 +249,8 @@ TEST(SumOfSquares, SlicesContinuingARunningTotalGiveTheBitsOfOneCall) {
     const double one = SumOfSquares(whole, {&pool}, earlier);
     const double alone = SumOfSquares(whole, {&pool});
     EXPECT_NEAR(one, alone + earlier, 1e-9 * alone);  // the total is really continued
-    for (std::size_t slice : {std::size_t{1} << 18, std::size_t{2} << 18, std::size_t{3} << 18}) {
+    for (std::size_t slice : {std::size_t{1} << 16, std::size_t{3} << 16, std::size_t{1} << 18,
+                              std::size_t{2} << 18, std::size_t{3} << 18}) {
       double total = earlier;
       bool threaded = true;  // alternately, to show the threads do not matter either
       for (std::size_t begin = 0; begin < a.size(); begin += slice, threaded = !threaded) {
