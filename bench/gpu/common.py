@@ -124,25 +124,35 @@ def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", se
     download), seeded, in `dtype` on `device`; where transformers cannot be imported,
     bench/gpu/llama.py's, which keeps its structure and loss.
 
-    Built on the CPU (the same weights in every process, whatever its device) with `dtype`
-    the default dtype, so the parameters are made and initialised in `dtype`: no float32
-    copy of the whole model passes through host memory (4 bytes a parameter, which would
-    set the peak RSS of a system that holds little on the host, and fill a host cap)."""
+    Built with `dtype` the default dtype, so the parameters are made and initialised in
+    `dtype`: no float32 copy of the whole model passes through host memory (4 bytes a
+    parameter, which would set the peak RSS of a system that holds little on the host,
+    and fill a host cap). On a CUDA device it is made there (torch's default device, torch
+    >= 2.0), seeded: the same weights in every process of a run, since every system of a
+    comparison builds on the same device, and in a second or two, where the CPU took 36 s
+    for 0.5 B bf16 parameters (the third H200 lease: most of each run's set-up). On the
+    CPU, or an older torch, on the CPU as before, then moved."""
+    import contextlib
     import torch
     torch.manual_seed(seed)
+    on_device = str(device).startswith("cuda") and hasattr(torch.device, "__enter__")
+    here = torch.device(device) if on_device else contextlib.nullcontext()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))
     try:
-        from transformers import LlamaConfig, LlamaForCausalLM
-        import transformers
-        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **shapes))
-        impl = f"transformers {transformers.__version__} LlamaForCausalLM"
-    except ImportError as e:
-        from llama import LlamaForCausalLM
-        model = LlamaForCausalLM(dict(shapes, num_hidden_layers=layers))
-        impl = f"bench/gpu/llama.py LlamaForCausalLM (transformers: {e})"
+        with here:
+            try:
+                from transformers import LlamaConfig, LlamaForCausalLM
+                import transformers
+                model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **shapes))
+                impl = f"transformers {transformers.__version__} LlamaForCausalLM"
+            except ImportError as e:
+                from llama import LlamaForCausalLM
+                model = LlamaForCausalLM(dict(shapes, num_hidden_layers=layers))
+                impl = f"bench/gpu/llama.py LlamaForCausalLM (transformers: {e})"
     finally:
         torch.set_default_dtype(previous)
+    impl += f", built on {next(model.parameters()).device}"
     model = model.to(getattr(torch, dtype)).to(device)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
