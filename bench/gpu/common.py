@@ -119,7 +119,8 @@ def llama_shapes(overrides=None):
     return shapes
 
 
-def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", seed=0):
+def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", seed=0,
+                init_device=None):
     """(model, implementation): transformers' LlamaForCausalLM built from a config (no
     download), seeded, in `dtype` on `device`; where transformers cannot be imported,
     bench/gpu/llama.py's, which keeps its structure and loss.
@@ -127,16 +128,18 @@ def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", se
     Built with `dtype` the default dtype, so the parameters are made and initialised in
     `dtype`: no float32 copy of the whole model passes through host memory (4 bytes a
     parameter, which would set the peak RSS of a system that holds little on the host,
-    and fill a host cap). On a CUDA device it is made there (torch's default device, torch
-    >= 2.0), seeded: the same weights in every process of a run, since every system of a
-    comparison builds on the same device, and in a second or two, where the CPU took 36 s
-    for 0.5 B bf16 parameters (the third H200 lease: most of each run's set-up). On the
-    CPU, or an older torch, on the CPU as before, then moved."""
+    and fill a host cap). Made on `init_device` (default `device`), then moved to
+    `device`: on a CUDA device (torch's default device, torch >= 2.0), seeded, in a second
+    or two, where the CPU took 36 s for 0.5 B bf16 parameters (the third H200 lease: most
+    of each run's set-up). The weights depend on where they are made (each device's random
+    generator), so every process of a comparison makes them on the run's device, a system
+    that holds its model on the CPU included. On the CPU, or an older torch, on the CPU."""
     import contextlib
     import torch
     torch.manual_seed(seed)
-    on_device = str(device).startswith("cuda") and hasattr(torch.device, "__enter__")
-    here = torch.device(device) if on_device else contextlib.nullcontext()
+    init_device = str(init_device or device)
+    on_device = init_device.startswith("cuda") and hasattr(torch.device, "__enter__")
+    here = torch.device(init_device) if on_device else contextlib.nullcontext()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))
     try:

@@ -36,12 +36,13 @@ class Skip(Exception):
 BUILT = {}  # the model's construction: its peak RSS, and whether VmHWM was reset after it
 
 
-def build(a, device):
+def build(a, device, init_device=None):
     """build_llama, then VmHWM reset: peak_rss_bytes is the system's own peak from here on
     (what it keeps of the model, its setup and its training), not the harness's
     construction of the model, which every system shares (build_peak_rss_bytes)."""
     t0 = time.time()
-    model, impl = build_llama(a.layers, a.shapes, device, a.checkpointing)
+    model, impl = build_llama(a.layers, a.shapes, device, a.checkpointing,
+                              init_device=init_device or device)
     BUILT["build_seconds"] = round(time.time() - t0, 2)
     BUILT["build_peak_rss_bytes"], why = reset_peak_rss()
     BUILT["peak_rss_scope"] = ("VmHWM from after the model was built on its device" if why is None
@@ -117,8 +118,9 @@ class FSDP2:
             raise Skip(f"torch {torch.__version__} has no FSDP2: from torch.distributed.fsdp "
                        f"import fully_shard, CPUOffloadPolicy: {type(e).__name__}: {e}")
         self.dist = init_world("nccl" if device.startswith("cuda") else "gloo")
-        # Built in bf16 and widened, so its fp32 master weights are the reference's.
-        model, self.impl = build(a, "cpu")
+        # Built in bf16 (on the run's device, as every system's: build_llama) and
+        # widened, so its fp32 master weights are the reference's.
+        model, self.impl = build(a, "cpu", init_device=device)
         model.float()
         self.counts = counts(model)
         kw = dict(offload_policy=CPUOffloadPolicy(pin_memory=True),
@@ -194,7 +196,7 @@ class DeepSpeed:
             raise Skip("ZeRO-Infinity needs a CUDA device")
         init_world("nccl")
         deepspeed.init_distributed(dist_backend="nccl")
-        model, self.impl = build(a, "cpu")
+        model, self.impl = build(a, "cpu", init_device=device)
         self.counts = counts(model)
         nvme = os.path.join(a.scratch, "deepspeed")
         os.makedirs(nvme, exist_ok=True)
