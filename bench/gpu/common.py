@@ -142,25 +142,40 @@ def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", se
     here = torch.device(init_device) if on_device else contextlib.nullcontext()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))
+    try:  # imported before the device is made the default: nothing of theirs lands there
+        from transformers import LlamaConfig, LlamaForCausalLM
+        import transformers
+        made = lambda: LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **shapes))  # noqa: E731
+        impl = f"transformers {transformers.__version__} LlamaForCausalLM"
+    except ImportError as e:
+        from llama import LlamaForCausalLM
+        made = lambda: LlamaForCausalLM(dict(shapes, num_hidden_layers=layers))  # noqa: E731
+        impl = f"bench/gpu/llama.py LlamaForCausalLM (transformers: {e})"
     try:
         with here:
-            try:
-                from transformers import LlamaConfig, LlamaForCausalLM
-                import transformers
-                model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **shapes))
-                impl = f"transformers {transformers.__version__} LlamaForCausalLM"
-            except ImportError as e:
-                from llama import LlamaForCausalLM
-                model = LlamaForCausalLM(dict(shapes, num_hidden_layers=layers))
-                impl = f"bench/gpu/llama.py LlamaForCausalLM (transformers: {e})"
+            model = made()
     finally:
         torch.set_default_dtype(previous)
     impl += f", built on {next(model.parameters()).device}"
     model = model.to(getattr(torch, dtype)).to(device)
+    if on_device and not str(device).startswith("cuda"):
+        torch.cuda.empty_cache()  # what the build held there is not the system's GPU peak
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return model, impl
+
+
+def offload_units(model, units):
+    """offload_parameters' `units` for a bench run's --units: "layer", the decoder layer's
+    class (transformers' or bench/gpu/llama.py's, at model.model.layers), the unit FSDP2
+    is sharded by in the comparison; "module": None, each module with parameters of its
+    own loaded by itself."""
+    if units == "module":
+        return None
+    if units != "layer":
+        raise ValueError(f"--units {units!r}: layer or module")
+    return type(model.model.layers[0])
 
 
 def token_stream(steps, accum, batch, seq, vocab, seed=1):

@@ -67,7 +67,7 @@ SHARED = ["layers", "seq", "batch", "accum", "steps", "hidden", "heads", "kv_hea
           "intermediate", "vocab", "checkpointing", "device", "offload_activations",
           "activation_budget", "activation_volume", "ds_param_buffers", "ds_param_buffer_size",
           "ds_optimizer_buffers", "ds_sub_group_size", "ds_max_in_cpu", "ds_pipeline",
-          "ds_pin", "ds_threads", "trace_step"]
+          "ds_pin", "ds_threads", "trace_step", "units"]
 
 
 def parser():
@@ -91,6 +91,9 @@ def parser():
         "is recorded (memascend.torch.StepTrace) and drawn, timeline-*.svg (-1: none)")
     add("--device", default="auto", choices=["auto", "cuda", "cpu"])
     add("--offload-activations", type=int, default=0, help="memascend: offload_activations")
+    add("--units", default="layer", choices=["layer", "module"], help="memascend: what "
+        "offload_parameters loads whole: each decoder layer (units=its class, the unit "
+        "FSDP2 is sharded by here) or each module with parameters of its own")
     add("--activation-budget", type=parse_bytes, default=parse_bytes("512M"))
     add("--activation-volume", type=parse_bytes, default=parse_bytes("8G"))
     add("--nvme-path", help="where the volumes and DeepSpeed's swap files go (default OUT/"

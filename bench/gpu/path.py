@@ -43,8 +43,8 @@ import threading
 import time
 
 import timeline
-from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, parse_bytes,
-                    rss_bytes, steady_step, token_stream)
+from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, offload_units,
+                    parse_bytes, rss_bytes, steady_step, token_stream)
 
 
 def build(a):
@@ -101,7 +101,7 @@ def child_memascend(a):
                             host_budget=a.host_budget, overwrite=True,
                             commit_every=a.commit_every,
                             offload_gradients=False if a.accum > 1 else None)
-    offload = mt.offload_parameters(model, opt)
+    offload = mt.offload_parameters(model, opt, units=offload_units(model, a.units))
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
@@ -208,6 +208,9 @@ def main():
     ap.add_argument("--gpu-cap", type=parse_bytes, default=parse_bytes("8G"))
     ap.add_argument("--host-budget", type=parse_bytes, default=parse_bytes("24G"))
     ap.add_argument("--checkpointing", type=int, default=1)
+    ap.add_argument("--units", default="layer", choices=["layer", "module"],
+                    help="what offload_parameters loads whole: each decoder layer, or each "
+                    "module with parameters of its own")
     ap.add_argument("--commit-every", type=int, default=1,
                     help="every N-th step durable (docs/python.md, 'Commit interval')")
     ap.add_argument("--volume-dir", default=os.path.join(ROOT, "build", "device-scratch"))
@@ -226,7 +229,7 @@ def main():
                  f"--accum={a.accum}",
                  f"--steps={a.steps}", f"--gpu-cap={a.gpu_cap}", f"--host-budget={a.host_budget}",
                  f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}",
-                 f"--commit-every={a.commit_every}"]
+                 f"--commit-every={a.commit_every}", f"--units={a.units}"]
     ceiling = pcie_ceiling(a.cli)
     order = ["reference", "memascend"]
     random.Random(time.time_ns()).shuffle(order)
@@ -239,6 +242,7 @@ def main():
         "model": f"llama-3.2-1b-shapes-{a.layers}-layers", "seq": a.seq, "batch": a.batch,
         "accum": a.accum, "tokens_per_step": a.accum * a.batch * a.seq,
         "commit_every": a.commit_every,
+        "units": a.units,
         "steps": a.steps, "gpu_cap_bytes": a.gpu_cap, "host_budget_bytes": a.host_budget,
         "checkpointing": bool(a.checkpointing), "pcie": ceiling, "runs": results,
     }

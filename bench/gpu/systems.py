@@ -22,8 +22,8 @@ import sys
 import time
 import traceback
 
-from common import BETAS, EPS, LR, WD, ROOT, build_llama, device_name, proc_io, proc_status, \
-    reset_peak_rss, rss_bytes, steady_step, token_stream
+from common import BETAS, EPS, LR, WD, ROOT, build_llama, device_name, offload_units, proc_io, \
+    proc_status, reset_peak_rss, rss_bytes, steady_step, token_stream
 import cgroup
 
 SYSTEMS = ("torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend")
@@ -248,7 +248,9 @@ class MemAscend:
                                      host_budget=self.budget["bytes"], overwrite=True,
                                      commit_every=getattr(a, "commit_every_point", 1),
                                      offload_gradients=None if self.offload_gradients else False)
-        self.offload = mt.offload_parameters(self.model, self.opt)
+        self.units = getattr(a, "units", "layer")
+        self.offload = mt.offload_parameters(self.model, self.opt,
+                                             units=offload_units(self.model, self.units))
         self.activations = None
         if a.offload_activations:
             vol = memascend.Volume.open_or_create(os.path.join(a.scratch, "activations.vol"),
@@ -282,6 +284,7 @@ class MemAscend:
         self.opt.settle()
         stats = self.opt.stats()
         out = {"optimizer": "memascend.torch.OffloadedAdamW + offload_parameters",
+               "units": self.units,
                "update_threads": torch.get_num_threads(),  # OffloadedAdamW's default
                "offload_gradients": self.offload_gradients,
                "host_budget_bytes": self.opt.host_budget,
@@ -324,7 +327,8 @@ def train(a, device, record):
     tokens = token_stream(a.steps, a.accum, a.batch, a.seq, a.shapes["vocab_size"])
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if cuda:
+    if cuda:  # the GPU peak is the training's: not what the set-up left in torch's cache
+        torch.cuda.empty_cache()  # (a model moved off it, offloaded parameters)
         torch.cuda.reset_peak_memory_stats()
     ctx = getattr(s, "context", lambda: None)() or contextlib.nullcontext()
     backward = getattr(s, "backward", None) or \

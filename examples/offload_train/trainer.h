@@ -121,7 +121,7 @@ struct TrainOptions {
   Policy policy = Policy::kMemAscend;
   ZeroOptions zero;
   // MemAscend: every tensor is stored in parts of this many elements (Note [parts]; a
-  // multiple of 2^18, the fused kernels' task size, so results do not depend on it).
+  // multiple of 2^16, the sum of squares' task size, so results do not depend on it).
   std::size_t optimizer_chunk = 1u << 20;
   std::size_t steps = 200;  // total, counting the steps of a run resumed from
   std::uint64_t seed = 1;

@@ -362,7 +362,7 @@ namespace kernels {
 // at least kMinGrain elements (a task of ~100 KiB outlasts its dispatch many times over),
 // at most kChunkElements, and a multiple of kGrainAlign (whole pages of fp32, whole
 // vectors). The results are the same bits whatever the grain. The sum of squares is not
-// element-wise: its tasks stay 2^18 elements, which its bits depend on (kernels.h).
+// element-wise: its tasks are fixed, as its bits depend on them (Note [sum tasks]).
 std::size_t ElementwiseGrain(int threads, std::size_t elements) noexcept {
   constexpr std::size_t kTasksPerThread = 4;
   constexpr std::size_t kMinGrain = std::size_t{1} << 14;

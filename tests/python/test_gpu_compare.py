@@ -74,6 +74,7 @@ def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
     assert records["memascend"]["io_bytes_per_step"]["write"] >= 0
     # Note [commit interval]: every second step durable, the last one made so at the end
     assert records["memascend"]["commit_every"] == 2
+    assert records["memascend"]["units"] == "layer"  # a decoder layer loaded whole
     stats = records["memascend"]["memascend_stats"]
     assert stats["durable_step"] == 3 and stats["deferred_steps"] == 0
     # Each step's forward+backward apart (here the host's time), memascend's phases per step

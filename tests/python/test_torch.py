@@ -469,6 +469,35 @@ def _index_of(opt, p):
     return next(k for k, q in enumerate(opt._params) if q is p)
 
 
+def test_units_load_a_block_whole_and_train_as_torch_adamw(tmp_path):
+    """offload_parameters(units=Block): each block's parameters, its submodules' included,
+    come in and go through one set of hooks; the model trains as with torch.optim.AdamW,
+    and its state_dict holds every value."""
+    ref_model, ref_losses = reference()
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    per_module = mt.offload_parameters(model, opt)
+    hooked = len(per_module._modules)
+    per_module.remove()
+    offload = mt.offload_parameters(model, opt, units=gpt.Block)
+    blocks = [m for m in model.modules() if isinstance(m, gpt.Block)]
+    assert all(id(b) in offload._params_of for b in blocks)
+    assert len(offload._modules) < hooked  # a block's submodules have no hooks of their own
+    params_in_blocks = sum(len(list(b.parameters())) for b in blocks)
+    assert sum(len(offload._params_of[id(b)]) for b in blocks) == params_in_blocks
+    losses = train(model, opt)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    state = model.state_dict()
+    for name, p in ref_model.state_dict().items():
+        assert torch.allclose(state[name], p, rtol=1e-5, atol=1e-5), name
+    assert all(p.numel() == 0 for p in model.parameters())  # released between uses
+    with pytest.raises(memascend.errors.InvalidArgumentError, match="units"):
+        mt.offload_parameters(gpt.make(seed=0), opt, units="Block")
+    offload.remove()
+    assert_same(ref_model, model)
+    opt.close()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_parameters_in_use_are_views_of_the_store(tmp_path, dtype):
     # Note [parameter views]: no tensor of torch's heap per fetch, the same values.

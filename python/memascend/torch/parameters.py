@@ -13,6 +13,7 @@ import torch
 from memascend import errors
 from memascend.torch import activations as _activations
 from memascend.torch._common import OFFLOADED
+from memascend.torch._marks import OnBackward, wrap
 
 if TYPE_CHECKING:
     from memascend.torch.optimizer import OffloadedAdamW
@@ -25,7 +26,8 @@ class ParameterOffload:
     parameters back into memory and takes the hooks off."""
 
     def __init__(self, module: torch.nn.Module, optimizer: OffloadedAdamW, window: int,
-                 device_budget: int | None = None, read_ahead: int | None = None) -> None:
+                 device_budget: int | None = None, read_ahead: int | None = None,
+                 units=None) -> None:
         from memascend.torch.optimizer import OffloadedAdamW
         if not isinstance(optimizer, OffloadedAdamW):
             raise errors.InvalidArgumentError("offload_parameters needs an OffloadedAdamW: the "
@@ -40,8 +42,15 @@ class ParameterOffload:
         index = {id(p): i for i, p in enumerate(optimizer._params)}
         self._modules = []   # modules with parameters of their own, offloaded
         self._params_of = {}  # id(module) -> [(param, index)]
+        units = _unit_types(units)
+        inside = set()  # ids of the modules below a unit: its hooks load their parameters
         for m in module.modules():
-            own = [(p, index[id(p)]) for p in m.parameters(recurse=False) if id(p) in index]
+            if id(m) in inside:
+                continue
+            whole = bool(units) and isinstance(m, units)
+            if whole:
+                inside.update(id(d) for d in m.modules() if d is not m)
+            own = [(p, index[id(p)]) for p in m.parameters(recurse=whole) if id(p) in index]
             if own:
                 self._modules.append(m)
                 self._params_of[id(m)] = own
@@ -73,9 +82,10 @@ class ParameterOffload:
         self._handles.append(module.register_forward_hook(self._root_post_forward))
         # model.state_dict() (torch.save, save_pretrained) gets the real parameters.
         self._keys = {}  # state_dict key (below the module) -> parameter index
+        covered = {i for own in self._params_of.values() for _, i in own}
         for name, m in module.named_modules():
             for pname, p in m._parameters.items():
-                if p is not None and id(p) in index and id(m) in self._params_of:
+                if p is not None and index.get(id(p)) in covered:
                     self._keys[f"{name}.{pname}" if name else pname] = index[id(p)]
         self._handles.append(module._register_state_dict_hook(self._fill_state_dict))
         optimizer._offloads.append(self)
@@ -86,7 +96,6 @@ class ParameterOffload:
         # Note [optimizer overlap]: with every parameter loaded through these hooks, each
         # step's update runs in the next forward pass, group by group, just before a group is
         # loaded: on a GPU the CPU's update overlaps the GPU's forward.
-        covered = {i for own in self._params_of.values() for _, i in own}
         optimizer._defer_updates(len(covered) == len(optimizer._params))
 
     # -- Note [device views]: on a GPU a use of a module sets its parameters' data to a
@@ -286,7 +295,7 @@ class ParameterOffload:
             self._fetch(p, i)
         self._mark("fwd", m)
         if torch.is_grad_enabled():
-            return _wrap(inputs, lambda ts: _OnBackward.apply(lambda: self._post_backward(m), *ts))
+            return wrap(inputs, lambda ts: OnBackward.apply(lambda: self._post_backward(m), *ts))
         return None
 
     def _post_forward(self, m, inputs, output):
@@ -294,7 +303,7 @@ class ParameterOffload:
         for p, i in self._params_of[id(m)]:
             self._release(p, i)
         if torch.is_grad_enabled():
-            return _wrap(output, lambda ts: _OnBackward.apply(lambda: self._pre_backward(m), *ts))
+            return wrap(output, lambda ts: OnBackward.apply(lambda: self._pre_backward(m), *ts))
         return None
 
     # -- backward
@@ -406,8 +415,8 @@ class ParameterOffload:
 
 
 def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, window: int = 2,
-                       device_budget: int | None = None,
-                       read_ahead: int | None = None) -> ParameterOffload:
+                       device_budget: int | None = None, read_ahead: int | None = None,
+                       units=None) -> ParameterOffload:
     """Keeps `module`'s parameters in `optimizer`'s state on the volume (ZeRO-3 style).
 
     Each submodule's own parameters are loaded (from the pinned pool, or the volume)
@@ -423,8 +432,27 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     `read_ahead` bytes (defaults: twice the largest submodule's parameters to read ahead,
     and the budget that plus room for two); gradients then leave the GPU as backward
     makes them.
+
+    `units`: a module class, or a tuple of them, whose instances are loaded whole: the
+    parameters of a unit and of everything below it come in together before its forward
+    (and backward) and go after it, through one set of hooks, rather than each submodule's
+    through its own (a transformer's decoder layer class, the unit FSDP2's users shard
+    by). Fewer, larger uses: the hooks' host time a pass is divided by the submodules a
+    unit holds, which counts where a module's compute is short (docs/gpu.md); the budget
+    must hold a unit.
     """
-    return ParameterOffload(module, optimizer, window, device_budget, read_ahead)
+    return ParameterOffload(module, optimizer, window, device_budget, read_ahead, units)
+
+
+def _unit_types(units):
+    """offload_parameters' `units` as a tuple of classes (empty: none)."""
+    if units is None:
+        return ()
+    found = tuple(units) if isinstance(units, (tuple, list)) else (units,)
+    if not all(isinstance(u, type) and issubclass(u, torch.nn.Module) for u in found):
+        raise errors.InvalidArgumentError(
+            f"units must be torch.nn.Module classes (a class or a tuple of them), not {units!r}")
+    return found
 
 
 _EMPTY = {}  # (dtype, device) -> the empty tensor a released parameter holds
@@ -438,63 +466,3 @@ def _empty(dtype, device):
         with torch.inference_mode(False):  # shared: never an inference tensor
             t = _EMPTY[dtype, device] = torch.empty(0, dtype=dtype, device=device)
     return t
-
-
-class _OnBackward(torch.autograd.Function):
-    """Identity on some tensors, calling `callback` when the backward pass reaches them:
-    on a module's outputs, before the module's backward (its parameters are loaded); on
-    its inputs, after it (they are dropped)."""
-
-    @staticmethod
-    def forward(ctx, callback, *tensors):
-        ctx.callback = callback
-        return tuple(t.detach() for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.callback()
-        return (None,) + grads
-
-
-def _wrap(obj, apply):
-    """obj with its floating tensors that need a gradient passed through apply(tensors).
-
-    No closures: a recursive nested function is a reference cycle (the function, its
-    cell) holding what it closes over, here a module's inputs or outputs, which then
-    outlive their use until Python's cyclic collector happens to run. Every module's
-    activations were kept so past the backward pass that freed them (issue 43: 22 MiB
-    left at the end of a step of the 27.4 M benchmark, more at its peak)."""
-    found = []
-    _collect(obj, found)
-    if not found:
-        return None
-    out = apply(found)
-    if not isinstance(out, tuple):
-        out = (out,)
-    return _rebuild(obj, {id(a): b for a, b in zip(found, out)})
-
-
-def _collect(x, found):
-    if isinstance(x, torch.Tensor):
-        if x.requires_grad and x.is_floating_point():
-            found.append(x)
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            _collect(y, found)
-    elif isinstance(x, dict):
-        for y in x.values():
-            _collect(y, found)
-
-
-def _rebuild(x, replacement):
-    if isinstance(x, torch.Tensor):
-        return replacement.get(id(x), x)
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
-        return type(x)(*(_rebuild(y, replacement) for y in x))
-    if isinstance(x, (tuple, list)):
-        return type(x)(_rebuild(y, replacement) for y in x)
-    if isinstance(x, dict):
-        for k in list(x.keys()):
-            x[k] = _rebuild(x[k], replacement)
-        return x
-    return x
