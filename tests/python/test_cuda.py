@@ -103,7 +103,8 @@ def test_parameters_and_activations_offloaded_from_the_gpu(tmp_path):
 
 def test_gradients_accumulate_on_the_gpu_under_offload_parameters(tmp_path):
     """Micro-batches accumulating in p.grad on the GPU (offload_gradients=False: each
-    gradient leaves at step()) with the parameters offloaded, as bench/gpu's --accum runs:
+    gradient leaves at step()) with the parameters offloaded a block at a time
+    (units), as bench/gpu's --accum runs:
     the losses and weights of torch.optim.AdamW accumulating the same way."""
     torch.backends.cuda.matmul.allow_tf32 = False
     ref_model = gpt.make(seed=0).cuda()
@@ -114,7 +115,7 @@ def test_gradients_accumulate_on_the_gpu_under_offload_parameters(tmp_path):
     opt = mt.OffloadedAdamW(param_groups(model), lr=1e-3, weight_decay=0.01,
                             volume=str(tmp_path / "accum.vol"), host_budget=1 << 20,
                             part_elements=1 << 18, offload_gradients=False)
-    offload = mt.offload_parameters(model, opt)
+    offload = mt.offload_parameters(model, opt, units=gpt.Block)  # a block loaded whole
     losses = gpt.train_accumulating(model, opt, device="cuda")
     assert losses == pytest.approx(ref_losses, rel=TOL, abs=TOL)
     assert losses[-1] < losses[0]
