@@ -498,6 +498,50 @@ def test_units_load_a_block_whole_and_train_as_torch_adamw(tmp_path):
     opt.close()
 
 
+class _CheckpointedGPT(gpt.GPT):
+    """gpt.GPT with each block under torch's non-reentrant checkpoint (as transformers'
+    gradient_checkpointing_enable), which from torch 2.1 stops a recomputation once it has
+    what it needs; `on_input_grad` is called when the first block's backward is done."""
+    on_input_grad = None
+
+    def forward(self, idx, targets):
+        from torch.utils.checkpoint import checkpoint
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        if x.requires_grad and self.on_input_grad is not None:
+            x.register_hook(lambda g: self.on_input_grad())
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        logits = self.head(self.ln(x))
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+
+
+@pytest.mark.parametrize("units", [None, gpt.Block], ids=["modules", "blocks"])
+def test_a_stopped_recomputation_lets_go_of_its_loads(tmp_path, units):
+    """Note [stopped recomputation]: under checkpointing, every block's parameters are let
+    go once the blocks' backward is done, not held to the end of the pass (with a block
+    loaded whole, a stopped recomputation used to keep every layer), and the model trains
+    as the same checkpointed model under torch.optim.AdamW."""
+    torch.manual_seed(0)
+    ref_model = _CheckpointedGPT()
+    ref_losses = train(ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3,
+                                                    weight_decay=0.01), steps=4)
+    torch.manual_seed(0)
+    model = _CheckpointedGPT()
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt, units=units)
+    index = {id(p): i for i, p in enumerate(opt._params)}
+    in_blocks = {index[id(p)] for b in model.blocks for p in b.parameters()}
+    held = []
+    model.on_input_grad = lambda: held.append(sorted(i for i in in_blocks
+                                                     if offload._count.get(i, 0) > 0))
+    losses = train(model, opt, steps=4)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert held == [[]] * 4, held
+    offload.remove()
+    opt.close()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_parameters_in_use_are_views_of_the_store(tmp_path, dtype):
     # Note [parameter views]: no tensor of torch's heap per fetch, the same values.

@@ -66,6 +66,7 @@ class ParameterOffload:
         self._position = {}
         self._callback_queued = False
         self._backward = False  # the pass under way (the device path reads ahead along it)
+        self._recomputing = {}  # id(module) -> recomputed forwards not ended (checkpointing)
         self._acquired = set()  # on a GPU: parameters whose device copy is leased from the SDK
         self._views = {}  # on a GPU: param index -> (address, its tensor there); Note [device views]
         self._trace = None  # a memascend.torch.StepTrace while one step is traced
@@ -293,6 +294,8 @@ class ParameterOffload:
         self._prefetch(m, +1)
         for p, i in self._params_of[id(m)]:
             self._fetch(p, i)
+        if self._backward:  # a recomputation (checkpointing), which may stop early
+            self._recomputing[id(m)] = self._recomputing.get(id(m), 0) + 1
         self._mark("fwd", m)
         if torch.is_grad_enabled():
             return wrap(inputs, lambda ts: OnBackward.apply(lambda: self._post_backward(m), *ts))
@@ -300,6 +303,8 @@ class ParameterOffload:
 
     def _post_forward(self, m, inputs, output):
         self._span("fwd", id(m), "recompute" if self._backward else "fwd")
+        if self._recomputing.get(id(m)):
+            self._recomputing[id(m)] -= 1
         for p, i in self._params_of[id(m)]:
             self._release(p, i)
         if torch.is_grad_enabled():
@@ -319,8 +324,14 @@ class ParameterOffload:
 
     def _post_backward(self, m):
         self._span("bwd", id(m), "bwd")
-        for p, i in self._params_of[id(m)]:
-            self._release(p, i)
+        # Note [stopped recomputation]: torch >= 2.1's non-reentrant checkpoint stops its
+        # recomputation once it has the tensors it needs (an exception through the forward),
+        # so a module's forward hook may never see the end of a recomputed forward: its
+        # loads are let go here, once its backward is done (a unit, a decoder layer, was
+        # otherwise held to the end of the pass).
+        for _ in range(self._recomputing.pop(id(m), 0) + 1):
+            for p, i in self._params_of[id(m)]:
+                self._release(p, i)
 
     # -- the step's trace (memascend.torch.StepTrace): a module's compute, mark to span
     @property
@@ -345,6 +356,7 @@ class ParameterOffload:
 
     def _end_backward(self):
         self._callback_queued = False
+        self._recomputing.clear()
         for kind, key in list(self._marks):  # modules whose inputs needed no gradient
             if kind == "bwd":
                 self._span("bwd", key, "bwd")
