@@ -145,15 +145,15 @@ def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", se
     try:  # imported before the device is made the default: nothing of theirs lands there
         from transformers import LlamaConfig, LlamaForCausalLM
         import transformers
-        made = lambda: LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **shapes))  # noqa: E731
+        config = LlamaConfig(num_hidden_layers=layers, **shapes)
         impl = f"transformers {transformers.__version__} LlamaForCausalLM"
     except ImportError as e:
         from llama import LlamaForCausalLM
-        made = lambda: LlamaForCausalLM(dict(shapes, num_hidden_layers=layers))  # noqa: E731
+        config = dict(shapes, num_hidden_layers=layers)
         impl = f"bench/gpu/llama.py LlamaForCausalLM (transformers: {e})"
     try:
         with here:
-            model = made()
+            model = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)
     impl += f", built on {next(model.parameters()).device}"
@@ -171,11 +171,7 @@ def offload_units(model, units):
     class (transformers' or bench/gpu/llama.py's, at model.model.layers), the unit FSDP2
     is sharded by in the comparison; "module": None, each module with parameters of its
     own loaded by itself."""
-    if units == "module":
-        return None
-    if units != "layer":
-        raise ValueError(f"--units {units!r}: layer or module")
-    return type(model.model.layers[0])
+    return None if units == "module" else type(model.model.layers[0])
 
 
 def token_stream(steps, accum, batch, seq, vocab, seed=1):

@@ -42,7 +42,7 @@ def build(a, device, init_device=None):
     construction of the model, which every system shares (build_peak_rss_bytes)."""
     t0 = time.time()
     model, impl = build_llama(a.layers, a.shapes, device, a.checkpointing,
-                              init_device=init_device or device)
+                              init_device=init_device)
     BUILT["build_seconds"] = round(time.time() - t0, 2)
     BUILT["build_peak_rss_bytes"], why = reset_peak_rss()
     BUILT["peak_rss_scope"] = ("VmHWM from after the model was built on its device" if why is None

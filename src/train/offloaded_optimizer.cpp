@@ -406,16 +406,10 @@ absl::Status OffloadedAdam::FinishGradient(std::size_t g, std::size_t part,
   const auto [begin, end] = l.PartRange(g, part);
   const TensorView view[] = {{grad.data, end - begin, l.grad_dtype}};
   if (overflow_) return absl::OkStatus();  // the step is skipped: nothing more to learn
-  if (storage_->ChecksOverflowAfterBackward()) {
-    sum_squares_ = SumOfSquares(view, K(), sum_squares_);
-    return absl::OkStatus();
-  }
-  if (o_.overflow_check == OffloadedAdamOptions::OverflowCheck::kTemporaries) {
-    if (HasOverflowWithTemporaries(view, K())) {
-      overflow_ = true;
-    } else {
-      sum_squares_ = SumOfSquares(view, K(), sum_squares_);
-    }
+  const bool checked_later = storage_->ChecksOverflowAfterBackward();
+  if (!checked_later && o_.overflow_check == OffloadedAdamOptions::OverflowCheck::kTemporaries &&
+      HasOverflowWithTemporaries(view, K())) {
+    overflow_ = true;
     return absl::OkStatus();
   }
   // Note [one pass]: the squares are taken and summed in double, where the square of the
@@ -423,7 +417,7 @@ absl::Status OffloadedAdam::FinishGradient(std::size_t g, std::size_t part,
   // stay finite, while an inf or a NaN makes the sum inf or NaN. So the sum is the
   // overflow check too: one read of the part, not two, with the sum's bits unchanged.
   const double total = SumOfSquares(view, K(), sum_squares_);
-  if (std::isfinite(total)) {
+  if (checked_later || std::isfinite(total)) {
     sum_squares_ = total;
   } else {
     overflow_ = true;
