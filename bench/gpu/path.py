@@ -20,9 +20,12 @@ device, the model, the commit, the command and the figures:
                             time, CUDA events) over the pinned ceiling of the same call
   step_over_forward_backward  the step (median; with a commit interval the mean over
                             whole intervals) over the reference's median forward+backward
-                            alone, steps 5 to the end: what the update and the I/O add
+                            alone, steps 5 to the end (with an interval, the last whole
+                            intervals: step_window): what the update and the I/O add
                             (memascend's own forward pass runs the previous step's update,
                             Note [optimizer overlap], so its forward+backward is not "alone")
+  between_commits_over_forward_backward  the same with the median step after the first
+                            (step_between_commits_seconds): the step that waits for no commit
   step_phases, trace        memascend's seconds by phase per step (Note [step times]) and
                             one step's spans (StepTrace), drawn as gpu-path-*-timeline.svg
   loss_rel_diff_max         the largest |loss - reference| / reference over the steps
@@ -62,6 +65,19 @@ def forward_backward(model, tokens, accum):
         (loss / accum if accum > 1 else loss).backward()
         total += float(loss)
     return total / accum
+
+
+def step_window(steps, every):
+    """The steps the step time is over: from step 5 to the last, or with a commit interval
+    (every > 1) the last whole intervals from step 5 on, reaching back before step 5 for
+    one whole interval where fewer steps are left (8 steps, every 4: steps 4 to 7). A
+    window of part of an interval holds its commit at the wrong weight (steps 5-7 of 8:
+    one commit in three steps, not in four)."""
+    first = min(5, steps - 1)
+    if every > 1:
+        whole = max(1, (steps - first) // every) * every
+        first = max(1, steps - whole)
+    return slice(first, None)
 
 
 def child_reference(a):
@@ -255,11 +271,17 @@ def main():
     record["commit"] = commit()
     if "error" not in mem:
         tail = slice(min(5, a.steps - 1), None)
-        st, record["step_basis"] = steady_step(mem["step_seconds"][tail], a.commit_every)
+        window = step_window(a.steps, a.commit_every)
+        st, record["step_basis"] = steady_step(mem["step_seconds"][window], a.commit_every)
+        # The step between commits apart: with one commit in `every` steps, the median of
+        # the steps after the first is one that waits for none.
+        between = statistics.median(mem["step_seconds"][1:] or mem["step_seconds"])
+        record["step_between_commits_seconds"] = between
         if "error" not in ref:  # the model's forward+backward alone, on the GPU
-            fb = statistics.median(ref["forward_backward_seconds"][tail])
+            fb = statistics.median(ref["forward_backward_seconds"][window])
             record["forward_backward_seconds"] = fb
             record["step_over_forward_backward"] = st / fb
+            record["between_commits_over_forward_backward"] = between / fb
         if mem.get("trace"):
             timeline.svg(mem["trace"]["spans"], f"llama-3.2-1b-shapes-{a.layers}-layers, batch "
                          f"{a.batch} x {a.accum}: step {mem['trace']['step']}", os.path.join(
@@ -282,7 +304,7 @@ def main():
     with open(os.path.join(a.out, name), "w") as f:
         json.dump(record, f, indent=1)
     keys = ["model", "device", "h2d_ratio", "param_h2d_gib_per_s", "step_over_forward_backward",
-            "loss_rel_diff_max", "rss_growth", "peak_rss_bytes", "peak_pinned_bytes",
+            "between_commits_over_forward_backward", "loss_rel_diff_max", "rss_growth", "peak_rss_bytes", "peak_pinned_bytes",
             "gpu_peak_bytes", "tokens_per_s"]
     print(json.dumps({k: record.get(k) for k in keys}, indent=1))
     return 0 if "error" not in mem and "error" not in ref else 1

@@ -224,6 +224,24 @@ def test_a_commit_interval_is_timed_over_whole_intervals(run):
     assert records["torch-gpu"]["step_basis"] == "median step"
 
 
+def test_the_path_bench_times_whole_commit_intervals():
+    """bench/gpu/path.py's window (step_window): steps 5 to the last of 8 with a commit
+    every 4th would hold one commit in three steps (the fourth H200 lease's record said
+    2.22 where the whole interval says 2.0); it reaches back to hold one whole interval."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import path
+    steps = list(range(8))
+    assert steps[path.step_window(8, 1)] == [5, 6, 7]
+    assert steps[path.step_window(8, 4)] == [4, 5, 6, 7]
+    assert list(range(20))[path.step_window(20, 4)] == list(range(8, 20))
+    assert list(range(3))[path.step_window(3, 4)] == [1, 2]
+    times = [4.58, 1.35, 1.06, 1.11, 1.34, 3.53, 1.35, 1.73]  # that record's steps
+    from common import steady_step
+    t, basis = steady_step(times[path.step_window(8, 4)], 4)
+    assert abs(t - (1.34 + 3.53 + 1.35 + 1.73) / 4) < 1e-12
+    assert basis == "mean of 4 steps, 1 whole commit interval(s) of 4"
+
+
 def test_a_killed_run_keeps_the_steps_it_printed():
     """A run the parent kills (--time-budget) leaves no record; what it printed of its steps
     (systems.train's lines, parsed back by compare.partial) is kept, as DeepSpeed's first
