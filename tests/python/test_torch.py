@@ -498,6 +498,63 @@ def test_units_load_a_block_whole_and_train_as_torch_adamw(tmp_path):
     opt.close()
 
 
+class _SharedNormGPT(gpt.GPT):
+    """gpt.GPT whose final norm is also each block's second norm: one module used inside
+    every block and by the model itself (module.modules() yields it once, in block 0)."""
+
+    def __init__(self):
+        super().__init__()
+        for blk in self.blocks:
+            blk.ln2 = self.ln
+
+
+def test_a_module_shared_by_units_and_their_model_is_loaded_for_each_use(tmp_path):
+    """A module inside a unit that the model also calls outside any unit gets hooks of its
+    own (it used to get none, and its use outside the blocks found its parameters
+    released); the model trains as under torch.optim.AdamW."""
+    torch.manual_seed(0)
+    ref_model = _SharedNormGPT()
+    ref_losses = train(ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3,
+                                                    weight_decay=0.01), steps=4)
+    torch.manual_seed(0)
+    model = _SharedNormGPT()
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt, units=gpt.Block)
+    assert id(model.ln) in offload._params_of
+    assert not any(id(m) in offload._params_of for b in model.blocks for m in
+                   (b.ln1, b.qkv, b.fc))  # the rest of a block has no hooks of its own
+    losses = train(model, opt, steps=4)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert all(p.numel() == 0 for p in model.parameters())
+    offload.remove()
+    assert_same(ref_model, model)
+    opt.close()
+
+
+def test_a_root_unit_loads_with_the_forward_pass_begun(tmp_path):
+    """The root's own loads (a root that is a unit, or has parameters of its own) come
+    after its pre-hook has begun the forward pass: they used to see the direction of the
+    last backward, which on a GPU is the direction the SDK reads ahead in."""
+    ref_model, ref_losses = reference()
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt, units=gpt.GPT)
+    assert offload._modules == [model]
+    seen, fetch = [], offload._fetch
+
+    def spy(p, i):  # grad mode is on in a forward pass, off in the backward's hooks
+        seen.append((torch.is_grad_enabled(), offload._backward))
+        fetch(p, i)
+    offload._fetch = spy
+    losses = train(model, opt)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    forward = [b for grad, b in seen if grad]
+    assert len(forward) == len(losses) * len(list(model.parameters())) and not any(forward)
+    assert all(b for grad, b in seen if not grad)
+    offload.remove()
+    opt.close()
+
+
 class _CheckpointedGPT(gpt.GPT):
     """gpt.GPT with each block under torch's non-reentrant checkpoint (as transformers'
     gradient_checkpointing_enable), which from torch 2.1 stops a recomputation once it has

@@ -44,8 +44,12 @@ class ParameterOffload:
         self._params_of = {}  # id(module) -> [(param, index)]
         units = _unit_types(units)
         inside = set()  # ids of the modules below a unit: its hooks load their parameters
+        # ...unless the module is also used outside any unit (one instance shared by a
+        # unit and its model), where it needs hooks of its own (module.modules() yields it
+        # once, inside the first unit that holds it).
+        outside = _outside_units(module, units)
         for m in module.modules():
-            if id(m) in inside:
+            if id(m) in inside and id(m) not in outside:
                 continue
             whole = bool(units) and isinstance(m, units)
             if whole:
@@ -76,10 +80,12 @@ class ParameterOffload:
         self._hooks = None  # the saved-tensor hooks while the root module runs
         self.fetches = 0
         self.views_made = 0  # on a GPU: device tensors made (Note [device views])
+        # The root's pre-hook first: a root with parameters of its own (or a unit) must
+        # see the forward pass begun (self._backward False) before its own loads.
+        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
         for m in self._modules:
             self._handles.append(m.register_forward_pre_hook(self._pre_forward))
             self._handles.append(m.register_forward_hook(self._post_forward))
-        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
         self._handles.append(module.register_forward_hook(self._root_post_forward))
         # model.state_dict() (torch.save, save_pretrained) gets the real parameters.
         self._keys = {}  # state_dict key (below the module) -> parameter index
@@ -356,6 +362,7 @@ class ParameterOffload:
 
     def _end_backward(self):
         self._callback_queued = False
+        self._backward = False
         self._recomputing.clear()
         for kind, key in list(self._marks):  # modules whose inputs needed no gradient
             if kind == "bwd":
@@ -454,6 +461,19 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     must hold a unit.
     """
     return ParameterOffload(module, optimizer, window, device_budget, read_ahead, units)
+
+
+def _outside_units(module, units):
+    """ids of the modules reached from `module` without passing below a unit."""
+    found, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        if id(m) in found:
+            continue
+        found.add(id(m))
+        if not (units and isinstance(m, units)):
+            todo.extend(m.children())
+    return found
 
 
 def _unit_types(units):
