@@ -35,6 +35,14 @@ def steady_step(times, every=1):
     return sum(window) / len(window), basis
 
 
+def cpu_seconds():
+    """The process's CPU time so far (user and system, every thread): a step's share beside
+    its wall time says how busy the host was (docs/gpu.md: the steps a background commit
+    ran behind were slower)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -26,6 +26,7 @@ device, the model, the commit, the command and the figures:
                             Note [optimizer overlap], so its forward+backward is not "alone")
   between_commits_over_forward_backward  the same with the median step after the first
                             (step_between_commits_seconds): the step that waits for no commit
+  cpu_seconds               each run's CPU time a step (every thread, user and system)
   step_phases, trace        memascend's seconds by phase per step (Note [step times]) and
                             one step's spans (StepTrace), drawn as gpu-path-*-timeline.svg
   loss_rel_diff_max         the largest |loss - reference| / reference over the steps
@@ -46,8 +47,8 @@ import threading
 import time
 
 import timeline
-from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, offload_units,
-                    parse_bytes, rss_bytes, steady_step, token_stream)
+from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, cpu_seconds,
+                    offload_units, parse_bytes, rss_bytes, steady_step, token_stream)
 
 
 def build(a):
@@ -86,13 +87,14 @@ def child_reference(a):
     params = list(model.parameters())
     master = [p.detach().float().clone().requires_grad_(True) for p in params]
     opt = torch.optim.AdamW(master, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
-    losses, fb = [], []
+    losses, fb, cpu = [], [], []
     for step in range(a.steps):
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         loss = forward_backward(model, tokens[step], a.accum)
         torch.cuda.synchronize()
         fb.append(time.perf_counter() - t0)  # forward+backward alone: what the path's step
+        cpu.append(cpu_seconds() - c0)
         for m, p in zip(master, params):
             m.grad = p.grad.float()
             p.grad = None
@@ -103,7 +105,7 @@ def child_reference(a):
                 p.copy_(m)
         losses.append(loss)
     return {"system": "torch-gpu", "losses": losses, "forward_backward_seconds": fb,
-            "gpu_peak_bytes": torch.cuda.max_memory_reserved()}
+            "cpu_seconds": cpu, "gpu_peak_bytes": torch.cuda.max_memory_reserved()}
 
 
 def child_memascend(a):
@@ -122,14 +124,14 @@ def child_memascend(a):
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
-    losses, fb, steps, rss, phases, traced = [], [], [], [], [], None
+    losses, fb, steps, rss, phases, cpu, traced = [], [], [], [], [], [], None
     last = opt.stats()["seconds"]
     for step in range(a.steps):
         torch.cuda.synchronize()
         if step == min(2, a.steps - 1):  # a step's timeline (memascend.torch.StepTrace)
             offload.trace = mt.StepTrace("cuda")
             offload.trace.start()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         loss = forward_backward(model, tokens[step], a.accum)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
@@ -147,9 +149,10 @@ def child_memascend(a):
         losses.append(loss)
         fb.append(t1 - t0)
         steps.append(t2 - t0)
+        cpu.append(cpu_seconds() - c0)
         rss.append(rss_bytes())
         print(f"[memascend] step {step}: loss {losses[-1]:.4f}, forward+backward {fb[-1]:.3f} s, "
-              f"step {steps[-1]:.3f} s", flush=True)
+              f"step {steps[-1]:.3f} s, CPU {cpu[-1]:.2f} s", flush=True)
     opt.settle()
     stats = opt.stats()
     pinned_after = host_stats() if host_stats else None
@@ -161,7 +164,7 @@ def child_memascend(a):
         "forward_backward_basis": "host, synchronised: the previous step's update runs in the "
                                   "forward pass (Note [optimizer overlap])",
         "step_phases": phases, "trace": traced,
-        "step_seconds": steps, "rss_bytes": rss,
+        "step_seconds": steps, "cpu_seconds": cpu, "rss_bytes": rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
         "torch_gpu_peak_bytes": torch.cuda.max_memory_reserved(),

@@ -22,8 +22,8 @@ import sys
 import time
 import traceback
 
-from common import BETAS, EPS, LR, WD, ROOT, build_llama, device_name, offload_units, proc_io, \
-    proc_status, reset_peak_rss, rss_bytes, steady_step, token_stream
+from common import BETAS, EPS, LR, WD, ROOT, build_llama, cpu_seconds, device_name, \
+    offload_units, proc_io, proc_status, reset_peak_rss, rss_bytes, steady_step, token_stream
 import cgroup
 
 SYSTEMS = ("torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend")
@@ -340,7 +340,7 @@ def train(a, device, record):
     # measured against. A system's own phases per step where it reports them (memascend:
     # Note [step times]).
     event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
-    fb, fb_host, phases = [], [], []
+    fb, fb_host, phases, cpu = [], [], [], []
     offload = getattr(s, "offload", None)  # memascend's: one step's timeline (StepTrace)
     trace = None
     phase_of = getattr(s, "phases", None)
@@ -351,7 +351,7 @@ def train(a, device, record):
             from memascend.torch import StepTrace
             trace = offload.trace = StepTrace(device)
             trace.start()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         if cuda:
             begin, end = event(), event()
             begin.record()
@@ -370,6 +370,7 @@ def train(a, device, record):
             trace.host("step", "opt.step()", t0 + fb_host[-1], time.perf_counter())
         sync()
         times.append(time.perf_counter() - t0)
+        cpu.append(cpu_seconds() - c0)
         if trace is not None and offload.trace is trace:
             offload.trace = None
             record["trace"] = {"step": step, "seconds": times[-1], "spans": trace.finish()}
@@ -384,7 +385,8 @@ def train(a, device, record):
         # The parent reads these lines back from a run it had to kill (compare.py, partial).
         print(f"[{a.system}] step {step}: loss {losses[-1]:.5f}, {times[-1]:.3f} s, "
               f"VmHWM {proc_status('VmHWM')}", flush=True)
-    record.update(losses=losses, step_seconds=times, rss_bytes=rss, gpu_peak_bytes=None,
+    record.update(losses=losses, step_seconds=times, cpu_seconds=cpu, rss_bytes=rss,
+                  gpu_peak_bytes=None,
                   torch_pinned_peak_bytes=None, forward_backward_seconds=fb,
                   forward_backward_host_seconds=fb_host,
                   forward_backward_basis=("CUDA events on the compute stream, the step's start "

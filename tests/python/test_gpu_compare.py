@@ -83,6 +83,7 @@ def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
         r = records[name]
         assert len(r["forward_backward_seconds"]) == 3
         assert all(0 < fb <= t for fb, t in zip(r["forward_backward_seconds"], r["step_seconds"]))
+        assert len(r["cpu_seconds"]) == 3 and all(c > 0 for c in r["cpu_seconds"])
     phases = records["memascend"]["step_phases"]
     assert len(phases) == 3 and all(p["update"] >= p["update_kernels"] >= 0 for p in phases)
     assert sum(p["update_kernels"] for p in phases) > 0
