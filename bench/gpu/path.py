@@ -24,8 +24,9 @@ device, the model, the commit, the command and the figures:
                             intervals: step_window): what the update and the I/O add
                             (memascend's own forward pass runs the previous step's update,
                             Note [optimizer overlap], so its forward+backward is not "alone")
-  between_commits_over_forward_backward  the same with the median step after the first
-                            (step_between_commits_seconds): the step that waits for no commit
+  between_commits_over_forward_backward  the same with the step that waits for no commit
+                            (step_between_commits_seconds: the window's median less its
+                            slowest step an interval; none when every step commits)
   cpu_seconds               each run's CPU time a step (every thread, user and system)
   step_phases, trace        memascend's seconds by phase per step (Note [step times]) and
                             one step's spans (StepTrace), drawn as gpu-path-*-timeline.svg
@@ -71,14 +72,26 @@ def forward_backward(model, tokens, accum):
 def step_window(steps, every):
     """The steps the step time is over: from step 5 to the last, or with a commit interval
     (every > 1) the last whole intervals from step 5 on, reaching back before step 5 for
-    one whole interval where fewer steps are left (8 steps, every 4: steps 4 to 7). A
-    window of part of an interval holds its commit at the wrong weight (steps 5-7 of 8:
-    one commit in three steps, not in four)."""
-    first = min(5, steps - 1)
+    one whole interval where fewer steps are left (8 steps, every 4: steps 4 to 7), never
+    to step 0 (the first, with its set-up) unless it is the only one. A window of part of
+    an interval holds its commit at the wrong weight (steps 5-7 of 8: one commit in three
+    steps, not in four)."""
+    first = min(5, max(steps - 1, 0))
     if every > 1:
-        whole = max(1, (steps - first) // every) * every
-        first = max(1, steps - whole)
+        whole = (steps - first) // every * every
+        first = steps - whole if whole else max(min(first, 1), steps - every)
     return slice(first, None)
+
+
+def between_commits(times, every):
+    """The step that waits for no commit: the median of `times` (a window of whole
+    intervals, step_window's) less its slowest step in each interval; None without an
+    interval (every step commits)."""
+    if every <= 1:
+        return None
+    k = max(1, len(times) // every)
+    rest = sorted(times)[:len(times) - k]
+    return statistics.median(rest) if rest else None
 
 
 def child_reference(a):
@@ -276,15 +289,14 @@ def main():
         tail = slice(min(5, a.steps - 1), None)
         window = step_window(a.steps, a.commit_every)
         st, record["step_basis"] = steady_step(mem["step_seconds"][window], a.commit_every)
-        # The step between commits apart: with one commit in `every` steps, the median of
-        # the steps after the first is one that waits for none.
-        between = statistics.median(mem["step_seconds"][1:] or mem["step_seconds"])
+        between = between_commits(mem["step_seconds"][window], a.commit_every)
         record["step_between_commits_seconds"] = between
         if "error" not in ref:  # the model's forward+backward alone, on the GPU
             fb = statistics.median(ref["forward_backward_seconds"][window])
             record["forward_backward_seconds"] = fb
             record["step_over_forward_backward"] = st / fb
-            record["between_commits_over_forward_backward"] = between / fb
+            if between is not None:
+                record["between_commits_over_forward_backward"] = between / fb
         if mem.get("trace"):
             timeline.svg(mem["trace"]["spans"], f"llama-3.2-1b-shapes-{a.layers}-layers, batch "
                          f"{a.batch} x {a.accum}: step {mem['trace']['step']}", os.path.join(

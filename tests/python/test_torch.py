@@ -555,6 +555,31 @@ def test_a_root_unit_loads_with_the_forward_pass_begun(tmp_path):
     opt.close()
 
 
+def test_a_root_load_that_fails_leaves_no_saved_tensor_hooks(tmp_path, monkeypatch):
+    """The saved-tensor hooks (activations) are entered after the root's own loads: one
+    that raises (here the model's dtype changed under the hooks) leaves autograd outside
+    the model as it was, and the model trains once put back."""
+    from memascend.torch import activations
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt, units=gpt.GPT)
+    packed = []
+    pack = activations.pack
+    monkeypatch.setattr(activations, "pack", lambda t: packed.append(1) or pack(t))
+    model.double()
+    x, y = gpt.batch(0)
+    with pytest.raises(memascend.errors.FailedPreconditionError, match="float64"):
+        model(x, y)
+    a = torch.ones(3, requires_grad=True)
+    (a * a).sum().backward()  # autograd outside the model: nothing of ours packs it
+    assert offload._hooks is None and not packed
+    model.float()
+    losses = train(model, opt, steps=2)
+    assert len(losses) == 2 and losses[-1] == losses[-1]
+    offload.remove()
+    opt.close()
+
+
 class _CheckpointedGPT(gpt.GPT):
     """gpt.GPT with each block under torch's non-reentrant checkpoint (as transformers'
     gradient_checkpointing_enable), which from torch 2.1 stops a recomputation once it has

@@ -22,8 +22,7 @@ _instances = itertools.count()  # each ParameterOffload names its store tensors 
 
 
 class ParameterOffload:
-    """What offload_parameters() returns: the hooks on a module. ``remove()`` brings the
-    parameters back into memory and takes the hooks off."""
+    """offload_parameters()'s hooks on a module; ``remove()`` undoes them, parameters and all."""
 
     def __init__(self, module: torch.nn.Module, optimizer: OffloadedAdamW, window: int,
                  device_budget: int | None = None, read_ahead: int | None = None,
@@ -44,9 +43,8 @@ class ParameterOffload:
         self._params_of = {}  # id(module) -> [(param, index)]
         units = _unit_types(units)
         inside = set()  # ids of the modules below a unit: its hooks load their parameters
-        # ...unless the module is also used outside any unit (one instance shared by a
-        # unit and its model), where it needs hooks of its own (module.modules() yields it
-        # once, inside the first unit that holds it).
+        # ...unless also used outside any unit (an instance a unit shares with its model,
+        # which module.modules() yields once, inside the first unit): then it has hooks too.
         outside = _outside_units(module, units)
         for m in module.modules():
             if id(m) in inside and id(m) not in outside:
@@ -80,12 +78,13 @@ class ParameterOffload:
         self._hooks = None  # the saved-tensor hooks while the root module runs
         self.fetches = 0
         self.views_made = 0  # on a GPU: device tensors made (Note [device views])
-        # The root's pre-hook first: a root with parameters of its own (or a unit) must
-        # see the forward pass begun (self._backward False) before its own loads.
-        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
+        # A root with parameters of its own (or a unit) sees the forward pass begun before
+        # its loads; the saved-tensor hooks come after them (a load that raises enters none).
+        self._handles.append(module.register_forward_pre_hook(self._root_begins))
         for m in self._modules:
             self._handles.append(m.register_forward_pre_hook(self._pre_forward))
             self._handles.append(m.register_forward_hook(self._post_forward))
+        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
         self._handles.append(module.register_forward_hook(self._root_post_forward))
         # model.state_dict() (torch.save, save_pretrained) gets the real parameters.
         self._keys = {}  # state_dict key (below the module) -> parameter index
@@ -278,8 +277,12 @@ class ParameterOffload:
                         opt._core.prefetch_parameters(i)
 
     # -- forward
-    def _root_pre_forward(self, module, inputs):
+    def _root_begins(self, module, inputs):
         self._backward = False
+
+    def _root_pre_forward(self, module, inputs):
+        if self._hooks is not None:  # a forward that raised never reached its post-hook
+            self._hooks.__exit__(None, None, None)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(_activations.pack,
                                                                _activations.unpack)
         self._hooks.__enter__()
@@ -362,7 +365,6 @@ class ParameterOffload:
 
     def _end_backward(self):
         self._callback_queued = False
-        self._backward = False
         self._recomputing.clear()
         for kind, key in list(self._marks):  # modules whose inputs needed no gradient
             if kind == "bwd":
@@ -468,11 +470,9 @@ def _outside_units(module, units):
     found, todo = set(), [module]
     while todo:
         m = todo.pop()
-        if id(m) in found:
-            continue
-        found.add(id(m))
-        if not (units and isinstance(m, units)):
-            todo.extend(m.children())
+        if id(m) not in found:
+            found.add(id(m))
+            todo.extend(() if units and isinstance(m, units) else m.children())
     return found
 
 
