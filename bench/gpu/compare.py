@@ -67,7 +67,7 @@ SHARED = ["layers", "seq", "batch", "accum", "steps", "hidden", "heads", "kv_hea
           "intermediate", "vocab", "checkpointing", "device", "offload_activations",
           "activation_budget", "activation_volume", "ds_param_buffers", "ds_param_buffer_size",
           "ds_optimizer_buffers", "ds_sub_group_size", "ds_max_in_cpu", "ds_pipeline",
-          "ds_pin", "ds_threads", "trace_step", "units"]
+          "ds_pin", "ds_threads", "trace_step", "units", "stall_dump"]
 
 
 def parser():
@@ -101,6 +101,9 @@ def parser():
     add("--keep-scratch", action="store_true")
     add("--seed", type=int, help="the order's (default: from the clock; recorded)")
     add("--run-timeout", type=int, default=900, help="seconds per run")
+    add("--stall-dump", type=int, default=60, help="a worker with no step done for this many "
+        "seconds prints every Python thread's stack to its stderr, again each time it passes "
+        "(the record's log_tail keeps the last: where a run that never stepped stood; 0: off)")
     add("--cli", default=None, help="the memascend CLI, for the CPU update's ceiling (`bench "
         "kernels`; default: $MEMASCEND_CLI, else the device bundle's or a build's)")
     add("--cpu-kernels-elements", default="32M", help="elements of that measurement")

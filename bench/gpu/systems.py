@@ -385,6 +385,7 @@ def train(a, device, record):
         # The parent reads these lines back from a run it had to kill (compare.py, partial).
         print(f"[{a.system}] step {step}: loss {losses[-1]:.5f}, {times[-1]:.3f} s, "
               f"VmHWM {proc_status('VmHWM')}", flush=True)
+        stall(a)  # a step done: the next one has its own a.stall_dump seconds
     record.update(losses=losses, step_seconds=times, cpu_seconds=cpu, rss_bytes=rss,
                   gpu_peak_bytes=None,
                   torch_pinned_peak_bytes=None, forward_backward_seconds=fb,
@@ -494,6 +495,16 @@ def ceiling(a, device):
             "torch_threads": torch.get_num_threads()}
 
 
+def stall(a, done=False):
+    """(Re)arms the stack dump of a worker that makes no progress for a.stall_dump seconds
+    (faulthandler, every Python thread, to stderr; DeepSpeed's 8M:32 run on the fourth lease
+    stood 226 s after its swapper's set-up with no word of where); `done` disarms it."""
+    import faulthandler
+    faulthandler.cancel_dump_traceback_later()
+    if not done and getattr(a, "stall_dump", 0) > 0:
+        faulthandler.dump_traceback_later(a.stall_dump, repeat=True)
+
+
 def worker(a):
     """Runs a.system and writes its record to a.record; the exit status is 0 unless the
     record could not be written."""
@@ -510,6 +521,7 @@ def worker(a):
             record.update(ceiling(a, device))
         else:
             record["model"] = a.model_name
+            stall(a)  # from here to the first step: DeepSpeed's set-up, the build
             try:
                 train(a, device, record)
                 record["fits"] = True
@@ -521,6 +533,7 @@ def worker(a):
                 record.update(fits=False, reason=f"out of memory: {str(e).splitlines()[0]}")
     except Exception as e:  # noqa: BLE001
         record.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
+    stall(a, done=True)
     record["seconds"] = round(time.time() - t0, 2)
     record["peak_rss_bytes"] = proc_status("VmHWM")
     record.update(BUILT)

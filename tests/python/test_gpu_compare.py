@@ -253,6 +253,21 @@ def test_the_path_bench_times_whole_commit_intervals():
     assert path.between_commits([1, 3, 1, 3], 1) is None  # every step commits
 
 
+def test_a_worker_that_stalls_says_where():
+    """systems.stall: with no step done for --stall-dump seconds a worker prints every
+    Python thread's stack to stderr (kept in log_tail), once each time the period passes;
+    disarmed, it prints no more."""
+    code = ("import sys, argparse, time; sys.path.insert(0, %r); import systems\n"
+            "a = argparse.Namespace(stall_dump=1)\n"
+            "systems.stall(a); time.sleep(1.5)\n"
+            "systems.stall(a, done=True); time.sleep(1.5)\n") % os.path.dirname(SCRIPT)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("Timeout (0:00:01)!") == 1
+    assert "most recent call first" in p.stderr and "<string>" in p.stderr
+
+
 def test_a_killed_run_keeps_the_steps_it_printed():
     """A run the parent kills (--time-budget) leaves no record; what it printed of its steps
     (systems.train's lines, parsed back by compare.partial) is kept, as DeepSpeed's first
