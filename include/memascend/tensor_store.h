@@ -101,6 +101,9 @@ struct TensorStoreOptions {
   // Sizes the pool should expect besides the registered tensors' (which it learns).
   std::vector<std::size_t> expected_sizes;
   int prefetch_threads = 2;  // they also run the write-behinds
+  // Tensors written back at once by WriteBack(ids) (Note [write-back depth]); 0: the
+  // default, kWriteBackDepth. Open refuses more than kMaxWriteBackDepth.
+  std::size_t write_back_depth = 0;
   // Note [write-behind]: a durable tensor released dirty is written back by the prefetch
   // threads at once, not when its memory is next needed: evictions then find clean
   // tensors and the writes overlap the caller's work. Worth it when each version is
@@ -272,14 +275,18 @@ class TensorStore {
   PrefetchTicket Prefetch(TensorId id, Tier tier, CudaStreamView stream = {});
   // Writes the tensor back if dirty (copying a dirty device copy back first).
   absl::Status WriteBack(TensorId id);
-  // Writes back each of `ids` that is dirty, kWriteBackDepth at a time (Note [write-back
+  // Writes back each of `ids` that is dirty, write_back_depth at a time (Note [write-back
   // depth]), and returns once all are written: the first error, after the others ended.
   absl::Status WriteBack(std::span<const TensorId> ids);
   // Note [write-back depth]: one write-back is one tensor's put, a request of a few MiB
   // at a time, which leaves a device's queue nearly empty (an H200 machine's disk wrote
   // 1.7 GB/s so, 3.6 GiB/s with 32 requests in flight). A commit writes many tensors, so
-  // it writes them this many at once, each on a thread of its own for the call.
+  // it writes them this many at once, each on a thread of its own for the call. With the
+  // default, a commit of a whole state in memory wrote 2.2-3.5 GB/s on the H200 machines,
+  // whose disk takes 3.6 GiB/s through io_uring and 4.7 through threads: the option
+  // (options.write_back_depth) is there to measure more (bench/commit.py).
   static constexpr std::size_t kWriteBackDepth = 8;
+  static constexpr std::size_t kMaxWriteBackDepth = 256;
   // Writes back if dirty and frees its memory in every tier. kFailedPrecondition while
   // leased.
   absl::Status Evict(TensorId id);

@@ -674,12 +674,14 @@ PYBIND11_MODULE(_core, m) {
   // ---- TensorStore
   py::class_<PyStore>(m, "TensorStore")
       .def(py::init([](py::object volume, std::size_t host_budget, std::size_t gpu_budget,
-                       bool defer_prefetches, bool write_behind, const std::string& host_backing) {
+                       bool defer_prefetches, bool write_behind, const std::string& host_backing,
+                       std::size_t write_back_depth) {
              TensorStoreOptions o;
              o.host_budget_bytes = host_budget;
              o.gpu_budget_bytes = gpu_budget;
              o.defer_prefetches = defer_prefetches;
              o.write_behind = write_behind;
+             o.write_back_depth = write_back_depth;
              // Note [store backing]: auto past RLIMIT_MEMLOCK is unlocked, with one
              // MemlockWarning; an explicit mlock past it is refused here.
              StoreBacking b =
@@ -694,13 +696,15 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("volume"), py::arg("host_budget"), py::arg("gpu_budget") = 0,
            py::arg("defer_prefetches") = true, py::arg("write_behind") = false,
-           py::arg("host_backing") = "auto",
+           py::arg("host_backing") = "auto", py::arg("write_back_depth") = 0,
            "host_backing: 'auto' (registered with CUDA when the store has a GPU tier and a "
            "device is present, else mlock'ed; when RLIMIT_MEMLOCK, without CAP_IPC_LOCK, is "
            "below host_budget, ordinary unlocked memory and one "
            "memascend.errors.MemlockWarning), 'cuda' (registered with CUDA: copies to and "
            "from a GPU are true DMA), 'mlock' (refused with ResourceExhaustedError when "
-           "host_budget is above RLIMIT_MEMLOCK) or 'unlocked' (ordinary memory).")
+           "host_budget is above RLIMIT_MEMLOCK) or 'unlocked' (ordinary memory). "
+           "write_back_depth: tensors a flush or commit writes back at once (0: the SDK's "
+           "default, 8; at most 256).")
       .def_property_readonly("closed", &PyStore::closed)
       .def_property_readonly("host_budget", &PyStore::budget)
       .def_property_readonly("host_budget_locked", &PyStore::locked)

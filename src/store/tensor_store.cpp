@@ -118,6 +118,11 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(ObjectStore* volu
   if (volume == nullptr) return absl::InvalidArgumentError("tensor store: volume is null");
   if (options.host_budget_bytes == 0)
     return absl::InvalidArgumentError("tensor store: host_budget_bytes is 0");
+  if (options.write_back_depth > kMaxWriteBackDepth) {
+    return absl::InvalidArgumentError(
+        fmt::format("tensor store: write_back_depth {} (at most {}; 0 for the default, {})",
+                    options.write_back_depth, kMaxWriteBackDepth, kWriteBackDepth));
+  }
   auto impl = std::make_unique<Impl>();
   impl->volume = volume;
   impl->options = options;
@@ -420,7 +425,9 @@ absl::Status TensorStore::WriteBack(TensorId id) {
 absl::Status TensorStore::WriteBack(std::span<const TensorId> ids) {
   // Note [write-back depth]: workers take the next id in turn; WriteBackLocked releases mu
   // during each put, so their I/O overlaps.
-  const std::size_t workers = std::min(ids.size(), kWriteBackDepth);
+  const std::size_t depth =
+      impl_->options.write_back_depth == 0 ? kWriteBackDepth : impl_->options.write_back_depth;
+  const std::size_t workers = std::min(ids.size(), depth);
   if (workers <= 1) {
     absl::Status first;
     for (TensorId id : ids) first.Update(WriteBack(id));

@@ -407,6 +407,21 @@ def test_a_killed_run_resumes_from_the_volume_with_the_same_losses(tmp_path):
         assert loss == want[step], step
 
 
+@pytest.mark.parametrize("depth", [1, 32])
+def test_the_write_back_depth_changes_how_a_commit_writes_not_what(tmp_path, depth):
+    """write_back_depth (state parts a commit writes at once; bench/commit.py measures it):
+    the run is torch.optim.AdamW's at any depth, and a depth out of range is refused."""
+    ref_model, ref_losses = reference()
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, write_back_depth=depth)
+    assert train(model, opt) == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert_same(ref_model, model)
+    opt.close()
+    for bad in (0, 257, 2.5):
+        with pytest.raises(memascend.errors.InvalidArgumentError, match="write_back_depth"):
+            offloaded(tmp_path, gpt.make(seed=0), name="bad.vol", write_back_depth=bad)
+
+
 def test_commit_every_keeps_every_nth_step_durable(tmp_path):
     # Note [commit interval]: steps 1-3 committed in memory only, step 4 durable, 5-7 in
     # memory again when the kill comes: the resumed run continues from step 4 with the

@@ -451,6 +451,86 @@ TEST(TensorStore, ManyTensorsWrittenBackAtOnceHoldTheirBytesAndErrorsKeepThemDir
   EXPECT_TRUE(r.clean);
 }
 
+// An ObjectStore over a Volume that counts the puts in flight at once (each held a little,
+// so that the writers overlap) and the most seen.
+class CountingStore final : public ObjectStore {
+ public:
+  explicit CountingStore(ObjectStore* inner) : inner_(inner) {}
+  absl::Status Put(std::string_view name, std::span<const std::byte> data, Durability d,
+                   std::string_view metadata) override {
+    return inner_->Put(name, data, d, metadata);
+  }
+  absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
+                         std::string_view metadata) override {
+    const int now = ++in_flight_;
+    for (int seen = most_.load(); now > seen && !most_.compare_exchange_weak(seen, now);) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    absl::Status s = inner_->PutStaged(name, data, metadata);
+    --in_flight_;
+    return s;
+  }
+  absl::Status Sync() override { return inner_->Sync(); }
+  absl::Status SyncOnly(std::span<const std::string> names) override {
+    return inner_->SyncOnly(names);
+  }
+  absl::Status DropStaged(std::span<const std::string> names) override {
+    return inner_->DropStaged(names);
+  }
+  absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override {
+    return inner_->Get(name, out);
+  }
+  absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override {
+    return inner_->Stat(name);
+  }
+  std::vector<ObjectInfo> List() const override { return inner_->List(); }
+  absl::Status Delete(std::string_view name) override { return inner_->Delete(name); }
+  std::uint64_t staged_bytes() const override { return inner_->staged_bytes(); }
+  int most() const { return most_.load(); }
+
+ private:
+  ObjectStore* inner_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> most_{0};
+};
+
+// options.write_back_depth: WriteBack(ids) keeps that many puts in flight, no more (the
+// default: kWriteBackDepth), every tensor written once; a depth past the most is refused.
+TEST(TensorStore, TheWriteBackDepthIsTheOptions) {
+  constexpr std::size_t kCount = 12;
+  for (std::size_t depth : {std::size_t{1}, std::size_t{3}, std::size_t{0}, std::size_t{16}}) {
+    SCOPED_TRACE(depth);
+    ScratchPath path("store");
+    auto volume = MakeVolume(path.path());
+    CountingStore counting(volume.get());
+    TensorStoreOptions o = Budget(16 * kMiB);
+    o.write_back_depth = depth;
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(&counting, o));
+    std::vector<TensorId> ids;
+    for (std::size_t i = 0; i < kCount; ++i) {
+      ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("t" + std::to_string(i), 64 * kKiB)));
+      ids.push_back(id);
+      ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+      Fill(lease, "t" + std::to_string(i), 1);
+    }
+    ASSERT_OK(store->WriteBack(std::span<const TensorId>(ids)));
+    EXPECT_EQ(store->stats().write_backs, kCount);
+    const int want =
+        static_cast<int>(std::min(kCount, depth == 0 ? TensorStore::kWriteBackDepth : depth));
+    EXPECT_LE(counting.most(), want);
+    EXPECT_GE(counting.most(), std::min(want, 2));  // they overlap (20 ms a put)
+    if (depth == 1) {
+      EXPECT_EQ(counting.most(), 1);
+    }
+  }
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o = Budget(16 * kMiB);
+  o.write_back_depth = TensorStore::kMaxWriteBackDepth + 1;
+  EXPECT_THAT(TensorStore::Open(volume.get(), o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("write_back_depth 257")));
+}
+
 TEST(TensorStore, FlushedDurableTensorsSurviveAReopenAndScratchOnesDoNot) {
   ScratchPath path("store");
   {

@@ -43,7 +43,7 @@ ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUNDLE = os.path.join(ROOT, ".device")
 DEEPSPEED_BUNDLE = os.path.join(BUNDLE, "deepspeed")
 NATIVE = os.environ.get("MEMASCEND_DEVICE_BUILD") or os.path.join(ROOT, "build", "device")
-WHATS = ("check", "probe", "ceilings", "tests", "bench-gpu-path", "bench-gpu")
+WHATS = ("check", "probe", "ceilings", "tests", "bench-gpu-path", "bench-gpu", "bench-commit")
 
 
 class Check:
@@ -405,6 +405,16 @@ class Check:
                                           "records": [os.path.basename(r) for r in records]}
         self.save()
 
+    def bench_commit(self, args):
+        # A commit's write rate at several write-back depths against the disk's, on the
+        # check's scratch disk (bench/commit.py); its record lands in OUT.
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "commit.py"), "--dir",
+               os.path.join(self.scratch(), "commit"), "--cli", self.cli, "--out",
+               os.path.join(self.out, "commit.json")] + args
+        rc, out = self.run("bench-commit", cmd, timeout=300, stream="bench-commit.log")
+        self.summary["bench_commit"] = {"rc": rc, "command": " ".join(cmd)}
+        self.save()
+
     def bench_gpu(self, args):
         # Each run's record lands as it ends, and the script ends its last run 40 s before
         # this step's limit (--time-budget), so a plan longer than the call keeps what ran.
@@ -476,6 +486,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "device-out"))
     ap.add_argument("--path-args", default="", help="options for bench/gpu/path.py")
     ap.add_argument("--compare-args", default="", help="options for bench/gpu/compare.py")
+    ap.add_argument("--commit-args", default="", help="options for bench/commit.py")
     a = ap.parse_args()
     for w in a.what:
         if w not in WHATS:
@@ -491,6 +502,8 @@ def main():
         c.tests()
     if "bench-gpu-path" in what:
         c.bench_gpu_path(a.path_args.split())
+    if "bench-commit" in what:
+        c.bench_commit(a.commit_args.split())
     if "bench-gpu" in what:
         c.bench_gpu(a.compare_args.split())
     c.save()

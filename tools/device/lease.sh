@@ -12,6 +12,7 @@
 #                no row's time may hold a compiler), then ./run device bench-gpu with
 #                CMP_ARGS, its time budget the rest of the deadline
 #   path         ./run device bench-gpu-path with PATH_ARGS
+#   commit       ./run device bench-commit with COMMIT_ARGS (bench/commit.py)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
@@ -62,8 +63,14 @@ case "${1:-}" in
     at "path rc $?"
     tail -30 "$O/path.log"
     ;;
+  commit)
+    timeout "$(left)" ./run device bench-commit --out "$O/commit" \
+      --commit-args "${COMMIT_ARGS:-}" > "$O/commit.log" 2>&1
+    at "commit rc $?"
+    tail -30 "$O/commit.log"
+    ;;
   *)
-    echo "usage: [DEADLINE=S] [CMP_ARGS=...] [PATH_ARGS=...] tools/device/lease.sh tests|compare|path" >&2
+    echo "usage: [DEADLINE=S] [CMP_ARGS=...] [PATH_ARGS=...] [COMMIT_ARGS=...] tools/device/lease.sh tests|compare|path|commit" >&2
     exit 2
     ;;
 esac

@@ -51,6 +51,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
         stay in memory: a crash resumes at the last durable one (``resumed_step``, at most
         N-1 steps back); settle() and close() make every step durable. A new volume is
         made a version larger (docs/python.md, "Commit interval").
+      write_back_depth: state parts a commit writes at once (default: the SDK's, 8; at
+        most 256); for measuring a disk (bench/commit.py).
     """
 
     # torch's GradScaler hands the scale to step() rather than unscaling the gradients.
@@ -61,7 +63,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None,
-                 commit_every=1):
+                 commit_every=1, write_back_depth=None):
         self._core = self._store = self._volume = self._cuda = self._shard_io = None
         self._grads = None  # under torch.distributed: the gradients' buckets
         self._own_volume, self._offloads = False, []  # offload_parameters() over it
@@ -86,6 +88,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         read_ahead = whole("read_ahead", read_ahead, 0, 1 << 50, optional=True)
         run_id = whole("run_id", run_id, 0, (1 << 64) - 1)
         commit_every = whole("commit_every", commit_every, 1, 1_000_000)
+        write_back_depth = whole("write_back_depth", write_back_depth, 1, 256, optional=True)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False)
         super().__init__(params, defaults)
@@ -183,7 +186,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self._store = _core.TensorStore(self._volume, host_budget=self.host_budget,
                                             defer_prefetches=True,
                                             host_backing="cuda" if cuda else
-                                            "auto" if self.host_budget_locked else "unlocked")
+                                            "auto" if self.host_budget_locked else "unlocked",
+                                            write_back_depth=write_back_depth or 0)
             self._core = _core.OffloadedAdam(
                 self._store, layout, self._dt, self._dt, self._part_elements,
                 [float(self.param_groups[self._group_of[i]]["lr"]) for i in self._owned()],
