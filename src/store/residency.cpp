@@ -35,9 +35,8 @@ absl::Status TensorStore::Impl::WriteBackLocked(Tensor& t) {
     return s;
   };
   absl::Status s = put();
-  for (std::size_t tries = 0;
-       s.code() == absl::StatusCode::kResourceExhausted && commit_when_full.load() &&
-       tries <= std::max(options.write_back_depth, TensorStore::kWriteBackDepth);
+  for (std::size_t tries = 0; s.code() == absl::StatusCode::kResourceExhausted &&
+                              commit_when_full.load() && tries <= TensorStore::kWriteBackDepth;
        ++tries) {
     while (puts_in_flight > 0) cv.Wait(&mu);
     mu.Unlock();

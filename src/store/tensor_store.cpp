@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -447,7 +448,13 @@ absl::Status TensorStore::WriteBack(std::span<const TensorId> ids) {
   };
   std::vector<std::thread> threads;
   threads.reserve(workers - 1);
-  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+  for (std::size_t w = 1; w < workers; ++w) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had (a pids limit): those made do the rest
+    }
+  }
   work();
   for (std::thread& t : threads) t.join();
   return first;

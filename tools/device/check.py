@@ -19,6 +19,9 @@ bundle `./run device-prep` made (.device/) or a native CUDA build (build/device/
               after --compare-args "...", e.g. "--systems memascend,torch-gpu --layers 4");
               with .device/deepspeed (`./run device-prep --deepspeed`) in its workers'
               environment where it was carried (tools/device/deepspeed_bundle.py)
+    bench-commit  bench/commit.py: a commit's write rate at several write-back depths
+              against the disk's, on the scratch disk, into $OUT/commit.json (its options
+              after --commit-args "...")
 
 Everything lands in $OUT (or --out): summary.json (device, runtime, commit, date, probe,
 ceilings with the command behind each figure, tests with passed/failed/skipped counts)
