@@ -11,15 +11,17 @@ a commit interval, memascend Note [commit interval]) writes back every part of t
 journal commit; on the GPU machines that write is what a commit step waits for (docs/gpu.md,
 "The third measurement"). Each run makes the state, then `--commits` times takes two steps
 (committed in memory only) and times settle(), which makes them durable: the bytes it wrote
-(the optimizer's own counter) over its seconds. The first commits write extents never
+(the optimizer's own counter) over its seconds. The first commit writes extents never
 written before (slower on a file system that converts them: ext4's unwritten extents);
-the run's rate is its last commit's, the first's is kept beside it. The record is written
-after the ceiling and after each run (a call cut short keeps what ran). `--depths` are the store's write_back_depth (state parts
-written at once, Note [write-back depth] in tensor_store.h; 8 is the SDK's default), each
-run in a process of its own, in a random order, `--reps` times each. The ceiling: `memascend
-bench io --rw write --block 1M --qd 32` through io_uring and through threads, on a file
-in DIR of the state's size, fresh and written again (the best is the ceiling). One JSON record (--out, else printed): the device's name (the
-host's), the commit, the command, every run and each depth's median rate over the ceiling.
+the run's rate is its last commit's, the first's is kept beside it. `--depths` are the
+store's write_back_depth (state parts written at once, Note [write-back depth] in
+tensor_store.h; 8 is the SDK's default), each run in a process of its own, in a random
+order, `--reps` times each. The ceiling: `memascend bench io --rw write --block 1M --qd 32`
+through io_uring and through threads, on a file in DIR of a commit's size, fresh and
+written again (the best is the ceiling), measured first. One JSON record (--out, else
+printed), written after the ceiling and after each run (a call cut short keeps what ran):
+the device's name (the host's), the commit, the command, every run and each depth's
+median rate over the ceiling.
 """
 import argparse
 import datetime

@@ -302,3 +302,38 @@ def test_the_calls_are_summarized_in_one_table_and_plot(run, tmp_path):
     svg = open(tmp_path / "compare.svg").read()
     trained = [r for r in records.values() if r.get("tokens_per_s")]
     assert svg.count("<circle") == len(trained) >= 2
+
+
+def test_the_commit_bench_times_each_depth_and_the_disk(tmp_path):
+    """bench/commit.py: a run per depth and repetition in a random order, each commit of a
+    whole state in memory timed by its own counter of bytes written (14 bytes a parameter:
+    master weights, moments, 16-bit parameters), the disk's ceiling beside them, and each
+    depth's median over it."""
+    cli = os.environ.get("MEMASCEND_CLI")
+    if not cli:
+        found = [os.path.join(os.path.dirname(SCRIPT), "..", "..", "build", b, "tools",
+                              "memascend")
+                 for b in ("test", "release", "ci")]
+        cli = next((c for c in found if os.access(c, os.X_OK)), None)
+    out = tmp_path / "commit.json"
+    bench = os.path.join(os.path.dirname(SCRIPT), "..", "commit.py")
+    cmd = [sys.executable, bench, "--dir", str(tmp_path / "d"), "--params", "4M", "--depths",
+           "1,4", "--reps", "1", "--commits", "2", "--out", str(out), "--seed", "3"] + (
+               ["--cli", cli] if cli else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert sorted(r["order"]) == [1, 4] and r["seed"] == 3 and r["commit"]
+    for run in r["runs"]:
+        assert run["params"] == 4 << 20 and len(run["commits"]) == 2
+        for c in run["commits"]:
+            assert c["bytes"] >= 14 * run["params"] and c["seconds"] > 0
+    assert set(r["by_depth"]) == {"1", "4"}
+    if cli:  # through threads at least (a build or a run without io_uring: its error kept)
+        ok = [c for c in r["ceilings"] if "gb_per_s" in c]
+        assert {(c["backend"], c["rewrite"]) for c in ok} >= {("threads", False),
+                                                              ("threads", True)}
+        assert all("error" in c for c in r["ceilings"] if "gb_per_s" not in c)
+        assert r["ceiling_gb_per_s"] == max(c["gb_per_s"] for c in ok) > 0
+        assert all(d["over_ceiling"] > 0 for d in r["by_depth"].values())
+    assert not os.listdir(tmp_path / "d")  # its volumes and files removed
