@@ -37,15 +37,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fit import parse_bytes  # noqa: E402
 CHUNK = 1 << 21  # elements a parameter tensor holds
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = str(text).strip()
-    if text and text[-1].upper() in units:
-        return int(float(text[:-1]) * units[text[-1].upper()])
-    return int(text)
 
 
 def child(a):
@@ -121,7 +115,7 @@ def ceiling(a, size, backend):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", required=True, help="where the volumes go (the disk measured)")
-    ap.add_argument("--params", type=parse_size, default=parse_size("512M"))
+    ap.add_argument("--params", type=parse_bytes, default=parse_bytes("512M"))
     ap.add_argument("--depths", default="8,16,32")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--commits", type=int, default=3, help="commits a run times, each after "

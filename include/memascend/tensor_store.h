@@ -282,8 +282,9 @@ class TensorStore {
   // at a time, which leaves a device's queue nearly empty (an H200 machine's disk wrote
   // 1.7 GB/s so, 3.6 GiB/s with 32 requests in flight). A commit writes many tensors, so
   // it writes them this many at once, each on a thread of its own for the call. With the
-  // default, a commit of a whole state in memory wrote 2.2-3.5 GB/s on the H200 machines,
-  // whose disk takes 3.6 GiB/s through io_uring and 4.7 through threads: the option
+  // default, a commit of a whole state in memory wrote about 2.2-3.5 GB/s on the H200
+  // machines (reckoned from the commit steps' waits, not timed apart), whose disk takes
+  // 3.6 GiB/s through io_uring and 4.7 through threads: the option
   // (options.write_back_depth) is there to measure more (bench/commit.py).
   static constexpr std::size_t kWriteBackDepth = 8;
   static constexpr std::size_t kMaxWriteBackDepth = 256;

@@ -32,8 +32,9 @@ def train(model, opt, steps=STEPS, first=0, activations=None):
     return losses
 
 
-def reference(steps=STEPS, **adamw):
-    model = gpt.make(seed=0)
+def reference(steps=STEPS, cls=gpt.GPT, **adamw):
+    torch.manual_seed(0)  # as gpt.make(seed=0)
+    model = cls()
     groups = param_groups(model)
     opt = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.01, **adamw)
     return model, train(model, opt, steps)
@@ -527,10 +528,7 @@ def test_a_module_shared_by_units_and_their_model_is_loaded_for_each_use(tmp_pat
     """A module inside a unit that the model also calls outside any unit gets hooks of its
     own (it used to get none, and its use outside the blocks found its parameters
     released); the model trains as under torch.optim.AdamW."""
-    torch.manual_seed(0)
-    ref_model = _SharedNormGPT()
-    ref_losses = train(ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3,
-                                                    weight_decay=0.01), steps=4)
+    ref_model, ref_losses = reference(4, _SharedNormGPT)
     torch.manual_seed(0)
     model = _SharedNormGPT()
     opt = offloaded(tmp_path, model, host_budget=4 << 20)
@@ -619,10 +617,7 @@ def test_a_stopped_recomputation_lets_go_of_its_loads(tmp_path, units):
     go once the blocks' backward is done, not held to the end of the pass (with a block
     loaded whole, a stopped recomputation used to keep every layer), and the model trains
     as the same checkpointed model under torch.optim.AdamW."""
-    torch.manual_seed(0)
-    ref_model = _CheckpointedGPT()
-    ref_losses = train(ref_model, torch.optim.AdamW(param_groups(ref_model), lr=1e-3,
-                                                    weight_decay=0.01), steps=4)
+    ref_model, ref_losses = reference(4, _CheckpointedGPT)
     torch.manual_seed(0)
     model = _CheckpointedGPT()
     opt = offloaded(tmp_path, model, host_budget=4 << 20)
