@@ -29,14 +29,23 @@
 // stream; the block may be reused once it completes, and a later copy into that memory
 // first makes the copy stream wait for it (stream order again, no host wait).
 //
-// Note [parameter read-ahead]: the groups acquired in the forward direction, in the order
-// first acquired, are the recorded order (the first step's, as DeepSpeed's trace). Each
-// Acquire then starts the copies of the groups after it in the pass's direction (the
-// recorded order forward, or reversed for the backward pass), as long as the bytes read
-// ahead and not yet used stay within read_ahead_bytes. A group read ahead and not yet
-// acquired is never evicted; eviction takes the least recently used released group. So
-// the budget must hold the groups leased at once plus the read-ahead: Acquire reports
-// kResourceExhausted, naming both, when it cannot.
+// Note [parameter read-ahead]: the groups acquired in the first forward pass, in the order
+// acquired and with their repeats (an output head tied to the embedding uses it twice), are
+// the recorded pass (the first step's, as DeepSpeed's trace). The recording ends at the
+// first backward acquire, or where a forward pass repeats it (its first two groups again:
+// forward passes alone, an evaluation). The passes then move a cursor along it: forward, to
+// the next position holding the acquired group; backward, to the previous one (a pass
+// that turns starts from the end it turned at). Each Acquire starts the copies of the
+// groups ahead of the cursor in the pass's direction, as long as the bytes read ahead and
+// not yet used stay within read_ahead_bytes. A group read ahead and not yet acquired is
+// never evicted; eviction takes the released group whose next use is furthest, counting
+// along the recorded pass forward and then back (at batch 1 under a cap, a tied head's
+// group was evicted by least-recently-used for the layers after it, and the head waited
+// for it to come back: docs/gpu.md, "The fourth measurement"); groups the recording does
+// not hold go first, least recently used first. A group first acquired after the
+// recording is loaded when acquired and never read ahead. So the budget must hold the
+// groups leased at once plus the read-ahead: Acquire reports kResourceExhausted, naming
+// both, when it cannot.
 //
 // Note [device gradients]: Offload() takes a group's gradient in device memory, produced
 // by work queued on `producer`: the copy stream waits for an event recorded on the
@@ -101,7 +110,7 @@ struct DeviceParametersStats {
   std::uint64_t bytes_to_device = 0;
   std::size_t resident_bytes = 0;  // device bytes holding groups now
   std::size_t peak_resident_bytes = 0;
-  std::size_t recorded_groups = 0;  // Note [parameter read-ahead]
+  std::size_t recorded_groups = 0;  // acquires in the recorded pass, Note [parameter read-ahead]
   // Time the copy stream spent on the copies that have completed (CUDA events around
   // each group's copies): bytes_to_device over it is the loads' bandwidth. 0 emulated.
   double copy_seconds = 0;

@@ -23,6 +23,10 @@ namespace {
 
 std::string Bytes(std::size_t n) { return util::FormatBytes(n); }
 
+// A recording that no backward pass ends (forward passes only, none repeating the first)
+// ends at this many acquires a group.
+constexpr std::size_t kMaxRecorded = 4;
+
 // Host buffers of copies in flight, let go once their event has completed; `start`
 // (timing) is recorded before the copies when their time is wanted.
 struct InFlight {
@@ -48,13 +52,19 @@ struct DeviceParameters::Impl {
     bool wanted = false;                           // read ahead (or kept ahead), not yet acquired
     std::shared_ptr<CopyEvent> ready;              // the copy into the block
     std::vector<std::shared_ptr<CopyEvent>> uses;  // compute work on it, since its copy
-    std::uint64_t used = 0;                        // least recently used first
+    std::uint64_t used = 0;                        // ties in eviction: least recently used
   };
 
   mutable absl::Mutex mu;
   std::vector<Slot> slots ABSL_GUARDED_BY(mu);
-  std::vector<std::size_t> order ABSL_GUARDED_BY(mu);        // Note [parameter read-ahead]
-  std::vector<std::ptrdiff_t> position ABSL_GUARDED_BY(mu);  // group -> index in order
+  // Note [parameter read-ahead]: the recorded pass (groups in the order acquired, repeats
+  // kept), each group's positions in it, and where the passes are now.
+  std::vector<std::size_t> order ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<std::size_t>> occurs ABSL_GUARDED_BY(mu);
+  bool recorded ABSL_GUARDED_BY(mu) = false;       // the recording has ended
+  bool restarting ABSL_GUARDED_BY(mu) = false;     // order[0] came again: a new pass, or a repeat
+  std::ptrdiff_t cursor ABSL_GUARDED_BY(mu) = -1;  // the position acquired last; -1: none
+  PassDirection pass ABSL_GUARDED_BY(mu) = PassDirection::kForward;
   std::vector<std::shared_ptr<CopyEvent>> reuse_waits ABSL_GUARDED_BY(mu);
   std::deque<InFlight> inflight ABSL_GUARDED_BY(mu);
   std::size_t wanted_bytes ABSL_GUARDED_BY(mu) = 0;
@@ -101,7 +111,27 @@ struct DeviceParameters::Impl {
     }
   }
 
-  // A device block for `bytes`, evicting released groups least recently used first.
+  // Acquires from now until group g's next (Note [parameter read-ahead]): the recorded
+  // pass forward, then backward, then forward again; kNever for a group not in it.
+  static constexpr std::size_t kNever = static_cast<std::size_t>(-1);
+  std::size_t NextUseLocked(std::size_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (cursor < 0 || occurs[g].empty()) return kNever;
+    const std::size_t m = order.size(), cycle = 2 * m;
+    const auto c = static_cast<std::size_t>(cursor);
+    const std::size_t now = pass == PassDirection::kForward ? c : cycle - 1 - c;
+    std::size_t best = kNever;
+    for (std::size_t k : occurs[g]) {
+      for (std::size_t t : {k, cycle - 1 - k}) {
+        std::size_t d = (t + cycle - now) % cycle;
+        if (d == 0) d = cycle;
+        best = std::min(best, d);
+      }
+    }
+    return best;
+  }
+
+  // A device block for `bytes`, evicting released groups whose next use is furthest first
+  // (least recently used first among those the recorded pass does not hold).
   absl::StatusOr<std::byte*> AllocateLocked(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (;;) {
       absl::StatusOr<std::byte*> b = pool->Allocate(bytes, Use::kParameters);
@@ -109,12 +139,15 @@ struct DeviceParameters::Impl {
         stats.peak_resident_bytes = std::max(stats.peak_resident_bytes, pool->allocated());
         return b;
       }
-      std::size_t victim = slots.size();
+      std::size_t victim = slots.size(), victim_next = 0;
       for (std::size_t g = 0; g < slots.size(); ++g) {
         const Slot& s = slots[g];
-        if (s.block != nullptr && s.leases == 0 && !s.wanted &&
-            (victim == slots.size() || s.used < slots[victim].used)) {
+        if (s.block == nullptr || s.leases > 0 || s.wanted) continue;
+        const std::size_t next = NextUseLocked(g);
+        if (victim == slots.size() || next > victim_next ||
+            (next == victim_next && s.used < slots[victim].used)) {
           victim = g;
+          victim_next = next;
         }
       }
       if (victim == slots.size()) {
@@ -198,36 +231,108 @@ struct DeviceParameters::Impl {
     return absl::OkStatus();
   }
 
-  // Note [parameter read-ahead].
-  void ReadAheadLocked(std::size_t g, PassDirection direction) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const std::ptrdiff_t at = position[g];
-    if (at < 0) return;
+  void AppendLocked(std::size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    occurs[g].push_back(order.size());
+    order.push_back(g);
+    stats.recorded_groups = order.size();
+  }
+
+  // Note [parameter read-ahead]: records the first pass, then follows the passes along it.
+  void TrackLocked(std::size_t g, PassDirection direction) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const bool forward = direction == PassDirection::kForward;
-    // Groups read ahead that the pass went past unused were skipped: not wanted any more.
-    for (std::size_t h = 0; h < slots.size(); ++h) {
-      Slot& s = slots[h];
-      if (!s.wanted || position[h] < 0) continue;
-      if (forward ? position[h] < at : position[h] > at) {
-        s.wanted = false;
-        wanted_bytes -= GroupBytes(h);
+    if (!recorded) {
+      if (restarting) {  // order[0] came again: a new pass if order[1] follows, else a repeat
+        restarting = false;
+        if (forward && order.size() > 1 && g == order[1]) {
+          recorded = true;
+          cursor = 1;
+          pass = direction;
+          return;
+        }
+        AppendLocked(order[0]);
+        cursor = static_cast<std::ptrdiff_t>(order.size()) - 1;
+      }
+      if (forward) {
+        if (!order.empty() && g == order[0]) {
+          restarting = true;  // read ahead as a new pass until the next acquire says
+          recorded = order.size() == 1;
+          cursor = 0;
+          pass = direction;
+          return;
+        }
+        AppendLocked(g);
+        cursor = static_cast<std::ptrdiff_t>(order.size()) - 1;
+        if (order.size() >= kMaxRecorded * slots.size()) recorded = true;
+        return;
+      }
+      if (order.empty()) return;  // a backward pass before any forward: nothing to follow
+      recorded = true;            // the first backward acquire ends the recording
+    }
+    // Follow the recorded pass: the next position holding g in the pass's direction, from
+    // the beginning of a pass when the direction turned (or g is not further on).
+    const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(order.size());
+    const bool turned = cursor < 0 || direction != pass;
+    std::ptrdiff_t found = -1;
+    if (forward) {
+      for (std::ptrdiff_t k = turned ? 0 : cursor + 1; k < m && found < 0; ++k) {
+        if (order[static_cast<std::size_t>(k)] == g) found = k;
+      }
+      for (std::ptrdiff_t k = 0; k < m && found < 0; ++k) {
+        if (order[static_cast<std::size_t>(k)] == g) found = k;
+      }
+    } else {
+      for (std::ptrdiff_t k = turned ? m - 1 : cursor - 1; k >= 0 && found < 0; --k) {
+        if (order[static_cast<std::size_t>(k)] == g) found = k;
+      }
+      for (std::ptrdiff_t k = m - 1; k >= 0 && found < 0; --k) {
+        if (order[static_cast<std::size_t>(k)] == g) found = k;
       }
     }
-    const std::ptrdiff_t step = forward ? 1 : -1;
-    for (std::ptrdiff_t j = at + step; j >= 0 && j < static_cast<std::ptrdiff_t>(order.size());
-         j += step) {
-      const std::size_t h = order[static_cast<std::size_t>(j)];
-      Slot& s = slots[h];
-      if (s.leases > 0 || s.wanted) continue;
-      // Its parameters change before the step commits (an update interleaved with this
-      // pass has not reached it): reading them now would read them twice.
-      if (adam->UpdatePendingFor(h)) break;
-      if (wanted_bytes + GroupBytes(h) > read_ahead_bytes) break;
-      if (s.block == nullptr) {
-        if (!LoadLocked(h).ok()) break;  // no room now: the acquire will load it
-        ++stats.read_ahead;
+    if (found < 0) return;  // a group the recorded pass does not hold: the passes go on
+    cursor = found;
+    pass = direction;
+  }
+
+  // Marks the groups ahead of the cursor wanted, as far as read_ahead_bytes go, and starts
+  // the copies of those not resident; groups wanted before and not ahead now are not.
+  void ReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<std::size_t> ahead;
+    std::size_t bytes = 0;
+    if (cursor >= 0) {
+      const std::ptrdiff_t step = pass == PassDirection::kForward ? 1 : -1;
+      const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(order.size());
+      for (std::ptrdiff_t j = cursor + step; j >= 0 && j < m; j += step) {
+        const std::size_t h = order[static_cast<std::size_t>(j)];
+        if (slots[h].leases > 0 || std::find(ahead.begin(), ahead.end(), h) != ahead.end()) {
+          continue;
+        }
+        // Its parameters change before the step commits (an update interleaved with this
+        // pass has not reached it): reading them now would read them twice.
+        if (adam->UpdatePendingFor(h)) break;
+        if (bytes + GroupBytes(h) > read_ahead_bytes) break;
+        ahead.push_back(h);
+        bytes += GroupBytes(h);
       }
-      s.wanted = true;
-      wanted_bytes += GroupBytes(h);
+    }
+    for (std::size_t h = 0; h < slots.size(); ++h) {
+      slots[h].wanted = std::find(ahead.begin(), ahead.end(), h) != ahead.end();
+    }
+    wanted_bytes = bytes;
+    // Wanted first, so that no load evicts a group further ahead.
+    for (std::size_t i = 0; i < ahead.size(); ++i) {
+      Slot& s = slots[ahead[i]];
+      if (s.block != nullptr) continue;
+      if (!LoadLocked(ahead[i]).ok()) {  // no room now: the acquires will load them
+        for (std::size_t j = i; j < ahead.size(); ++j) {
+          Slot& rest = slots[ahead[j]];
+          if (rest.block == nullptr && rest.wanted) {
+            rest.wanted = false;
+            wanted_bytes -= GroupBytes(ahead[j]);
+          }
+        }
+        break;
+      }
+      ++stats.read_ahead;
     }
   }
 };
@@ -273,7 +378,7 @@ absl::StatusOr<std::unique_ptr<DeviceParameters>> DeviceParameters::Create(
   {
     absl::MutexLock lock(&impl->mu);
     impl->slots.resize(l.groups.size());
-    impl->position.assign(l.groups.size(), -1);
+    impl->occurs.resize(l.groups.size());
   }
   return std::unique_ptr<DeviceParameters>(new DeviceParameters(std::move(impl)));
 }
@@ -291,11 +396,7 @@ absl::StatusOr<DeviceView> DeviceParameters::Acquire(std::size_t group, CudaStre
         "device parameters: no device budget (made for CopyTo only)");
   }
   m.ReapLocked();
-  if (direction == PassDirection::kForward && m.position[group] < 0) {
-    m.position[group] = static_cast<std::ptrdiff_t>(m.order.size());
-    m.order.push_back(group);
-    m.stats.recorded_groups = m.order.size();
-  }
+  m.TrackLocked(group, direction);
   Impl::Slot& s = m.slots[group];
   ++m.stats.acquires;
   if (s.block != nullptr) {
@@ -311,7 +412,7 @@ absl::StatusOr<DeviceView> DeviceParameters::Acquire(std::size_t group, CudaStre
   ++s.leases;
   s.used = ++m.tick;
   MEMASCEND_RETURN_IF_ERROR(m.engine->MakeWait(compute, *s.ready));
-  m.ReadAheadLocked(group, direction);
+  m.ReadAheadLocked();
   return DeviceView{s.block, m.layout().groups[group].elements, m.layout().param_dtype};
 }
 

@@ -209,6 +209,65 @@ TEST(DeviceParameters, AGroupReadAheadIsNeverEvictedBeforeItsUse) {
   EXPECT_GE(s.hits, s.read_ahead);
 }
 
+// A group used twice in a pass (an output head tied to the embedding): the recorded pass
+// keeps both uses, so the second is read ahead or kept, not evicted for groups used later.
+TEST(DeviceParameters, AGroupUsedTwiceInAPassIsThereForItsSecondUse) {
+  Trainer t("device_params_tied");
+  // Room for the embedding, two blocks and the head: never for all five.
+  const std::size_t budget =
+      GroupBytes(t.layout, 0) + 2 * GroupBytes(t.layout, 1) + GroupBytes(t.layout, 4) + 4096;
+  auto params =
+      DeviceParameters::Create(t.adam.get(), Emulated(budget, 2 * GroupBytes(t.layout, 1) + 1024));
+  ASSERT_OK(params.status());
+  DeviceParameters& p = **params;
+  const std::vector<std::size_t> forward = {0, 1, 2, 3, 4, 0};  // the head is the embedding
+  for (int step = 0; step < 4; ++step) {
+    for (std::size_t i = 0; i < forward.size(); ++i) {
+      const std::size_t g = forward[i];
+      const auto before = p.stats();
+      auto v = p.Acquire(g, {});
+      ASSERT_OK(v.status());
+      EXPECT_EQ(Bytes16(*v), t.Stored(g));
+      if (step > 0 && i == forward.size() - 1) {
+        EXPECT_EQ(p.stats().hits, before.hits + 1) << "step " << step;
+      }
+      ASSERT_OK(p.Release(g, {}));
+    }
+    for (std::size_t i = forward.size(); i-- > 0;) {
+      const std::size_t g = forward[i];
+      auto v = p.Acquire(g, {}, PassDirection::kBackward);
+      ASSERT_OK(v.status()) << "step " << step << " group " << g;
+      EXPECT_EQ(Bytes16(*v), t.Stored(g));
+      ASSERT_OK(p.Release(g, {}));
+    }
+  }
+  const auto s = p.stats();
+  EXPECT_EQ(s.recorded_groups, 6u);  // the forward pass, the embedding's two uses in it
+  EXPECT_GT(s.evictions, 0u);
+  EXPECT_LE(s.peak_resident_bytes, budget);
+}
+
+// Forward passes only (an evaluation): the recording ends where the first pass repeats.
+TEST(DeviceParameters, ForwardPassesAloneRecordOnePass) {
+  Trainer t("device_params_eval");
+  auto params = DeviceParameters::Create(t.adam.get(), Emulated(8 << 20));
+  ASSERT_OK(params.status());
+  DeviceParameters& p = **params;
+  for (int pass = 0; pass < 5; ++pass) {
+    for (std::size_t g = 0; g < 5; ++g) {
+      ASSERT_OK(p.Acquire(g, {}).status());
+      ASSERT_OK(p.Release(g, {}));
+    }
+  }
+  EXPECT_EQ(p.stats().recorded_groups, 5u);
+  // Passes that follow no recorded order (each group alone, backward only) change nothing.
+  for (std::size_t g = 5; g-- > 0;) {
+    ASSERT_OK(p.Acquire(g, {}, PassDirection::kBackward).status());
+    ASSERT_OK(p.Release(g, {}));
+  }
+  EXPECT_EQ(p.stats().recorded_groups, 5u);
+}
+
 TEST(DeviceParameters, ABudgetFullOfAcquiredGroupsSaysSo) {
   Trainer t("device_params_full");
   const std::size_t budget = GroupBytes(t.layout, 0) + GroupBytes(t.layout, 1) + 1024;
