@@ -33,19 +33,22 @@
 // acquired and with their repeats (an output head tied to the embedding uses it twice), are
 // the recorded pass (the first step's, as DeepSpeed's trace). The recording ends at the
 // first backward acquire, or where a forward pass repeats it (its first two groups again:
-// forward passes alone, an evaluation). The passes then move a cursor along it: forward, to
-// the next position holding the acquired group; backward, to the previous one (a pass
-// that turns starts from the end it turned at). Each Acquire starts the copies of the
+// forward passes alone, an evaluation); a group a later forward pass meets that it does not
+// hold (a first pass cut short) is added where it is met. The passes then move a cursor
+// along it: forward, to the next position holding the acquired group (one found only
+// behind begins a new pass); backward, to the previous one, staying for the groups after
+// the one acquired last (a unit's groups come in their forward order in the backward pass
+// too); a pass that turns starts from its end. Each Acquire starts the copies of the
 // groups ahead of the cursor in the pass's direction, as long as the bytes read ahead and
-// not yet used stay within read_ahead_bytes. A group read ahead and not yet acquired is
-// never evicted; eviction takes the released group whose next use is furthest, counting
-// along the recorded pass forward and then back (at batch 1 under a cap, a tied head's
-// group was evicted by least-recently-used for the layers after it, and the head waited
-// for it to come back: docs/gpu.md, "The fourth measurement"); groups the recording does
-// not hold go first, least recently used first. A group first acquired after the
-// recording is loaded when acquired and never read ahead. So the budget must hold the
-// groups leased at once plus the read-ahead: Acquire reports kResourceExhausted, naming
-// both, when it cannot.
+// not yet used stay within read_ahead_bytes. A group read ahead stays until acquired, or
+// until the pass turns or begins anew; no read-ahead evicts it. Eviction takes the released
+// group whose next use is furthest, counting along the recorded pass forward and then
+// back (at batch 1 under a cap a tied head's group was evicted, least recently used, for
+// the layers after it, and the head waited for it: docs/gpu.md, "The fourth
+// measurement"), groups the recording does not hold first; an acquire that finds no other
+// room takes that of groups read ahead (the budget's blocks are contiguous: bytes that
+// fit can be in pieces). So the budget must hold the groups leased at once plus the
+// read-ahead: Acquire reports kResourceExhausted, naming both, when it cannot.
 //
 // Note [device gradients]: Offload() takes a group's gradient in device memory, produced
 // by work queued on `producer`: the copy stream waits for an event recorded on the

@@ -63,7 +63,8 @@ struct DeviceParameters::Impl {
   std::vector<std::vector<std::size_t>> occurs ABSL_GUARDED_BY(mu);
   bool recorded ABSL_GUARDED_BY(mu) = false;       // the recording has ended
   bool restarting ABSL_GUARDED_BY(mu) = false;     // order[0] came again: a new pass, or a repeat
-  std::ptrdiff_t cursor ABSL_GUARDED_BY(mu) = -1;  // the position acquired last; -1: none
+  std::ptrdiff_t cursor ABSL_GUARDED_BY(mu) = -1;  // where the pass is; -1: nowhere yet
+  std::ptrdiff_t last ABSL_GUARDED_BY(mu) = -1;    // the position acquired last
   PassDirection pass ABSL_GUARDED_BY(mu) = PassDirection::kForward;
   std::vector<std::shared_ptr<CopyEvent>> reuse_waits ABSL_GUARDED_BY(mu);
   std::deque<InFlight> inflight ABSL_GUARDED_BY(mu);
@@ -132,7 +133,11 @@ struct DeviceParameters::Impl {
 
   // A device block for `bytes`, evicting released groups whose next use is furthest first
   // (least recently used first among those the recorded pass does not hold).
-  absl::StatusOr<std::byte*> AllocateLocked(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // An acquire (`drop_read_ahead`) takes the room of groups read ahead when nothing else is
+  // left: read-ahead is never worth an acquire's failure (the pool's blocks are contiguous,
+  // so bytes that fit can still be in pieces).
+  absl::StatusOr<std::byte*> AllocateLocked(std::size_t bytes, bool drop_read_ahead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (;;) {
       absl::StatusOr<std::byte*> b = pool->Allocate(bytes, Use::kParameters);
       if (b.ok()) {
@@ -140,14 +145,20 @@ struct DeviceParameters::Impl {
         return b;
       }
       std::size_t victim = slots.size(), victim_next = 0;
+      bool wanted = false;  // a victim read ahead, only when no other is left
       for (std::size_t g = 0; g < slots.size(); ++g) {
         const Slot& s = slots[g];
-        if (s.block == nullptr || s.leases > 0 || s.wanted) continue;
+        if (s.block == nullptr || s.leases > 0 || (s.wanted && !drop_read_ahead)) continue;
+        if (victim != slots.size() && s.wanted != wanted) {
+          if (s.wanted) continue;
+          victim = slots.size();  // an unwanted group goes before any wanted one
+        }
         const std::size_t next = NextUseLocked(g);
         if (victim == slots.size() || next > victim_next ||
             (next == victim_next && s.used < slots[victim].used)) {
           victim = g;
           victim_next = next;
+          wanted = s.wanted;
         }
       }
       if (victim == slots.size()) {
@@ -218,8 +229,9 @@ struct DeviceParameters::Impl {
     return done;
   }
 
-  absl::Status LoadLocked(std::size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    MEMASCEND_ASSIGN_OR_RETURN(std::byte * block, AllocateLocked(GroupBytes(g)));
+  absl::Status LoadLocked(std::size_t g, bool drop_read_ahead = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    MEMASCEND_ASSIGN_OR_RETURN(std::byte * block, AllocateLocked(GroupBytes(g), drop_read_ahead));
     absl::StatusOr<std::shared_ptr<CopyEvent>> done = CopyGroupLocked(g, block, nullptr);
     if (!done.ok()) {
       (void)pool->Free(block);
@@ -231,10 +243,21 @@ struct DeviceParameters::Impl {
     return absl::OkStatus();
   }
 
-  void AppendLocked(std::size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    occurs[g].push_back(order.size());
-    order.push_back(g);
+  // Group g at `at` in the recorded pass (at == order.size(): at its end).
+  void InsertLocked(std::size_t at, std::size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    order.insert(order.begin() + static_cast<std::ptrdiff_t>(at), g);
+    if (at + 1 == order.size()) {
+      occurs[g].push_back(at);
+    } else {
+      for (auto& positions : occurs) positions.clear();
+      for (std::size_t k = 0; k < order.size(); ++k) occurs[order[k]].push_back(k);
+    }
     stats.recorded_groups = order.size();
+  }
+
+  void UnwantAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (Slot& s : slots) s.wanted = false;
+    wanted_bytes = 0;
   }
 
   // Note [parameter read-ahead]: records the first pass, then follows the passes along it.
@@ -245,87 +268,109 @@ struct DeviceParameters::Impl {
         restarting = false;
         if (forward && order.size() > 1 && g == order[1]) {
           recorded = true;
-          cursor = 1;
+          cursor = last = 1;
           pass = direction;
           return;
         }
-        AppendLocked(order[0]);
-        cursor = static_cast<std::ptrdiff_t>(order.size()) - 1;
+        UnwantAllLocked();  // what the new pass's read-ahead marked
+        InsertLocked(order.size(), order[0]);
+        cursor = last = static_cast<std::ptrdiff_t>(order.size()) - 1;
       }
       if (forward) {
         if (!order.empty() && g == order[0]) {
           restarting = true;  // read ahead as a new pass until the next acquire says
           recorded = order.size() == 1;
-          cursor = 0;
+          cursor = last = 0;
           pass = direction;
           return;
         }
-        AppendLocked(g);
-        cursor = static_cast<std::ptrdiff_t>(order.size()) - 1;
+        InsertLocked(order.size(), g);
+        cursor = last = static_cast<std::ptrdiff_t>(order.size()) - 1;
         if (order.size() >= kMaxRecorded * slots.size()) recorded = true;
         return;
       }
       if (order.empty()) return;  // a backward pass before any forward: nothing to follow
       recorded = true;            // the first backward acquire ends the recording
     }
-    // Follow the recorded pass: the next position holding g in the pass's direction, from
-    // the beginning of a pass when the direction turned (or g is not further on).
-    const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(order.size());
+    // Follow the recorded pass. A pass that turned starts at its end; within a pass the
+    // cursor moves on to g's next position. It stays for g again, and, backward, for the
+    // position after the one acquired last: a unit's groups come in their forward order in
+    // the backward pass too, and the unit is reached at its first. A forward pass that
+    // finds g only behind it began anew; a backward one goes back to g's last position.
     const bool turned = cursor < 0 || direction != pass;
-    std::ptrdiff_t found = -1;
-    if (forward) {
-      for (std::ptrdiff_t k = turned ? 0 : cursor + 1; k < m && found < 0; ++k) {
-        if (order[static_cast<std::size_t>(k)] == g) found = k;
-      }
-      for (std::ptrdiff_t k = 0; k < m && found < 0; ++k) {
-        if (order[static_cast<std::size_t>(k)] == g) found = k;
-      }
-    } else {
-      for (std::ptrdiff_t k = turned ? m - 1 : cursor - 1; k >= 0 && found < 0; --k) {
-        if (order[static_cast<std::size_t>(k)] == g) found = k;
-      }
-      for (std::ptrdiff_t k = m - 1; k >= 0 && found < 0; --k) {
-        if (order[static_cast<std::size_t>(k)] == g) found = k;
-      }
-    }
-    if (found < 0) return;  // a group the recorded pass does not hold: the passes go on
-    cursor = found;
+    const std::vector<std::size_t>& at = occurs[g];
+    const auto c = static_cast<std::size_t>(cursor < 0 ? 0 : cursor);
     pass = direction;
+    if (!turned && order[c] == g) {
+      last = cursor;
+      return;
+    }
+    if (at.empty()) {
+      // A group the recording missed (a first pass cut short, a module it skipped): the
+      // forward pass adds it where it is met.
+      if (forward && order.size() < kMaxRecorded * slots.size()) {
+        const std::size_t where = turned ? 0 : c + 1;
+        InsertLocked(where, g);
+        cursor = last = static_cast<std::ptrdiff_t>(where);
+        if (turned) UnwantAllLocked();
+      }
+      return;
+    }
+    if (forward) {
+      auto next = turned ? at.begin() : std::upper_bound(at.begin(), at.end(), c);
+      const bool anew = turned || next == at.end();
+      if (next == at.end()) next = at.begin();
+      if (anew) UnwantAllLocked();  // groups read ahead for the pass that ended
+      cursor = last = static_cast<std::ptrdiff_t>(*next);
+      return;
+    }
+    if (turned) {
+      UnwantAllLocked();
+      cursor = last = static_cast<std::ptrdiff_t>(at.back());
+      return;
+    }
+    auto below = std::lower_bound(at.begin(), at.end(), c);  // the first at or after c
+    if (below != at.begin()) {
+      cursor = last = static_cast<std::ptrdiff_t>(*std::prev(below));
+    } else if (last >= 0 &&
+               std::binary_search(at.begin(), at.end(), static_cast<std::size_t>(last) + 1)) {
+      last = last + 1;  // the unit's next group: the pass is still at the unit
+    } else {
+      cursor = last = static_cast<std::ptrdiff_t>(at.back());
+    }
   }
 
-  // Marks the groups ahead of the cursor wanted, as far as read_ahead_bytes go, and starts
-  // the copies of those not resident; groups wanted before and not ahead now are not.
+  // Marks the groups ahead of the cursor wanted, while the bytes wanted stay within
+  // read_ahead_bytes, and starts the copies of those not resident. A group stays wanted
+  // until acquired, or until the pass turns or begins anew.
   void ReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (cursor < 0) return;
     std::vector<std::size_t> ahead;
-    std::size_t bytes = 0;
-    if (cursor >= 0) {
-      const std::ptrdiff_t step = pass == PassDirection::kForward ? 1 : -1;
-      const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(order.size());
-      for (std::ptrdiff_t j = cursor + step; j >= 0 && j < m; j += step) {
-        const std::size_t h = order[static_cast<std::size_t>(j)];
-        if (slots[h].leases > 0 || std::find(ahead.begin(), ahead.end(), h) != ahead.end()) {
-          continue;
-        }
-        // Its parameters change before the step commits (an update interleaved with this
-        // pass has not reached it): reading them now would read them twice.
-        if (adam->UpdatePendingFor(h)) break;
-        if (bytes + GroupBytes(h) > read_ahead_bytes) break;
-        ahead.push_back(h);
-        bytes += GroupBytes(h);
+    std::size_t bytes = wanted_bytes;
+    const std::ptrdiff_t step = pass == PassDirection::kForward ? 1 : -1;
+    const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(order.size());
+    for (std::ptrdiff_t j = cursor + step; j >= 0 && j < m; j += step) {
+      const std::size_t h = order[static_cast<std::size_t>(j)];
+      if (slots[h].leases > 0 || slots[h].wanted ||
+          std::find(ahead.begin(), ahead.end(), h) != ahead.end()) {
+        continue;
       }
+      // Its parameters change before the step commits (an update interleaved with this
+      // pass has not reached it): reading them now would read them twice.
+      if (adam->UpdatePendingFor(h)) break;
+      if (bytes + GroupBytes(h) > read_ahead_bytes) break;
+      ahead.push_back(h);
+      bytes += GroupBytes(h);
     }
-    for (std::size_t h = 0; h < slots.size(); ++h) {
-      slots[h].wanted = std::find(ahead.begin(), ahead.end(), h) != ahead.end();
-    }
+    // All wanted first, so that no load evicts a group further ahead.
+    for (std::size_t h : ahead) slots[h].wanted = true;
     wanted_bytes = bytes;
-    // Wanted first, so that no load evicts a group further ahead.
     for (std::size_t i = 0; i < ahead.size(); ++i) {
-      Slot& s = slots[ahead[i]];
-      if (s.block != nullptr) continue;
+      if (slots[ahead[i]].block != nullptr) continue;
       if (!LoadLocked(ahead[i]).ok()) {  // no room now: the acquires will load them
         for (std::size_t j = i; j < ahead.size(); ++j) {
           Slot& rest = slots[ahead[j]];
-          if (rest.block == nullptr && rest.wanted) {
+          if (rest.block == nullptr) {
             rest.wanted = false;
             wanted_bytes -= GroupBytes(ahead[j]);
           }
@@ -407,7 +452,7 @@ absl::StatusOr<DeviceView> DeviceParameters::Acquire(std::size_t group, CudaStre
     }
   } else {
     ++m.stats.misses;
-    MEMASCEND_RETURN_IF_ERROR(m.LoadLocked(group));
+    MEMASCEND_RETURN_IF_ERROR(m.LoadLocked(group, /*drop_read_ahead=*/true));
   }
   ++s.leases;
   s.used = ++m.tick;
