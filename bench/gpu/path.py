@@ -28,6 +28,9 @@ device, the model, the commit, the command and the figures:
                             (step_between_commits_seconds: the window's median less its
                             slowest step an interval; none when every step commits)
   cpu_seconds               each run's CPU time a step (every thread, user and system)
+  host_profile              where the launching thread's time went in one step's
+                            forward+backward (--profile-step, outside the window; cProfile:
+                            each function's own and cumulative seconds), for both runs
   step_phases, trace        memascend's seconds by phase per step (Note [step times]) and
                             one step's spans (StepTrace), drawn as gpu-path-*-timeline.svg
   loss_rel_diff_max         the largest |loss - reference| / reference over the steps
@@ -69,6 +72,32 @@ def forward_backward(model, tokens, accum):
     return total / accum
 
 
+def host_profile(fn, top=40):
+    """fn() under cProfile (the calling thread: the one that launches the GPU's work): its
+    result and the `top` functions by their own time, as [function, calls, own seconds,
+    cumulative seconds]."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        result = fn()
+    finally:
+        prof.disable()
+    rows = [[f"{os.path.basename(file)}:{line}({name})", calls, own, cum]
+            for (file, line, name), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items()]
+    rows.sort(key=lambda r: -r[2])
+    return result, rows[:top]
+
+
+def profiled_forward_backward(a, step, model, tokens):
+    """forward_backward, under host_profile at --profile-step: (loss, profile or None)."""
+    if step != a.profile_step:
+        return forward_backward(model, tokens, a.accum), None
+    loss, rows = host_profile(lambda: forward_backward(model, tokens, a.accum))
+    return loss, {"step": step, "top_by_own_seconds": rows}
+
+
 def step_window(steps, every):
     """The steps the step time is over: from step 5 to the last, or with a commit interval
     (every > 1) the last whole intervals from step 5 on, reaching back before step 5 for
@@ -100,11 +129,12 @@ def child_reference(a):
     params = list(model.parameters())
     master = [p.detach().float().clone().requires_grad_(True) for p in params]
     opt = torch.optim.AdamW(master, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
-    losses, fb, cpu = [], [], []
+    losses, fb, cpu, profile = [], [], [], None
     for step in range(a.steps):
         torch.cuda.synchronize()
         t0, c0 = time.perf_counter(), cpu_seconds()
-        loss = forward_backward(model, tokens[step], a.accum)
+        loss, prof = profiled_forward_backward(a, step, model, tokens[step])
+        profile = prof or profile
         torch.cuda.synchronize()
         fb.append(time.perf_counter() - t0)  # forward+backward alone: what the path's step
         cpu.append(cpu_seconds() - c0)
@@ -118,7 +148,8 @@ def child_reference(a):
                 p.copy_(m)
         losses.append(loss)
     return {"system": "torch-gpu", "losses": losses, "forward_backward_seconds": fb,
-            "cpu_seconds": cpu, "gpu_peak_bytes": torch.cuda.max_memory_reserved()}
+            "cpu_seconds": cpu, "gpu_peak_bytes": torch.cuda.max_memory_reserved(),
+            "host_profile": profile}
 
 
 def child_memascend(a):
@@ -137,7 +168,7 @@ def child_memascend(a):
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
-    losses, fb, steps, rss, phases, cpu, traced = [], [], [], [], [], [], None
+    losses, fb, steps, rss, phases, cpu, traced, profile = [], [], [], [], [], [], None, None
     last = opt.stats()["seconds"]
     for step in range(a.steps):
         torch.cuda.synchronize()
@@ -145,7 +176,8 @@ def child_memascend(a):
             offload.trace = mt.StepTrace("cuda")
             offload.trace.start()
         t0, c0 = time.perf_counter(), cpu_seconds()
-        loss = forward_backward(model, tokens[step], a.accum)
+        loss, prof = profiled_forward_backward(a, step, model, tokens[step])
+        profile = prof or profile
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         opt.step()
@@ -176,7 +208,7 @@ def child_memascend(a):
         "update_threads": torch.get_num_threads(),
         "forward_backward_basis": "host, synchronised: the previous step's update runs in the "
                                   "forward pass (Note [optimizer overlap])",
-        "step_phases": phases, "trace": traced,
+        "step_phases": phases, "trace": traced, "host_profile": profile,
         "step_seconds": steps, "cpu_seconds": cpu, "rss_bytes": rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
@@ -249,6 +281,9 @@ def main():
     ap.add_argument("--cli", default=os.path.join(ROOT, "build", "device", "tools", "memascend"))
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--profile-step", type=int, default=1,
+                    help="the step whose forward+backward runs under cProfile in both runs "
+                         "(host_profile; -1: none); keep it out of the timed window")
     a = ap.parse_args()
     if a.accum < 1 or a.batch < 1:
         ap.error("--batch and --accum must be at least 1")
@@ -261,7 +296,8 @@ def main():
                  f"--accum={a.accum}",
                  f"--steps={a.steps}", f"--gpu-cap={a.gpu_cap}", f"--host-budget={a.host_budget}",
                  f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}",
-                 f"--commit-every={a.commit_every}", f"--units={a.units}"]
+                 f"--commit-every={a.commit_every}", f"--units={a.units}",
+                 f"--profile-step={a.profile_step}"]
     ceiling = pcie_ceiling(a.cli)
     order = ["reference", "memascend"]
     random.Random(time.time_ns()).shuffle(order)

@@ -227,6 +227,27 @@ def test_a_commit_interval_is_timed_over_whole_intervals(run):
     assert records["torch-gpu"]["step_basis"] == "median step"
 
 
+def test_the_path_bench_profiles_the_launching_thread():
+    """bench/gpu/path.py's host_profile: fn's result, and its functions by their own time
+    (the fifth H200 lease's path ran its backward at the host's pace, unattributed)."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import path
+
+    def busy(n):
+        return sum(i * i for i in range(n))
+
+    def work():
+        return busy(200000) + busy(10)
+
+    result, rows = path.host_profile(work, top=5)
+    assert result == busy(200000) + busy(10)
+    assert len(rows) <= 5
+    assert [r[2] for r in rows] == sorted((r[2] for r in rows), reverse=True)
+    named = {r[0].split("(")[-1].rstrip(")"): r for r in rows}
+    assert "<genexpr>" in named and named["<genexpr>"][1] > 200000  # calls counted
+    assert all(r[3] >= r[2] >= 0 for r in rows)  # cumulative covers own
+
+
 def test_the_path_bench_times_whole_commit_intervals():
     """bench/gpu/path.py's window (step_window): steps 5 to the last of 8 with a commit
     every 4th would hold one commit in three steps (the fourth H200 lease's record said
