@@ -29,12 +29,17 @@ class _ParamView:
 
 
 def pack(t):
-    """saved_tensors_hooks' pack: parameters by reference, activations to the store."""
+    """saved_tensors_hooks' pack: parameters by reference, activations to the store.
+
+    Called for every tensor autograd saves, so an activation, the common case, takes no
+    Parameter isinstance check (Python-level, 0.5 us each on the CPU machine, two a tensor
+    before): OFFLOADED's keys are ids of live parameters (its entries keep them alive),
+    checked to be parameters on a hit, and a plain torch.Tensor is not one."""
     base = t if t._base is None else t._base
-    entry = OFFLOADED.get(id(base)) if isinstance(base, torch.nn.Parameter) else None
-    if entry is not None:
+    entry = OFFLOADED.get(id(base))
+    if entry is not None and isinstance(base, torch.nn.Parameter):
         return _ParamView(entry[0], entry[1], t, t is base)
-    if isinstance(t, torch.nn.Parameter):
+    if type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter):
         return t
     active = getattr(_local, "activations", None)
     if active:
