@@ -131,6 +131,23 @@ struct DeviceParameters::Impl {
     return best;
   }
 
+  // The released group, read ahead or not as `wanted` says, whose next use is furthest
+  // (the least recently used of those alike); slots.size() when there is none.
+  std::size_t VictimLocked(bool wanted) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::size_t victim = slots.size(), victim_next = 0;
+    for (std::size_t g = 0; g < slots.size(); ++g) {
+      const Slot& s = slots[g];
+      if (s.block == nullptr || s.leases > 0 || s.wanted != wanted) continue;
+      const std::size_t next = NextUseLocked(g);
+      if (victim == slots.size() || next > victim_next ||
+          (next == victim_next && s.used < slots[victim].used)) {
+        victim = g;
+        victim_next = next;
+      }
+    }
+    return victim;
+  }
+
   // A device block for `bytes`, evicting released groups whose next use is furthest first
   // (least recently used first among those the recorded pass does not hold).
   // An acquire (`drop_read_ahead`) takes the room of groups read ahead when nothing else is
@@ -144,23 +161,8 @@ struct DeviceParameters::Impl {
         stats.peak_resident_bytes = std::max(stats.peak_resident_bytes, pool->allocated());
         return b;
       }
-      std::size_t victim = slots.size(), victim_next = 0;
-      bool wanted = false;  // a victim read ahead, only when no other is left
-      for (std::size_t g = 0; g < slots.size(); ++g) {
-        const Slot& s = slots[g];
-        if (s.block == nullptr || s.leases > 0 || (s.wanted && !drop_read_ahead)) continue;
-        if (victim != slots.size() && s.wanted != wanted) {
-          if (s.wanted) continue;
-          victim = slots.size();  // an unwanted group goes before any wanted one
-        }
-        const std::size_t next = NextUseLocked(g);
-        if (victim == slots.size() || next > victim_next ||
-            (next == victim_next && s.used < slots[victim].used)) {
-          victim = g;
-          victim_next = next;
-          wanted = s.wanted;
-        }
-      }
+      std::size_t victim = VictimLocked(/*wanted=*/false);
+      if (victim == slots.size() && drop_read_ahead) victim = VictimLocked(/*wanted=*/true);
       if (victim == slots.size()) {
         std::size_t leased = 0;
         for (std::size_t g = 0; g < slots.size(); ++g) {
@@ -345,26 +347,21 @@ struct DeviceParameters::Impl {
   // until acquired, or until the pass turns or begins anew.
   void ReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (cursor < 0) return;
+    // All wanted first, then loaded: no load evicts a group further ahead.
     std::vector<std::size_t> ahead;
-    std::size_t bytes = wanted_bytes;
     const std::ptrdiff_t step = pass == PassDirection::kForward ? 1 : -1;
     const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(order.size());
     for (std::ptrdiff_t j = cursor + step; j >= 0 && j < m; j += step) {
       const std::size_t h = order[static_cast<std::size_t>(j)];
-      if (slots[h].leases > 0 || slots[h].wanted ||
-          std::find(ahead.begin(), ahead.end(), h) != ahead.end()) {
-        continue;
-      }
+      if (slots[h].leases > 0 || slots[h].wanted) continue;
       // Its parameters change before the step commits (an update interleaved with this
       // pass has not reached it): reading them now would read them twice.
       if (adam->UpdatePendingFor(h)) break;
-      if (bytes + GroupBytes(h) > read_ahead_bytes) break;
+      if (wanted_bytes + GroupBytes(h) > read_ahead_bytes) break;
+      slots[h].wanted = true;
+      wanted_bytes += GroupBytes(h);
       ahead.push_back(h);
-      bytes += GroupBytes(h);
     }
-    // All wanted first, so that no load evicts a group further ahead.
-    for (std::size_t h : ahead) slots[h].wanted = true;
-    wanted_bytes = bytes;
     for (std::size_t i = 0; i < ahead.size(); ++i) {
       if (slots[ahead[i]].block != nullptr) continue;
       if (!LoadLocked(ahead[i]).ok()) {  // no room now: the acquires will load them

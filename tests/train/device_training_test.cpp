@@ -327,16 +327,22 @@ struct Units {
     }
     return largest;
   }
+  // memascend.torch's default budget: the largest unit twice, and twice more read ahead.
+  static std::unique_ptr<DeviceParameters> DefaultBudget(Trainer& t) {
+    const std::size_t largest = Largest(t.layout);
+    auto params = DeviceParameters::Create(t.adam.get(), Emulated(4 * largest, 2 * largest));
+    EXPECT_OK(params.status());
+    return params.ok() ? *std::move(params) : nullptr;
+  }
 };
 
-// memascend.torch's default budget (the largest unit twice, and twice more read ahead):
-// after the first step every acquire finds its group there, backward as forward.
+// memascend.torch's default budget: after the first step every acquire finds its group there,
+// backward as forward.
 TEST(DeviceParameters, UnitsFindTheirGroupsReadAheadInBothPasses) {
   Trainer t("device_params_units", 4, Units::Layout());
-  const std::size_t largest = Units::Largest(t.layout);
-  auto params = DeviceParameters::Create(t.adam.get(), Emulated(4 * largest, 2 * largest));
-  ASSERT_OK(params.status());
-  DeviceParameters& p = **params;
+  auto params = Units::DefaultBudget(t);
+  ASSERT_NE(params, nullptr);
+  DeviceParameters& p = *params;
   for (int step = 0; step < 4; ++step) {
     const std::uint64_t forward = Units::Pass(t, p, true);
     const std::uint64_t backward = Units::Pass(t, p, false);
@@ -355,10 +361,9 @@ TEST(DeviceParameters, UnitsFindTheirGroupsReadAheadInBothPasses) {
 // anew), so the passes are found again at the norm.
 TEST(DeviceParameters, AFirstPassCutShortIsCompletedByTheNext) {
   Trainer t("device_params_cut", 4, Units::Layout());
-  const std::size_t largest = Units::Largest(t.layout);
-  auto params = DeviceParameters::Create(t.adam.get(), Emulated(4 * largest, 2 * largest));
-  ASSERT_OK(params.status());
-  DeviceParameters& p = **params;
+  auto params = Units::DefaultBudget(t);
+  ASSERT_NE(params, nullptr);
+  DeviceParameters& p = *params;
   Units::Pass(t, p, true, 2);  // the embedding and one layer
   for (int step = 0; step < 4; ++step) {
     const std::uint64_t forward = Units::Pass(t, p, true);
@@ -374,10 +379,9 @@ TEST(DeviceParameters, AFirstPassCutShortIsCompletedByTheNext) {
 // The group at the cursor acquired again (a tied unit run twice) reads nothing new ahead.
 TEST(DeviceParameters, AGroupAcquiredAgainKeepsThePassWhereItIs) {
   Trainer t("device_params_again", 4, Units::Layout());
-  const std::size_t largest = Units::Largest(t.layout);
-  auto params = DeviceParameters::Create(t.adam.get(), Emulated(4 * largest, 2 * largest));
-  ASSERT_OK(params.status());
-  DeviceParameters& p = **params;
+  auto params = Units::DefaultBudget(t);
+  ASSERT_NE(params, nullptr);
+  DeviceParameters& p = *params;
   for (int step = 0; step < 2; ++step) {
     Units::Pass(t, p, true);
     Units::Pass(t, p, false);
@@ -387,23 +391,6 @@ TEST(DeviceParameters, AGroupAcquiredAgainKeepsThePassWhereItIs) {
   ASSERT_OK(p.Release(0, {}));
   EXPECT_EQ(p.stats().read_ahead, before.read_ahead);
   EXPECT_EQ(p.stats().evictions, before.evictions);
-}
-
-// A budget whose bytes hold the acquired unit and the read-ahead, in pieces: an acquire
-// takes the room of groups read ahead rather than fail.
-TEST(DeviceParameters, AnAcquireTakesTheRoomOfTheReadAhead) {
-  Trainer t("device_params_room", 4, Units::Layout());
-  const std::size_t largest = Units::Largest(t.layout);
-  for (double b : {1.1, 1.2, 1.3, 1.4, 1.5}) {
-    auto params = DeviceParameters::Create(
-        t.adam.get(),
-        Emulated(static_cast<std::size_t>(b * static_cast<double>(largest)) + largest, largest));
-    ASSERT_OK(params.status());
-    for (int step = 0; step < 3; ++step) {
-      Units::Pass(t, **params, true);
-      Units::Pass(t, **params, false);
-    }
-  }
 }
 
 TEST(DeviceParameters, ABudgetFullOfAcquiredGroupsSaysSo) {
