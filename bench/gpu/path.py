@@ -32,7 +32,12 @@ device, the model, the commit, the command and the figures:
                             forward+backward (--profile-step, outside the window; cProfile:
                             each function's own and cumulative seconds), for both runs
   step_phases, trace        memascend's seconds by phase per step (Note [step times]) and
-                            one step's spans (StepTrace), drawn as gpu-path-*-timeline.svg
+                            one step's spans (StepTrace, --trace-step), drawn as
+                            gpu-path-*-timeline.svg
+  step_counters             per step, the store's and the device parameters' counters
+                            that say where a slow step waited (COUNTERS: the store's
+                            stall and I/O seconds, the acquires' host time, of which in
+                            the store's reads and in waits for copies, the copies' own)
   loss_rel_diff_max         the largest |loss - reference| / reference over the steps
   rss_growth                host RSS from step 5 to the last, as a fraction
   peak_rss_bytes, peak_pinned_bytes (the store's page-locked arena), gpu_peak_bytes
@@ -123,6 +128,21 @@ def between_commits(times, every):
     return statistics.median(rest) if rest else None
 
 
+# Per-step deltas of these counters of opt.stats() (memascend's run): a step that is slow
+# because its acquires waited for the store (a part being written back by a commit), for
+# earlier copies, or for a host-to-device bandwidth shared with the disk's writes says so.
+COUNTERS = {
+    "store": ("stall_seconds", "read_seconds", "write_seconds", "bytes_read", "bytes_written"),
+    "device_parameters": ("acquire_seconds", "read_seconds", "copy_wait_seconds", "copy_seconds",
+                          "bytes_to_device", "misses"),
+}
+
+
+def counters(stats):
+    """The COUNTERS of an opt.stats(), flat ("store.stall_seconds": ...)."""
+    return {f"{k}.{n}": stats[k][n] for k, names in COUNTERS.items() for n in names}
+
+
 def child_reference(a):
     import torch
     model, tokens = build(a)
@@ -169,10 +189,11 @@ def child_memascend(a):
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
     losses, fb, steps, rss, phases, cpu, traced, profile = [], [], [], [], [], [], None, None
-    last = opt.stats()["seconds"]
+    first = opt.stats()
+    last, last_counters, step_counters = first["seconds"], counters(first), []
     for step in range(a.steps):
         torch.cuda.synchronize()
-        if step == min(2, a.steps - 1):  # a step's timeline (memascend.torch.StepTrace)
+        if step == min(a.trace_step, a.steps - 1):  # its timeline (memascend.torch.StepTrace)
             offload.trace = mt.StepTrace("cuda")
             offload.trace.start()
         t0, c0 = time.perf_counter(), cpu_seconds()
@@ -188,9 +209,11 @@ def child_memascend(a):
             offload.trace.host("step", "opt.step()", t1, t2)
             traced = {"step": step, "seconds": t2 - t0, "spans": offload.trace.finish()}
             offload.trace = None
-        now = opt.stats()["seconds"]  # Note [step times]
+        stats = opt.stats()
+        now, now_counters = stats["seconds"], counters(stats)  # Note [step times]
         phases.append({k: now[k] - last[k] for k in now})
-        last = now
+        step_counters.append({k: now_counters[k] - last_counters[k] for k in now_counters})
+        last, last_counters = now, now_counters
         losses.append(loss)
         fb.append(t1 - t0)
         steps.append(t2 - t0)
@@ -208,7 +231,7 @@ def child_memascend(a):
         "update_threads": torch.get_num_threads(),
         "forward_backward_basis": "host, synchronised: the previous step's update runs in the "
                                   "forward pass (Note [optimizer overlap])",
-        "step_phases": phases, "trace": traced, "host_profile": profile,
+        "step_phases": phases, "step_counters": step_counters, "trace": traced, "host_profile": profile,
         "step_seconds": steps, "cpu_seconds": cpu, "rss_bytes": rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
@@ -281,6 +304,8 @@ def main():
     ap.add_argument("--cli", default=os.path.join(ROOT, "build", "device", "tools", "memascend"))
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--trace-step", type=int, default=2,
+                    help="the step whose spans memascend's run records (StepTrace: trace)")
     ap.add_argument("--profile-step", type=int, default=1,
                     help="the step whose forward+backward runs under cProfile in both runs "
                          "(host_profile; -1: none); keep it out of the timed window")
@@ -297,7 +322,7 @@ def main():
                  f"--steps={a.steps}", f"--gpu-cap={a.gpu_cap}", f"--host-budget={a.host_budget}",
                  f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}",
                  f"--commit-every={a.commit_every}", f"--units={a.units}",
-                 f"--profile-step={a.profile_step}"]
+                 f"--profile-step={a.profile_step}", f"--trace-step={a.trace_step}"]
     ceiling = pcie_ceiling(a.cli)
     order = ["reference", "memascend"]
     random.Random(time.time_ns()).shuffle(order)

@@ -185,6 +185,10 @@ py::dict StoreStatsDict(const TensorStoreStats& s) {
   d["resident_bytes"] = s.resident_bytes;
   d["bytes_read"] = s.bytes_read;
   d["bytes_written"] = s.bytes_written;
+  d["read_seconds"] = s.read_seconds;
+  d["write_seconds"] = s.write_seconds;
+  // Time callers waited in Acquire (a read, room, a part being written back).
+  d["stall_seconds"] = s.stall_seconds;
   d["prefetch_hits"] = s.prefetch_hits;
   d["prefetch_misses"] = s.prefetch_misses;
   d["evictions"] = s.evictions;
@@ -1058,6 +1062,9 @@ PYBIND11_MODULE(_core, m) {
              d["peak_resident_bytes"] = s.peak_resident_bytes;
              d["recorded_groups"] = s.recorded_groups;
              d["copy_seconds"] = s.copy_seconds;
+             d["acquire_seconds"] = s.acquire_seconds;
+             d["read_seconds"] = s.read_seconds;
+             d["copy_wait_seconds"] = s.copy_wait_seconds;
              return d;
            })
       .def_property_readonly("closed", &PyDeviceParameters::closed)

@@ -12,6 +12,7 @@
 
 #include "store/device_pool.h"
 #include "train/copy_engine.h"
+#include "util/timed.h"
 #include "util/units.h"
 
 namespace memascend {
@@ -90,7 +91,11 @@ struct DeviceParameters::Impl {
 
   absl::Status WaitOldestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (inflight.empty()) return absl::OkStatus();
-    absl::Status s = inflight.front().done->Wait();
+    absl::Status s;
+    {
+      const util::Timed timed(&stats.copy_wait_seconds);
+      s = inflight.front().done->Wait();
+    }
     PopOldestLocked();
     return s;
   }
@@ -216,7 +221,10 @@ struct DeviceParameters::Impl {
       const auto [begin, end] = l.PartRange(g, part);
       absl::StatusOr<StateBuffer> buf;
       for (;;) {
-        buf = adam->ReadParameters(g, part);  // the update's, once it has reached the group
+        {
+          const util::Timed timed(&stats.read_seconds);
+          buf = adam->ReadParameters(g, part);  // the update's, once it has reached the group
+        }
         if (buf.ok() || !absl::IsResourceExhausted(buf.status())) break;
         // The store's budget is held by copies: queue what is ready, let the oldest finish.
         MEMASCEND_RETURN_IF_ERROR(flush());
@@ -429,6 +437,7 @@ absl::StatusOr<DeviceView> DeviceParameters::Acquire(std::size_t group, CudaStre
                                                      PassDirection direction) {
   Impl& m = *impl_;
   absl::MutexLock lock(&m.mu);
+  const util::Timed timed(&m.stats.acquire_seconds);  // ends under the lock
   if (group >= m.slots.size()) {
     return absl::OutOfRangeError(
         fmt::format("device parameters: no group {} ({} groups)", group, m.slots.size()));

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -8,22 +7,12 @@
 #include <memascend/offloaded_optimizer.h>
 #include <memascend/status.h>
 
+#include "util/timed.h"
+
 namespace memascend {
 namespace {
 
-// Adds the seconds from its construction to its end to `*total` (Note [step times]).
-class Timed {
- public:
-  explicit Timed(double* total) noexcept : total_(total), start_(Clock::now()) {}
-  ~Timed() { *total_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
-  Timed(const Timed&) = delete;
-  Timed& operator=(const Timed&) = delete;
-
- private:
-  using Clock = std::chrono::steady_clock;
-  double* total_;
-  Clock::time_point start_;
-};
+using util::Timed;  // the phases' seconds (Note [step times])
 
 std::size_t RoundPage(std::size_t b) { return (b + 4095) / 4096 * 4096; }
 

@@ -59,6 +59,10 @@ def test_parameters_come_whole_and_read_ahead_follows_the_recorded_order(tmp_pat
     s = dev.stats()
     assert s["recorded_groups"] == 3 and s["acquires"] == 6
     assert s["read_ahead"] >= 1 and s["hits"] >= 1  # the second sweep found groups ahead
+    # The host's time: every acquire's, of which the store's reads (a part being written
+    # back waited for) and the waits for earlier copies (none here: the budget has room).
+    assert s["acquire_seconds"] >= s["read_seconds"] > 0
+    assert s["copy_wait_seconds"] == 0
     with pytest.raises(errors.FailedPreconditionError, match="close them first"):
         adam.close()  # the device object still uses it
     close(dev, adam, store, vol)

@@ -358,3 +358,27 @@ def test_the_commit_bench_times_each_depth_and_the_disk(tmp_path):
         assert r["ceiling_gb_per_s"] == max(c["gb_per_s"] for c in ok) > 0
         assert all(d["over_ceiling"] > 0 for d in r["by_depth"].values())
     assert not os.listdir(tmp_path / "d")  # its volumes and files removed
+
+
+def test_the_path_bench_counts_each_steps_waits(tmp_path):
+    """bench/gpu/path.py's step_counters: the COUNTERS it takes from opt.stats() are in the
+    store's and the device parameters' stats (the fifth lease's commit step took twice a
+    plain one, with nothing that said where it waited)."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import path
+    from memascend import _core
+    vol = _core.Volume.open_or_create(str(tmp_path / "c.vol"), 16 << 20)
+    store = _core.TensorStore(vol, host_budget=4 << 20)
+    adam = _core.OffloadedAdam(store, [("g0", 1 << 16)], "bfloat16", "bfloat16", 1 << 16,
+                               [1e-3], [0.0], 0.9, 0.999, 1e-8, 0.0, False, 1.0, 0, 0, 1, True)
+    adam.commit(0)
+    dev = _core.DeviceParameters(adam, device_budget=1 << 20, emulate=True)
+    dev.acquire(0)
+    dev.release(0)
+    c = path.counters({"store": store.stats(), "device_parameters": dev.stats()})
+    assert set(c) == {f"{k}.{n}" for k, names in path.COUNTERS.items() for n in names}
+    assert c["device_parameters.bytes_to_device"] == 2 << 16 and c["device_parameters.misses"] == 1
+    assert c["device_parameters.acquire_seconds"] >= c["device_parameters.read_seconds"] > 0
+    assert c["store.stall_seconds"] >= 0
+    for o in (dev, adam, store, vol):
+        o.close()
