@@ -3,6 +3,7 @@
 hyperparameters, and the probes of the process and the machine each record names."""
 import json
 import os
+import resource
 import statistics
 import subprocess
 
@@ -41,6 +42,24 @@ def cpu_seconds():
     ran behind were slower)."""
     t = os.times()
     return t.user + t.system
+
+
+def host_counters():
+    """What the machine took from the process, so far: the CPUs' steal time (seconds, every
+    CPU: a hypervisor running something else on this VM's CPUs, such as a virtual disk's
+    I/O), the process's involuntary and voluntary context switches (preempted; blocked on
+    I/O, a lock or an event). A step slow with little CPU time of its own says which."""
+    steal = None
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()  # cpu user nice system idle iowait irq softirq steal
+        if fields[0] == "cpu" and len(fields) > 8:
+            steal = int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"host.steal_seconds": steal, "host.involuntary_switches": r.ru_nivcsw,
+            "host.voluntary_switches": r.ru_nvcsw}
 
 
 def rss_bytes():

@@ -37,7 +37,8 @@ device, the model, the commit, the command and the figures:
   step_counters             per step, the store's and the device parameters' counters
                             that say where a slow step waited (COUNTERS: the store's
                             stall and I/O seconds, the acquires' host time, of which in
-                            the store's reads and in waits for copies, the copies' own)
+                            the store's reads and in waits for copies, the copies' own;
+                            the CPUs' steal time and the process's context switches)
   loss_rel_diff_max         the largest |loss - reference| / reference over the steps
   rss_growth                host RSS from step 5 to the last, as a fraction
   peak_rss_bytes, peak_pinned_bytes (the store's page-locked arena), gpu_peak_bytes
@@ -57,7 +58,8 @@ import time
 
 import timeline
 from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, cpu_seconds,
-                    offload_units, parse_bytes, rss_bytes, steady_step, token_stream)
+                    host_counters, offload_units, parse_bytes, rss_bytes, steady_step,
+                    token_stream)
 
 
 def build(a):
@@ -139,8 +141,11 @@ COUNTERS = {
 
 
 def counters(stats):
-    """The COUNTERS of an opt.stats(), flat ("store.stall_seconds": ...)."""
-    return {f"{k}.{n}": stats[k][n] for k, names in COUNTERS.items() for n in names}
+    """The COUNTERS of an opt.stats(), flat ("store.stall_seconds": ...), and the host's
+    (common.host_counters: steal time, context switches)."""
+    c = {f"{k}.{n}": stats[k][n] for k, names in COUNTERS.items() for n in names}
+    c.update(host_counters())
+    return c
 
 
 def child_reference(a):
@@ -212,7 +217,8 @@ def child_memascend(a):
         stats = opt.stats()
         now, now_counters = stats["seconds"], counters(stats)  # Note [step times]
         phases.append({k: now[k] - last[k] for k in now})
-        step_counters.append({k: now_counters[k] - last_counters[k] for k in now_counters})
+        step_counters.append({k: None if now_counters[k] is None else
+                              now_counters[k] - last_counters[k] for k in now_counters})
         last, last_counters = now, now_counters
         losses.append(loss)
         fb.append(t1 - t0)

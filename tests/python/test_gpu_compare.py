@@ -376,7 +376,9 @@ def test_the_path_bench_counts_each_steps_waits(tmp_path):
     dev.acquire(0)
     dev.release(0)
     c = path.counters({"store": store.stats(), "device_parameters": dev.stats()})
-    assert set(c) == {f"{k}.{n}" for k, names in path.COUNTERS.items() for n in names}
+    assert set(c) == {f"{k}.{n}" for k, names in path.COUNTERS.items() for n in names} | {
+        "host.steal_seconds", "host.involuntary_switches", "host.voluntary_switches"}
+    assert c["host.voluntary_switches"] >= 0 and c["host.steal_seconds"] >= 0
     assert c["device_parameters.bytes_to_device"] == 2 << 16 and c["device_parameters.misses"] == 1
     assert c["device_parameters.acquire_seconds"] >= c["device_parameters.read_seconds"] > 0
     assert c["store.stall_seconds"] >= 0
