@@ -34,6 +34,15 @@
 // in volume.h); Flush() writes every dirty durable tensor and commits everything written back
 // since the last Flush in one journal commit; a store reopened on the same volume then
 // finds them. After a crash, durable tensors hold what the last Flush committed.
+// Note [reads during write-back]: a write-back reads the tensor's block while its put is
+// in flight, with the store's lock released. Acquire waits for it to end, since its
+// lease may write (MarkDirty) and a write meanwhile would leave torn bytes on the volume.
+// AcquireForRead does not wait: its lease is for reading, as the write-back is, so it
+// pins the block during the put (no eviction takes it when the put ends). A commit
+// writes a whole state back a few tensors at a time, each a put's time (milliseconds at
+// a disk's rate), and whatever sweeps the state meanwhile (a forward pass reading each
+// part of the parameters, then the backward pass again) would otherwise meet the commit
+// on every sweep and wait for each put it meets.
 // Note [commit when full]: a write-back that finds the volume full commits what is staged
 // (freeing the extents it replaces) and tries once more. A caller that orders the commits
 // itself, because what each commit holds matters (a training state updated in place,
@@ -190,21 +199,30 @@ class TensorLease {
   TensorId id() const noexcept { return id_; }
   Tier tier() const noexcept { return tier_; }
   // The tensor's bytes changed: write them back before the memory is reused. A lease
-  // from AcquireForWrite is dirty from the start and needs no call.
+  // from AcquireForWrite is dirty from the start and needs no call; one from
+  // AcquireForRead must not be written: MarkDirty on it stops the process.
   void MarkDirty() noexcept;
+  bool read_only() const noexcept { return read_only_; }
   void Release() noexcept;
 
  private:
   friend class TensorStore;
   TensorLease(TensorStore* store, TensorId id, std::byte* data, std::size_t size, Tier tier,
-              CudaStreamView stream) noexcept
-      : store_(store), id_(id), data_(data), size_(size), tier_(tier), stream_(stream) {}
+              CudaStreamView stream, bool read_only = false) noexcept
+      : store_(store),
+        id_(id),
+        data_(data),
+        size_(size),
+        tier_(tier),
+        stream_(stream),
+        read_only_(read_only) {}
   TensorStore* store_ = nullptr;
   TensorId id_ = 0;
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   Tier tier_ = Tier::kPinnedHost;
   CudaStreamView stream_;
+  bool read_only_ = false;  // from AcquireForRead
 };
 
 // The completion of a Prefetch(): OK once the tensor is resident (or was used, discarded
@@ -253,6 +271,11 @@ class TensorStore {
   // for the GPU without a device or GPU budget; kResourceExhausted when every device
   // block is leased.
   absl::StatusOr<TensorLease> Acquire(TensorId id, Tier tier, CudaStreamView stream = {});
+  // A host lease for reading only, granted at once while the tensor is being written back
+  // (Note [reads during write-back]); otherwise as Acquire. Its holder must not write the
+  // bytes: MarkDirty on it is a programming error that stops the process (the bytes may
+  // be on their way to the volume). Errors as Acquire.
+  absl::StatusOr<TensorLease> AcquireForRead(TensorId id);
   // Acquire with write intent: the lease starts dirty (its bytes are written back before
   // the memory is reused, and a device copy of a host lease becomes stale), so there is
   // no MarkDirty to forget. Errors as Acquire.
@@ -330,6 +353,7 @@ class TensorStore {
   explicit TensorStore(std::unique_ptr<Impl> impl);
   void Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept;
   void Dirty(TensorId id, Tier tier) noexcept;
+  absl::StatusOr<TensorLease> AcquireHost(TensorId id, bool read_only, CudaStreamView stream);
   std::unique_ptr<Impl> impl_;
 };
 

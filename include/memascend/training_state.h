@@ -245,7 +245,8 @@ class TrainingStateStorage {
   virtual ~TrainingStateStorage() = default;
   virtual const StateLayout& layout() const = 0;
 
-  // The current version of a part (next == false) or the next one, already written.
+  // The current version of a part (next == false) or the next one, already written; for
+  // reading only (a VersionedTrainingState's buffer may be on its way to the volume).
   virtual absl::StatusOr<StateBuffer> Read(StateKind k, std::size_t group, std::size_t part,
                                            bool next) = 0;
   // The caller writes every byte: of the current version (next == false) or the next.

@@ -741,13 +741,16 @@ PYBIND11_MODULE(_core, m) {
               py::gil_scoped_release nogil;
               lease = Take(overwrite ? store->AcquireForOverwrite(id)
                            : write   ? store->AcquireForWrite(id)
-                                     : store->Acquire(id));
+                                     : store->AcquireForRead(id));
             }
             return std::make_unique<PyLease>(self, std::move(lease), write || overwrite);
           },
           py::arg("id"), py::arg("write") = false, py::arg("overwrite") = false,
           "A lease on the tensor's pinned bytes. write: they will change (written back before "
-          "reuse); overwrite: every byte will be written, so a cold tensor is not read first.")
+          "reuse); overwrite: every byte will be written, so a cold tensor is not read first. "
+          "Without either the lease is for reading (its buffer is read-only): it does not wait "
+          "for a write-back under way, whose put may still be reading the bytes, so nothing may "
+          "be written at its address.")
       .def(
           "write_from",
           [](const PyStore& s, TensorId id, std::uintptr_t address, std::size_t nbytes) {
@@ -767,7 +770,7 @@ PYBIND11_MODULE(_core, m) {
           [](const PyStore& s, TensorId id, std::uintptr_t address, std::size_t nbytes) {
             TensorStore* store = s.get();
             py::gil_scoped_release nogil;
-            TensorLease lease = Take(store->Acquire(id));
+            TensorLease lease = Take(store->AcquireForRead(id));
             if (lease.size() != nbytes) {
               throw StatusError{absl::InvalidArgumentError(
                   fmt::format("tensor {} holds {} bytes, not {}", id, lease.size(), nbytes))};
@@ -796,7 +799,7 @@ PYBIND11_MODULE(_core, m) {
              std::string out;
              {
                py::gil_scoped_release nogil;
-               TensorLease lease = Take(store->Acquire(id));
+               TensorLease lease = Take(store->AcquireForRead(id));
                out.assign(reinterpret_cast<const char*>(lease.data()), lease.size());
              }
              return py::bytes(out);

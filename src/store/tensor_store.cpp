@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -241,24 +242,47 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForWrite(TensorId id, Tier tier,
 }
 
 absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStreamView stream) {
+  if (tier == Tier::kPinnedHost) return AcquireHost(id, /*read_only=*/false, stream);
+  if (tier != Tier::kGpu) {
+    return absl::InvalidArgumentError(
+        fmt::format("tensor store: Acquire in tier {} (host or GPU only)", ToString(tier)));
+  }
   Impl& m = *impl_;
   const auto start = Clock::now();
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
-  if (tier == Tier::kGpu) {
-    t.wanted = false;
-    const bool hit = t.gpu != nullptr && t.gpu_valid;
-    MEMASCEND_RETURN_IF_ERROR(m.GpuResidentLocked(t, stream, /*pin=*/true));
-    (hit ? m.counters.prefetch_hits : m.counters.prefetch_misses)++;
-    m.counters.stall_seconds += Since(start);
-    return TensorLease(this, id, t.gpu, t.spec.bytes, Tier::kGpu, stream);
-  }
-  if (tier != Tier::kPinnedHost) {
-    return absl::InvalidArgumentError(
-        fmt::format("tensor store: Acquire in tier {} (host or GPU only)", ToString(tier)));
-  }
+  t.wanted = false;
+  const bool hit = t.gpu != nullptr && t.gpu_valid;
+  MEMASCEND_RETURN_IF_ERROR(m.GpuResidentLocked(t, stream, /*pin=*/true));
+  (hit ? m.counters.prefetch_hits : m.counters.prefetch_misses)++;
+  m.counters.stall_seconds += Since(start);
+  return TensorLease(this, id, t.gpu, t.spec.bytes, Tier::kGpu, stream);
+}
+
+absl::StatusOr<TensorLease> TensorStore::AcquireForRead(TensorId id) {
+  return AcquireHost(id, /*read_only=*/true, {});
+}
+
+absl::StatusOr<TensorLease> TensorStore::AcquireHost(TensorId id, bool read_only,
+                                                     CudaStreamView stream) {
+  Impl& m = *impl_;
+  const auto start = Clock::now();
+  absl::MutexLock lock(&m.mu);
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
+  Impl::Tensor& t = *m.tensors[id];
   bool loaded_here = false;
+  if (read_only && t.state == Impl::State::kWriting && !(t.gpu != nullptr && t.gpu_dirty)) {
+    // Note [reads during write-back]: the block is the tensor's bytes (a dirty device
+    // copy would be newer: that waits as Acquire does).
+    t.wanted = false;
+    ++t.pins;
+    t.last_use = ++m.tick;
+    ++m.counters.prefetch_hits;
+    m.counters.stall_seconds += Since(start);
+    return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, {},
+                       /*read_only=*/true);
+  }
   MEMASCEND_RETURN_IF_ERROR(m.HostResidentLocked(t, &loaded_here));
   if (t.gpu != nullptr) {
     // A dirty device copy is the newest (Note [gpu tier]).
@@ -271,7 +295,7 @@ absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStr
   t.last_use = ++m.tick;
   (loaded_here ? m.counters.prefetch_misses : m.counters.prefetch_hits)++;
   m.counters.stall_seconds += Since(start);
-  return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, stream);
+  return TensorLease(this, id, t.block.data(), t.spec.bytes, Tier::kPinnedHost, stream, read_only);
 }
 
 absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
@@ -628,7 +652,8 @@ TensorLease::TensorLease(TensorLease&& o) noexcept
       data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
       tier_(o.tier_),
-      stream_(o.stream_) {}
+      stream_(o.stream_),
+      read_only_(o.read_only_) {}
 
 TensorLease& TensorLease::operator=(TensorLease&& o) noexcept {
   if (this != &o) {
@@ -639,6 +664,7 @@ TensorLease& TensorLease::operator=(TensorLease&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
     tier_ = o.tier_;
     stream_ = o.stream_;
+    read_only_ = o.read_only_;
   }
   return *this;
 }
@@ -646,7 +672,16 @@ TensorLease& TensorLease::operator=(TensorLease&& o) noexcept {
 TensorLease::~TensorLease() { Release(); }
 
 void TensorLease::MarkDirty() noexcept {
-  if (store_ != nullptr) store_->Dirty(id_, tier_);
+  if (store_ == nullptr) return;
+  if (read_only_) {
+    // Its bytes may be on their way to the volume (Note [reads during write-back]).
+    fmt::print(stderr,
+               "memascend: MarkDirty on a lease from AcquireForRead (tensor {}): a read lease "
+               "must not be written; use Acquire or AcquireForWrite\n",
+               id_);
+    std::abort();
+  }
+  store_->Dirty(id_, tier_);
 }
 
 void TensorLease::Release() noexcept {

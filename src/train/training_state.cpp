@@ -821,7 +821,9 @@ StateBuffer Wrap(TensorLease lease) {
 absl::StatusOr<StateBuffer> VersionedTrainingState::Read(StateKind k, std::size_t g,
                                                          std::size_t part, bool next) {
   MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, next ? 1 - current_ : current_));
-  MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->Acquire(id));
+  // A read lease: a part being written back by a commit is read at once (Note [reads
+  // during write-back] in tensor_store.h).
+  MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->AcquireForRead(id));
   return Wrap(std::move(lease));
 }
 

@@ -1,12 +1,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
 #include <span>
 #include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
 
+#include <absl/cleanup/cleanup.h>
+#include <absl/synchronization/notification.h>
+#include <absl/time/time.h>
 #include <gtest/gtest.h>
 
 #include <memascend/system.h>
@@ -531,6 +535,137 @@ TEST(TensorStore, TheWriteBackDepthIsTheOptions) {
   o.write_back_depth = TensorStore::kMaxWriteBackDepth + 1;
   EXPECT_THAT(TensorStore::Open(volume.get(), o).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("write_back_depth 257")));
+}
+
+// An ObjectStore over a Volume whose staged puts wait until the test opens the gate.
+class GatedStore final : public ObjectStore {
+ public:
+  explicit GatedStore(ObjectStore* inner) : inner_(inner) {}
+  absl::Status Put(std::string_view name, std::span<const std::byte> data, Durability d,
+                   std::string_view metadata) override {
+    return inner_->Put(name, data, d, metadata);
+  }
+  absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
+                         std::string_view metadata) override {
+    if (!entered.HasBeenNotified()) entered.Notify();
+    open.WaitForNotification();
+    return inner_->PutStaged(name, data, metadata);
+  }
+  absl::Status Sync() override { return inner_->Sync(); }
+  absl::Status SyncOnly(std::span<const std::string> names) override {
+    return inner_->SyncOnly(names);
+  }
+  absl::Status DropStaged(std::span<const std::string> names) override {
+    return inner_->DropStaged(names);
+  }
+  absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override {
+    return inner_->Get(name, out);
+  }
+  absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override {
+    return inner_->Stat(name);
+  }
+  std::vector<ObjectInfo> List() const override { return inner_->List(); }
+  absl::Status Delete(std::string_view name) override { return inner_->Delete(name); }
+  std::uint64_t staged_bytes() const override { return inner_->staged_bytes(); }
+
+  absl::Notification entered;  // a put reached the gate (one writer at a time here)
+  absl::Notification open;
+
+ private:
+  ObjectStore* inner_;
+};
+
+// Opens the gate, if still closed, and joins the thread: at a test's end, even a failed one.
+void OpenAndJoin(GatedStore& gated, std::thread& t) {
+  if (!gated.open.HasBeenNotified()) gated.open.Notify();
+  if (t.joinable()) t.join();
+}
+
+// Note [reads during write-back]: with a tensor's put held at the gate, AcquireForRead
+// leases its bytes at once, while a lease that may write waits for the put; the read
+// lease keeps the block, and the volume gets the bytes written back.
+TEST(TensorStore, AReadLeaseDoesNotWaitForTheTensorsWriteBack) {
+  ScratchPath path("store");
+  auto volume = testing::MakeVolume(path.path(), 16 * kMiB);
+  GatedStore gated(volume.get());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(&gated, Budget(4 * kMiB)));
+  constexpr std::size_t kBytes = 256 * kKiB;
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("t", kBytes)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(id));
+    Fill(lease, "t", 1);
+  }
+  std::thread writer([&] { EXPECT_OK(store->WriteBack(id)); });
+  const absl::Cleanup end = [&] { OpenAndJoin(gated, writer); };
+  ASSERT_TRUE(gated.entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  auto read = std::async(std::launch::async, [&] { return store->AcquireForRead(id); });
+  if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    OpenAndJoin(gated, writer);  // the read waited for the put: let both end, then fail
+    FAIL() << "AcquireForRead waited for the tensor's write-back";
+  }
+  ASSERT_OK_AND_ASSIGN(TensorLease r, read.get());
+  EXPECT_TRUE(r.read_only());
+  EXPECT_TRUE(Holds(r, "t", 1));
+  auto write = std::async(std::launch::async, [&] { return store->AcquireForWrite(id); });
+  EXPECT_EQ(write.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  OpenAndJoin(gated, writer);  // the put ends; then the write lease
+  ASSERT_OK_AND_ASSIGN(TensorLease w, write.get());
+  EXPECT_FALSE(w.read_only());
+  EXPECT_EQ(w.data(), r.data());  // the block read during the put is still the tensor's
+  w.Release();
+  EXPECT_THAT(store->Evict(id), StatusIs(absl::StatusCode::kFailedPrecondition));  // r holds it
+  r.Release();
+  ASSERT_OK(store->Evict(id));
+  ASSERT_OK(store->Flush());
+  std::vector<std::byte> stored(kBytes);
+  ASSERT_OK_AND_ASSIGN(std::size_t n, volume->Get("t", stored));
+  EXPECT_EQ(n, kBytes);
+  EXPECT_EQ(stored, Pattern("t", 1, kBytes));
+}
+
+// An eviction writing its victim back, when a read lease pins the victim during the put,
+// evicts nothing: the lease keeps the bytes, and the acquire that wanted the room is told
+// the budget is held (kResourceExhausted), then succeeds once the lease ends.
+TEST(TensorStore, AReadLeaseTakenDuringAnEvictionsWriteBackKeepsItsBlock) {
+  ScratchPath path("store");
+  auto volume = testing::MakeVolume(path.path(), 16 * kMiB);
+  GatedStore gated(volume.get());
+  constexpr std::size_t kBytes = 256 * kKiB;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(&gated, Budget(kBytes + kBytes / 2)));
+  ASSERT_OK_AND_ASSIGN(TensorId a, store->Register(Spec("a", kBytes)));
+  ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", kBytes)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->Acquire(a));
+    Fill(lease, "a", 1);
+  }
+  absl::Status for_b;
+  std::thread wants_b([&] { for_b = store->Acquire(b).status(); });  // evicts 'a', dirty
+  const absl::Cleanup end = [&] { OpenAndJoin(gated, wants_b); };
+  ASSERT_TRUE(gated.entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_OK_AND_ASSIGN(TensorLease r, store->AcquireForRead(a));  // at once: 'a' is writing
+  EXPECT_TRUE(Holds(r, "a", 1));
+  OpenAndJoin(gated, wants_b);
+  EXPECT_THAT(for_b, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_TRUE(Holds(r, "a", 1));  // not evicted, nor reused for 'b'
+  r.Release();
+  ASSERT_OK_AND_ASSIGN(TensorLease lease_b, store->Acquire(b));  // 'a', clean, makes room
+  lease_b.Release();
+  ASSERT_OK(store->Flush());
+  std::vector<std::byte> stored(kBytes);
+  ASSERT_OK_AND_ASSIGN(std::size_t n, volume->Get("a", stored));
+  EXPECT_EQ(n, kBytes);
+  EXPECT_EQ(stored, Pattern("a", 1, kBytes));
+}
+
+// A lease from AcquireForRead is for reading: MarkDirty on it stops the process, since
+// its bytes may be on their way to the volume.
+TEST(TensorStoreDeathTest, MarkDirtyOnAReadLeaseStopsTheProcess) {
+  ScratchPath path("store");
+  auto volume = testing::MakeVolume(path.path(), 16 * kMiB);
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(4 * kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("t", 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorLease lease, store->AcquireForRead(id));
+  EXPECT_DEATH(lease.MarkDirty(), "MarkDirty on a lease from AcquireForRead");
 }
 
 TEST(TensorStore, FlushedDurableTensorsSurviveAReopenAndScratchOnesDoNot) {
