@@ -304,6 +304,8 @@ constexpr std::string_view kPcieSummary =
 constexpr OptionSpec kPcieOptions[] = {
     {"size", true, "bytes per copy (default 1G)"},
     {"reps", true, "timed copies each way; best and median are reported (default 5)"},
+    {"chunk", true,
+     "also time host to device as copies of this many bytes back to back (a trainer's parts)"},
     {"json", false, "print one JSON object"},
     {"help", false, "show this help"},
 };
@@ -317,13 +319,14 @@ int RunPcie(std::span<char* const> argv) {
   }
   auto size = args->GetBytes("size", std::uint64_t{1} << 30);
   auto reps = args->GetInt("reps", 5);
-  for (const absl::Status& s : {size.status(), reps.status()}) {
+  auto chunk = args->GetBytes("chunk", 0);
+  for (const absl::Status& s : {size.status(), reps.status(), chunk.status()}) {
     if (!s.ok()) return Fail("pcie", s, true);
   }
   if (*reps < 1 || *reps > 1000) {
     return Fail("pcie", absl::InvalidArgumentError("--reps must be in 1..1000"), true);
   }
-  auto r = RunPcieBench(*size, static_cast<int>(*reps));
+  auto r = RunPcieBench(*size, static_cast<int>(*reps), *chunk);
   if (!r.ok())
     return Fail("pcie", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);
   if (args->Has("json")) {
@@ -339,6 +342,11 @@ int RunPcie(std::span<char* const> argv) {
     w.Field("d2h_gib_per_s", r->d2h_gib_per_s);
     w.Field("d2h_gib_per_s_median", r->d2h_gib_per_s_median);
     w.Field("h2d_pageable_gib_per_s", r->h2d_pageable_gib_per_s);
+    if (r->chunk_bytes > 0) {
+      w.Field("chunk_bytes", r->chunk_bytes);
+      w.Field("h2d_chunked_gib_per_s", r->h2d_chunked_gib_per_s);
+      w.Field("h2d_chunked_gib_per_s_median", r->h2d_chunked_gib_per_s_median);
+    }
     w.Field("verified", r->verified);
     w.EndObject();
     fmt::print("{}\n", w.str());
@@ -352,6 +360,11 @@ int RunPcie(std::span<char* const> argv) {
              r->d2h_gib_per_s_median, r->reps);
   fmt::print("  from pageable    {:>7.2f} GiB/s best (host to device, not registered)\n",
              r->h2d_pageable_gib_per_s);
+  if (r->chunk_bytes > 0) {
+    fmt::print("  in copies of {}  {:>7.2f} GiB/s best, {:.2f} median (host to device)\n",
+               util::FormatBytes(r->chunk_bytes), r->h2d_chunked_gib_per_s,
+               r->h2d_chunked_gib_per_s_median);
+  }
   return kExitOk;
 }
 

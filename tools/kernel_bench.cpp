@@ -503,11 +503,15 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t n, int reps) {
   return r;
 }
 
-absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps) {
+absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps, std::size_t chunk) {
   bytes -= bytes % kHostBlockBytes;
   if (bytes < (std::size_t{1} << 20))
     return absl::InvalidArgumentError("--size must be at least 1M");
   if (reps < 1) return absl::InvalidArgumentError("--reps must be positive");
+  if (chunk >= bytes) {
+    return absl::InvalidArgumentError(
+        fmt::format("--chunk ({} bytes) must be under --size ({} bytes)", chunk, bytes));
+  }
   MEMASCEND_ASSIGN_OR_RETURN(const cudaDeviceProp prop, OpenDevice0("bench pcie"));
   PcieBenchResult r;
   r.device = fmt::format("{} sm_{}{}", prop.name, prop.major, prop.minor);
@@ -556,6 +560,20 @@ absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps) {
   };
   rates(h2d, &r.h2d_gib_per_s, &r.h2d_gib_per_s_median);
   rates(d2h, &r.d2h_gib_per_s, &r.d2h_gib_per_s_median);
+  if (chunk > 0) {
+    // The same bytes as copies of `chunk` queued back to back (the last one shorter).
+    r.chunk_bytes = chunk;
+    MEMASCEND_ASSIGN_OR_RETURN(std::vector<double> chunked, DeviceSeconds(reps, stream, [&] {
+                                 for (std::size_t at = 0; at < bytes; at += chunk) {
+                                   const cudaError_t e = cudaMemcpyAsync(
+                                       device.data() + at, host.data + at,
+                                       std::min(chunk, bytes - at), cudaMemcpyHostToDevice, stream);
+                                   if (e != cudaSuccess) return static_cast<int>(e);
+                                 }
+                                 return 0;
+                               }));
+    rates(chunked, &r.h2d_chunked_gib_per_s, &r.h2d_chunked_gib_per_s_median);
+  }
   MEMASCEND_RETURN_IF_ERROR(arena->Free(host.data));
 
   // Pageable memory, for comparison: what a copy from an unregistered buffer gets.
@@ -576,7 +594,7 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t, int) {
   return absl::FailedPreconditionError(
       "bench kernels --device cuda: no CUDA device (memascend was built without CUDA)");
 }
-absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t, int) {
+absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t, int, std::size_t) {
   return absl::FailedPreconditionError(
       "bench pcie: no CUDA device (memascend was built without CUDA)");
 }

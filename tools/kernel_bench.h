@@ -49,6 +49,9 @@ absl::StatusOr<KernelBenchResult> RunCudaKernelBench(std::size_t elements, int r
 // HostArena region, cudaHostRegister'ed) and device 0, on one stream, timed with events:
 // the ceiling every offloaded parameter and gradient moves under. Also a copy from
 // pageable memory (what a copy without registration gets) and the time to register.
+// With `chunk` (> 0, under `bytes`), the host-to-device copy is also timed as copies of
+// `chunk` bytes queued back to back, as a trainer moves a group's parts: the ceiling at
+// that granularity (each copy's set-up on the copy engine is paid once per chunk).
 struct PcieBenchResult {
   std::string device;  // the GPU's name and architecture
   std::size_t bytes = 0;
@@ -60,12 +63,15 @@ struct PcieBenchResult {
   double d2h_gib_per_s = 0;
   double d2h_gib_per_s_median = 0;
   double h2d_pageable_gib_per_s = 0;  // best of `reps`, from malloc'ed memory
-  bool verified = false;              // the bytes came back as they went
+  std::size_t chunk_bytes = 0;        // 0: no chunked measurement
+  double h2d_chunked_gib_per_s = 0;   // best of `reps`: `bytes` in copies of chunk_bytes
+  double h2d_chunked_gib_per_s_median = 0;
+  bool verified = false;  // the bytes came back as they went
 };
 
 // kFailedPrecondition without a usable device or a CUDA build; kResourceExhausted when
 // `bytes` cannot be locked (RLIMIT_MEMLOCK) or allocated on the device.
-absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps);
+absl::StatusOr<PcieBenchResult> RunPcieBench(std::size_t bytes, int reps, std::size_t chunk = 0);
 
 }  // namespace memascend::cli
 

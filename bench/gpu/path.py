@@ -18,6 +18,9 @@ device, the model, the commit, the command and the figures:
 
   h2d_ratio                 parameter loads' bandwidth (bytes over the copy stream's
                             time, CUDA events) over the pinned ceiling of the same call
+  h2d_ratio_at_part_size    the same over the ceiling of copies of one part's bytes
+                            queued back to back (`bench pcie --chunk`; --part-elements,
+                            the SDK's default): what the copies' granularity costs
   step_over_forward_backward  the step (median; with a commit interval the mean over
                             whole intervals) over the reference's median forward+backward
                             alone, steps 5 to the end (with an interval, the last whole
@@ -186,7 +189,7 @@ def child_memascend(a):
     opt = mt.OffloadedAdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                             volume=os.path.join(a.volume_dir, "gpu_path.vol"),
                             host_budget=a.host_budget, overwrite=True,
-                            commit_every=a.commit_every,
+                            commit_every=a.commit_every, part_elements=a.part_elements,
                             offload_gradients=False if a.accum > 1 else None)
     offload = mt.offload_parameters(model, opt, units=offload_units(model, a.units))
     torch.cuda.empty_cache()
@@ -282,8 +285,14 @@ def run_child(mode, a):
     return r
 
 
-def pcie_ceiling(cli):
-    p = subprocess.run([cli, "bench", "pcie", "--size", "1G", "--reps", "5", "--json"],
+# memascend.torch's default part_elements (_common.DEFAULT_PART_ELEMENTS; a test checks):
+# the parent process does not import memascend.
+PART_ELEMENTS = 1 << 20
+
+
+def pcie_ceiling(cli, chunk=0):
+    chunked = ["--chunk", str(chunk)] if chunk else []
+    p = subprocess.run([cli, "bench", "pcie", "--size", "1G", "--reps", "5", "--json"] + chunked,
                        capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         return None
@@ -310,6 +319,9 @@ def main():
     ap.add_argument("--cli", default=os.path.join(ROOT, "build", "device", "tools", "memascend"))
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--part-elements", type=int, default=PART_ELEMENTS,
+                    help="elements of a state part (OffloadedAdamW part_elements): a "
+                         "parameter copy's size is one part's")
     ap.add_argument("--trace-step", type=int, default=2,
                     help="the step whose spans memascend's run records (StepTrace: trace)")
     ap.add_argument("--profile-step", type=int, default=1,
@@ -328,8 +340,9 @@ def main():
                  f"--steps={a.steps}", f"--gpu-cap={a.gpu_cap}", f"--host-budget={a.host_budget}",
                  f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}",
                  f"--commit-every={a.commit_every}", f"--units={a.units}",
-                 f"--profile-step={a.profile_step}", f"--trace-step={a.trace_step}"]
-    ceiling = pcie_ceiling(a.cli)
+                 f"--profile-step={a.profile_step}", f"--trace-step={a.trace_step}",
+                 f"--part-elements={a.part_elements}"]
+    ceiling = pcie_ceiling(a.cli, chunk=2 * a.part_elements)  # bf16 parameters
     order = ["reference", "memascend"]
     random.Random(time.time_ns()).shuffle(order)
     results = {mode: run_child(mode, a) for mode in order}
@@ -340,7 +353,7 @@ def main():
         "command": " ".join([sys.executable] + sys.argv), "order": order,
         "model": f"llama-3.2-1b-shapes-{a.layers}-layers", "seq": a.seq, "batch": a.batch,
         "accum": a.accum, "tokens_per_step": a.accum * a.batch * a.seq,
-        "commit_every": a.commit_every,
+        "commit_every": a.commit_every, "part_elements": a.part_elements,
         "units": a.units,
         "steps": a.steps, "gpu_cap_bytes": a.gpu_cap, "host_budget_bytes": a.host_budget,
         "checkpointing": bool(a.checkpointing), "pcie": ceiling, "runs": results,
@@ -378,6 +391,8 @@ def main():
             h2d = mem["param_bytes_to_device"] / mem["param_copy_seconds"] / 2**30
             record["param_h2d_gib_per_s"] = h2d
             record["h2d_ratio"] = h2d / ceiling["h2d_gib_per_s"]
+            if ceiling.get("h2d_chunked_gib_per_s"):
+                record["h2d_ratio_at_part_size"] = h2d / ceiling["h2d_chunked_gib_per_s"]
         if "error" not in ref:
             record["loss_rel_diff_max"] = max(
                 abs(m - r) / abs(r) for m, r in zip(mem["losses"], ref["losses"]))
@@ -385,7 +400,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, name), "w") as f:
         json.dump(record, f, indent=1)
-    keys = ["model", "device", "h2d_ratio", "param_h2d_gib_per_s", "step_over_forward_backward",
+    keys = ["model", "device", "h2d_ratio", "h2d_ratio_at_part_size", "param_h2d_gib_per_s",
+            "step_over_forward_backward",
             "between_commits_over_forward_backward", "loss_rel_diff_max", "rss_growth", "peak_rss_bytes", "peak_pinned_bytes",
             "gpu_peak_bytes", "tokens_per_s"]
     print(json.dumps({k: record.get(k) for k in keys}, indent=1))

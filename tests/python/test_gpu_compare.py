@@ -384,3 +384,12 @@ def test_the_path_bench_counts_each_steps_waits(tmp_path):
     assert c["store.stall_seconds"] >= 0
     for o in (dev, adam, store, vol):
         o.close()
+
+
+def test_the_path_bench_sizes_its_chunked_ceiling_as_the_sdks_parts():
+    """bench/gpu/path.py's PART_ELEMENTS (the parent does not import memascend) is
+    memascend.torch's default part size, whose bf16 bytes the chunked ceiling copies."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import path
+    from memascend.torch._common import DEFAULT_PART_ELEMENTS
+    assert path.PART_ELEMENTS == DEFAULT_PART_ELEMENTS
