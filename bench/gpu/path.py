@@ -139,7 +139,7 @@ def between_commits(times, every):
 COUNTERS = {
     "store": ("stall_seconds", "read_seconds", "write_seconds", "bytes_read", "bytes_written"),
     "device_parameters": ("acquire_seconds", "read_seconds", "copy_wait_seconds", "copy_seconds",
-                          "bytes_to_device", "misses"),
+                          "bytes_to_device", "copies", "misses"),
 }
 
 

@@ -111,6 +111,9 @@ struct DeviceParametersStats {
   std::uint64_t evictions = 0;   // groups dropped for room
   std::uint64_t invalidations = 0;
   std::uint64_t bytes_to_device = 0;
+  // Host-to-device copies queued: a group's parts whose host blocks are adjacent go as
+  // one (bytes_to_device over copies is the mean copy).
+  std::uint64_t copies = 0;
   std::size_t resident_bytes = 0;  // device bytes holding groups now
   std::size_t peak_resident_bytes = 0;
   std::size_t recorded_groups = 0;  // acquires in the recorded pass, Note [parameter read-ahead]

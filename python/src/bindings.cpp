@@ -1061,6 +1061,7 @@ PYBIND11_MODULE(_core, m) {
              d["evictions"] = s.evictions;
              d["invalidations"] = s.invalidations;
              d["bytes_to_device"] = s.bytes_to_device;
+             d["copies"] = s.copies;
              d["resident_bytes"] = s.resident_bytes;
              d["peak_resident_bytes"] = s.peak_resident_bytes;
              d["recorded_groups"] = s.recorded_groups;

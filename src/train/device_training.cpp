@@ -206,10 +206,20 @@ struct DeviceParameters::Impl {
       if (ready.empty()) return absl::OkStatus();
       InFlight f;
       MEMASCEND_ASSIGN_OR_RETURN(f.start, engine->Record(copy, true));
-      for (Ready& r : ready) {
-        MEMASCEND_RETURN_IF_ERROR(engine->Copy(to + r.offset, r.buffer.data, r.bytes,
+      // Parts whose host blocks follow one another (as the store often allocates a group's
+      // parts) go as one copy: fewer, larger copies come closer to the bus's ceiling.
+      for (std::size_t k = 0; k < ready.size();) {
+        const Ready& first = ready[k];
+        std::size_t bytes = first.bytes;
+        std::size_t end = k + 1;
+        while (end < ready.size() && ready[end].buffer.data == first.buffer.data + bytes) {
+          bytes += ready[end].bytes;  // offsets follow too: the parts are in order
+          ++end;
+        }
+        MEMASCEND_RETURN_IF_ERROR(engine->Copy(to + first.offset, first.buffer.data, bytes,
                                                prim::CopyDirection::kHostToDevice, copy));
-        f.hold.push_back(std::move(r.buffer));
+        ++stats.copies;
+        for (; k < end; ++k) f.hold.push_back(std::move(ready[k].buffer));
       }
       ready.clear();
       MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy, true));

@@ -130,10 +130,12 @@ std::vector<std::uint16_t> Bytes16(const DeviceView& v) {
 
 // ---- parameters to the device ------------------------------------------------------------
 
+// A group arrives whole, its parts copied as runs of adjacent host blocks (one copy a run).
 TEST(DeviceParameters, AGroupIsItsStoredParametersWholeAndContiguous) {
   Trainer t("device_params_whole");
   auto params = DeviceParameters::Create(t.adam.get(), Emulated(8 << 20));
   ASSERT_OK(params.status());
+  std::uint64_t runs = 0, parts = 0;
   for (std::size_t g = 0; g < t.layout.groups.size(); ++g) {
     auto v = (*params)->Acquire(g, {});
     ASSERT_OK(v.status());
@@ -141,11 +143,24 @@ TEST(DeviceParameters, AGroupIsItsStoredParametersWholeAndContiguous) {
     EXPECT_EQ(v->dtype, DType::kBF16);
     EXPECT_EQ(Bytes16(*v), t.Stored(g)) << g;
     ASSERT_OK((*params)->Release(g, {}));
+    // Where the parts were read from (resident still: the budget holds the state).
+    std::vector<StateBuffer> held;
+    for (std::size_t part = 0; part < t.layout.Parts(g); ++part) {
+      ASSERT_OK_AND_ASSIGN(StateBuffer b, t.adam->ReadParameters(g, part));
+      runs += held.empty() || held.back().data + held.back().bytes != b.data;
+      held.push_back(std::move(b));
+    }
+    parts += held.size();
   }
   const DeviceParametersStats s = (*params)->stats();
   EXPECT_EQ(s.acquires, 5u);
   EXPECT_EQ(s.misses, 5u);  // the first pass records the order: nothing is read ahead
   EXPECT_EQ(s.recorded_groups, 5u);
+  EXPECT_EQ(s.copies, runs);
+  EXPECT_LT(s.copies, parts);  // the store allocated some group's parts one after another
+  std::uint64_t bytes = 0;
+  for (std::size_t g = 0; g < t.layout.groups.size(); ++g) bytes += GroupBytes(t.layout, g);
+  EXPECT_EQ(s.bytes_to_device, bytes);
 }
 
 TEST(DeviceParameters, ReadsAheadAlongTheRecordedOrderInBothDirections) {
