@@ -393,3 +393,21 @@ def test_the_path_bench_sizes_its_chunked_ceiling_as_the_sdks_parts():
     import path
     from memascend.torch._common import DEFAULT_PART_ELEMENTS
     assert path.PART_ELEMENTS == DEFAULT_PART_ELEMENTS
+
+
+def test_the_device_parameters_load_near_the_least_a_budget_allows(tmp_path):
+    """bench/gpu/param_loads.py over the host emulation, Llama-3.2-1B's 16 layers at the
+    defaults of offload_parameters (a budget of 0.85 of the model): between updates a
+    micro-batch loads about what a budget that misses 0.15 of the model must, once a pass
+    (0.30 of the model; the fifth H200 lease's eviction, least recently used, loaded 1.81);
+    after an update, every group once more than that."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import param_loads
+    r = param_loads.count(layers=16, scale=1024, micro_batches=6, workdir=str(tmp_path))
+    assert abs(r["budget_fraction"] - 0.85) < 0.01
+    least = 2 * (1 - r["budget_fraction"])
+    steady = [m["models_loaded"] for m in r["micro_batches"] if not m["after_update"]]
+    assert len(steady) == 4 and all(least - 0.01 <= x <= least + 0.05 for x in steady), steady
+    after = [m["models_loaded"] for m in r["micro_batches"] if m["after_update"]]
+    assert all(1.0 <= x <= 1.0 + least + 0.3 for x in after), after
+    assert all(m["acquires"] == 2 * 147 for m in r["micro_batches"])  # 147 groups, twice
