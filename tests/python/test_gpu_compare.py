@@ -408,6 +408,8 @@ def test_the_device_parameters_load_near_the_least_a_budget_allows(tmp_path):
     least = 2 * (1 - r["budget_fraction"])
     steady = [m["models_loaded"] for m in r["micro_batches"] if not m["after_update"]]
     assert len(steady) == 4 and all(least - 0.01 <= x <= least + 0.05 for x in steady), steady
+    # ...all of it read ahead: no acquire waits for its own copy (the lease's: 26 did).
+    assert all(m["misses"] == 0 for m in r["micro_batches"] if not m["after_update"])
     after = [m["models_loaded"] for m in r["micro_batches"] if m["after_update"]]
     assert all(1.0 <= x <= 1.0 + least + 0.3 for x in after), after
     assert all(m["acquires"] == 2 * 147 for m in r["micro_batches"])  # 147 groups, twice
