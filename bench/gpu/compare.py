@@ -25,6 +25,7 @@ cgroup_peak_bytes (a cgroup of the run's own where one can be made, else the enc
 group's, said in cgroup_scope), torch_pinned_peak_bytes (torch.cuda.host_memory_stats),
 memascend_pinned_peak_bytes (the store's page-locked arena), gpu_peak_bytes (torch's
 reserved peak plus memascend's device budget), losses and step_seconds per step,
+io_threads (memascend: the store's I/O threads, --io-threads; null: the SDK's default),
 tokens_per_s (over the median step, the first left out; a memascend row with
 --commit-every N > 1, over the mean of whole intervals of N steps: step_basis says which),
 io_bytes_per_step (/proc/self/io deltas, median), mfu, run_index. At the end each record
@@ -76,6 +77,8 @@ def parser():
     add("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "gpu-compare"))
     add("--systems", default=",".join(systems.SYSTEMS))
     add("--budgets", default=",".join(map(str, BUDGETS)), help="memascend's, percent of the state")
+    add("--io-threads", default="", help="memascend: the store's I/O threads (OffloadedAdamW "
+        "io_threads), a row per count at each budget; empty: the SDK's default")
     add("--commit-every", default="1", help="memascend's commit intervals, a row per budget and "
         "interval (1: every step durable, the default; N: every N-th, the steps between in "
         "memory: docs/python.md, 'Commit interval')")
@@ -133,6 +136,7 @@ def parser():
     add("--system", help=argparse.SUPPRESS)
     add("--budget", type=float, help=argparse.SUPPRESS)
     add("--commit-every-point", type=int, default=1, help=argparse.SUPPRESS)
+    add("--io-threads-point", type=int, default=0, help=argparse.SUPPRESS)
     add("--ds-aio-point", help=argparse.SUPPRESS)
     add("--record", help=argparse.SUPPRESS)
     add("--scratch", help=argparse.SUPPRESS)
@@ -166,8 +170,11 @@ def plan(a):
         if name not in systems.SYSTEMS:
             sys.exit(f"compare: unknown system '{name}' (known: {', '.join(systems.SYSTEMS)})")
         if name == "memascend":
-            runs += [{"system": name, "budget": float(b), "commit_every": int(n)}
-                     for b in a.budgets.split(",") for n in a.commit_every.split(",")]
+            counts = [int(t) for t in a.io_threads.split(",")] if a.io_threads else [0]
+            runs += [{"system": name, "budget": float(b), "commit_every": int(n),
+                      **({"io_threads": t} if t else {})}
+                     for b in a.budgets.split(",") for n in a.commit_every.split(",")
+                     for t in counts]
         elif name == "deepspeed-zero-infinity":
             runs += [{"system": name, "ds_aio_point": p} for p in a.ds_aio.split(",")]
         else:
@@ -178,7 +185,8 @@ def plan(a):
 def label(run):
     if "budget" in run:
         every = run.get("commit_every", 1)
-        return f"{run['system']}-{run['budget']:g}pct" + (f"-c{every}" if every > 1 else "")
+        return f"{run['system']}-{run['budget']:g}pct" + (f"-c{every}" if every > 1 else "") + \
+            (f"-t{run['io_threads']}" if run.get("io_threads") else "")
     if "ds_aio_point" in run:
         return f"{run['system']}-{run['ds_aio_point'].replace(':', 'x')}"
     return run["system"]
@@ -204,6 +212,8 @@ class Parent:
             cmd.append(f"--budget={run['budget']}")
         if "commit_every" in run:
             cmd.append(f"--commit-every-point={run['commit_every']}")
+        if run.get("io_threads"):
+            cmd.append(f"--io-threads-point={run['io_threads']}")
         if "ds_aio_point" in run:
             cmd.append(f"--ds-aio-point={run['ds_aio_point']}")
         return cmd
@@ -411,7 +421,7 @@ def update_figures(r, ceiling):
 
 
 def table(records):
-    keys = ["system", "budget", "commit_every", "ds_aio_point", "fits", "skipped", "reason", "error",
+    keys = ["system", "budget", "commit_every", "io_threads", "ds_aio_point", "fits", "skipped", "reason", "error",
             "peak_rss_bytes", "cgroup_peak_bytes", "torch_pinned_peak_bytes",
             "memascend_pinned_peak_bytes", "gpu_peak_bytes", "tokens_per_s", "mfu",
             "io_bytes_per_step", "loss_rel_diff_max", "void", "void_reason", "h2d_ratio",
@@ -439,6 +449,7 @@ def row_label(r):
     every = r.get("commit_every") or 1
     return r["system"] + (f" {b:g}%" if b is not None else "") + \
         (f" every {every}" if every > 1 else "") + \
+        (f" io {r['io_threads']}" if r.get("io_threads") else "") + \
         (f" {r['ds_aio_point']}" if r.get("ds_aio_point") else "")
 
 

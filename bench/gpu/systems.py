@@ -247,6 +247,7 @@ class MemAscend:
                                      volume=os.path.join(a.scratch, "memascend.vol"),
                                      host_budget=self.budget["bytes"], overwrite=True,
                                      commit_every=getattr(a, "commit_every_point", 1),
+                                     io_threads=getattr(a, "io_threads_point", 0) or None,
                                      offload_gradients=None if self.offload_gradients else False)
         self.units = getattr(a, "units", "layer")
         self.offload = mt.offload_parameters(self.model, self.opt,
@@ -322,6 +323,7 @@ def train(a, device, record):
     record["budget"] = getattr(s, "budget", None)
     if a.system == "memascend":  # Note [commit interval]: every N-th step durable
         record["commit_every"] = getattr(a, "commit_every_point", 1)
+        record["io_threads"] = getattr(a, "io_threads_point", 0) or None  # None: the default
     model = s.model
     record["parameters"], record["matmul_parameters"] = s.counts
     tokens = token_stream(a.steps, a.accum, a.batch, a.seq, a.shapes["vocab_size"])

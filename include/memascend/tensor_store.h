@@ -109,7 +109,10 @@ struct TensorStoreOptions {
   std::size_t host_budget_bytes = 0;  // pinned host bytes the store may hold (required)
   // Sizes the pool should expect besides the registered tensors' (which it learns).
   std::vector<std::size_t> expected_sizes;
-  int prefetch_threads = 2;  // they also run the write-behinds
+  // Threads that read tensors ahead (Prefetch) and run the write-behinds, each I/O at a
+  // time: the store's I/O in flight besides its callers' own. Open refuses fewer than 1 or
+  // more than TensorStore::kMaxPrefetchThreads.
+  int prefetch_threads = 2;
   // Tensors written back at once by WriteBack(ids) (Note [write-back depth]); 0: the
   // default, kWriteBackDepth. Open refuses more than kMaxWriteBackDepth.
   std::size_t write_back_depth = 0;
@@ -311,6 +314,7 @@ class TensorStore {
   // (options.write_back_depth) is there to measure more (bench/commit.py).
   static constexpr std::size_t kWriteBackDepth = 8;
   static constexpr std::size_t kMaxWriteBackDepth = 256;
+  static constexpr int kMaxPrefetchThreads = 64;  // TensorStoreOptions::prefetch_threads
   // Writes back if dirty and frees its memory in every tier. kFailedPrecondition while
   // leased.
   absl::Status Evict(TensorId id);

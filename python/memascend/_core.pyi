@@ -38,7 +38,8 @@ class Volume:
 class TensorStore:
     def __init__(self, volume: Volume, host_budget: int, gpu_budget: int = 0,
                  defer_prefetches: bool = True, write_behind: bool = False,
-                 host_backing: str = "auto", write_back_depth: int = 0) -> None: ...
+                 host_backing: str = "auto", write_back_depth: int = 0,
+                 prefetch_threads: int = 2) -> None: ...
     @property
     def closed(self) -> bool: ...
     @property

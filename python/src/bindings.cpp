@@ -679,8 +679,9 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyStore>(m, "TensorStore")
       .def(py::init([](py::object volume, std::size_t host_budget, std::size_t gpu_budget,
                        bool defer_prefetches, bool write_behind, const std::string& host_backing,
-                       std::size_t write_back_depth) {
+                       std::size_t write_back_depth, int prefetch_threads) {
              TensorStoreOptions o;
+             o.prefetch_threads = prefetch_threads;
              o.host_budget_bytes = host_budget;
              o.gpu_budget_bytes = gpu_budget;
              o.defer_prefetches = defer_prefetches;
@@ -701,6 +702,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("volume"), py::arg("host_budget"), py::arg("gpu_budget") = 0,
            py::arg("defer_prefetches") = true, py::arg("write_behind") = false,
            py::arg("host_backing") = "auto", py::arg("write_back_depth") = 0,
+           py::arg("prefetch_threads") = TensorStoreOptions{}.prefetch_threads,
            "host_backing: 'auto' (registered with CUDA when the store has a GPU tier and a "
            "device is present, else mlock'ed; when RLIMIT_MEMLOCK, without CAP_IPC_LOCK, is "
            "below host_budget, ordinary unlocked memory and one "

@@ -125,6 +125,10 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(ObjectStore* volu
         fmt::format("tensor store: write_back_depth {} (at most {}; 0 for the default, {})",
                     options.write_back_depth, kMaxWriteBackDepth, kWriteBackDepth));
   }
+  if (options.prefetch_threads < 1 || options.prefetch_threads > kMaxPrefetchThreads) {
+    return absl::InvalidArgumentError(fmt::format("tensor store: prefetch_threads {} (1 to {})",
+                                                  options.prefetch_threads, kMaxPrefetchThreads));
+  }
   auto impl = std::make_unique<Impl>();
   impl->volume = volume;
   impl->options = options;
@@ -153,8 +157,7 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(ObjectStore* volu
   ao.ledger = impl->ledger;
   MEMASCEND_ASSIGN_OR_RETURN(impl->arena, HostArena::Create(ao));
   Impl* m = impl.get();
-  for (int i = 0; i < std::max(options.prefetch_threads, 1); ++i)
-    m->workers.emplace_back([m] { m->Work(); });
+  for (int i = 0; i < options.prefetch_threads; ++i) m->workers.emplace_back([m] { m->Work(); });
   return std::unique_ptr<TensorStore>(new TensorStore(std::move(impl)));
 }
 

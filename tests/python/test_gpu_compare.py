@@ -29,7 +29,8 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     env = dict(os.environ, MEMASCEND_COMMIT="test")
     p = subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--budgets", "25",
-                        "--commit-every", "2", "--ds-aio", "1M:8", "--cpu-kernels-elements", "1M"]
+                        "--commit-every", "2", "--io-threads", "3", "--ds-aio", "1M:8",
+                        "--cpu-kernels-elements", "1M"]
                        + TINY, capture_output=True, text=True, env=env,
                        timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -44,8 +45,10 @@ def test_every_system_leaves_one_record_in_the_recorded_order(run):
     out, records = run
     assert set(records) == {"torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend"}
     summary = json.load(open(out / "compare-summary.json"))
-    assert sorted(summary["order"]) == sorted(["torch-gpu", "fsdp2-offload", "memascend-25pct-c2",
+    assert sorted(summary["order"]) == sorted(["torch-gpu", "fsdp2-offload",
+                                               "memascend-25pct-c2-t3",
                                                "deepspeed-zero-infinity-1Mx8"])
+    assert records["memascend"]["io_threads"] == 3  # the store's I/O threads (--io-threads)
     assert summary["seed"] == 7 and summary["reference"] == "torch-gpu"
     for r in records.values():
         assert r["order"] == summary["order"]

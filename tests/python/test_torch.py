@@ -423,6 +423,26 @@ def test_the_write_back_depth_changes_how_a_commit_writes_not_what(tmp_path, dep
             offloaded(tmp_path, gpt.make(seed=0), name="bad.vol", write_back_depth=bad)
 
 
+@pytest.mark.parametrize("threads", [1, 8])
+def test_the_io_threads_change_how_the_state_moves_not_what(tmp_path, threads):
+    """io_threads (the store's threads reading the state ahead and writing it back, with a
+    third of the state in the budget): the run is torch.optim.AdamW's at any count, and a
+    count out of range is refused, by the optimizer and by the store."""
+    ref_model, ref_losses = reference()
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model, io_threads=threads)
+    assert train(model, opt) == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert_same(ref_model, model)
+    assert opt.stats()["io_read_bytes"] > 0  # the state moved through them
+    opt.close()
+    for bad in (0, 65, 1.5):
+        with pytest.raises(memascend.errors.InvalidArgumentError, match="io_threads"):
+            offloaded(tmp_path, gpt.make(seed=0), name="bad.vol", io_threads=bad)
+    with memascend.Volume.open_or_create(str(tmp_path / "store.vol"), size=16 << 20) as vol:
+        with pytest.raises(memascend.errors.InvalidArgumentError, match="prefetch_threads 65"):
+            memascend.TensorStore(vol, host_budget=1 << 20, prefetch_threads=65)
+
+
 def test_commit_every_keeps_every_nth_step_durable(tmp_path):
     # Note [commit interval]: steps 1-3 committed in memory only, step 4 durable, 5-7 in
     # memory again when the kill comes: the resumed run continues from step 4 with the

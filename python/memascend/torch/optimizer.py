@@ -53,6 +53,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
         made a version larger (docs/python.md, "Commit interval").
       write_back_depth: state parts a commit writes at once (default: the SDK's, 8; at
         most 256); for measuring a disk (bench/commit.py).
+      io_threads: the store's threads that read state ahead and write it back (default:
+        the SDK's, 2; at most 64); for measuring a disk (bench/gpu/compare.py).
     """
 
     # torch's GradScaler hands the scale to step() rather than unscaling the gradients.
@@ -63,7 +65,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None,
-                 commit_every=1, write_back_depth=None):
+                 commit_every=1, write_back_depth=None, io_threads=None):
         self._core = self._store = self._volume = self._cuda = self._shard_io = None
         self._grads = None  # under torch.distributed: the gradients' buckets
         self._own_volume, self._offloads = False, []  # offload_parameters() over it
@@ -89,6 +91,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         run_id = whole("run_id", run_id, 0, (1 << 64) - 1)
         commit_every = whole("commit_every", commit_every, 1, 1_000_000)
         write_back_depth = whole("write_back_depth", write_back_depth, 1, 256, optional=True)
+        io_threads = whole("io_threads", io_threads, 1, 64, optional=True)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=False)
         super().__init__(params, defaults)
@@ -187,7 +190,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
                                             defer_prefetches=True,
                                             host_backing="cuda" if cuda else
                                             "auto" if self.host_budget_locked else "unlocked",
-                                            write_back_depth=write_back_depth or 0)
+                                            write_back_depth=write_back_depth or 0,
+                                            **({"prefetch_threads": io_threads}
+                                               if io_threads else {}))
             self._core = _core.OffloadedAdam(
                 self._store, layout, self._dt, self._dt, self._part_elements,
                 [float(self.param_groups[self._group_of[i]]["lr"]) for i in self._owned()],
