@@ -16,6 +16,7 @@
 
 #include <memascend/offloaded_optimizer.h>
 #include <memascend/status.h>
+#include <memascend/tensor_store.h>
 #include <memascend/training_state.h>
 #include <memascend/volume.h>
 
@@ -95,11 +96,12 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
         "(memascend Note [commit interval]); the other policies and modes commit as they do",
         o.commit_every));
   }
-  if (o.threads < 0 || o.threads > 1024 || o.io_threads < 1 || o.io_threads > 1024) {
+  if (o.threads < 0 || o.threads > 1024 || o.io_threads < 1 ||
+      o.io_threads > memascend::TensorStore::kMaxPrefetchThreads) {
     return absl::InvalidArgumentError(fmt::format(
-        "--threads {} / --io-threads {}: 0..1024 compute threads (0: all cores), 1..1024 I/O "
+        "--threads {} / --io-threads {}: 0..1024 compute threads (0: all cores), 1..{} I/O "
         "threads",
-        o.threads, o.io_threads));
+        o.threads, o.io_threads, memascend::TensorStore::kMaxPrefetchThreads));
   }
   if (!std::isfinite(o.lr) || o.lr < 0 || !std::isfinite(o.weight_decay) || o.weight_decay < 0 ||
       !std::isfinite(o.clip) || o.clip < 0 || !std::isfinite(o.initial_loss_scale) ||
