@@ -50,7 +50,12 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
   const bool accounting = options.backing == RegionBacking::kAccounting;
   const int prot = accounting ? PROT_NONE : PROT_READ | PROT_WRITE;
   const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (accounting ? MAP_NORESERVE : 0);
-  void* p = ::mmap(nullptr, bytes, prot, flags, -1, 0);
+  // Note [region guard]: a region that holds memory ends in an inaccessible page, so no two
+  // are ever adjacent. Each is locked (mlock, cudaHostRegister) on its own, and a range
+  // running from one into the next, which a caller merging adjacent blocks into one copy
+  // could otherwise form (DeviceParameters), would not be pinned as a whole.
+  const std::size_t guard = accounting ? 0 : PageSize();
+  void* p = ::mmap(nullptr, bytes + guard, prot, flags, -1, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     return absl::ResourceExhaustedError(
@@ -59,8 +64,13 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
   MappedRegion region;
   region.data_ = static_cast<std::byte*>(p);
   region.size_ = bytes;
+  region.mapped_ = bytes + guard;
   region.backing_ = options.backing;
   if (accounting) return region;
+  if (::mprotect(region.data_ + bytes, guard, PROT_NONE) != 0) {
+    region.backing_ = RegionBacking::kAccounting;  // nothing locked yet: Reset unmaps only
+    return absl::ErrnoToStatus(errno, "mprotect of a region's guard page");
+  }
 
   if (options.numa_node >= 0) {
     if (numa_available() < 0 || options.numa_node > numa_max_node()) {
@@ -112,6 +122,7 @@ absl::StatusOr<MappedRegion> MappedRegion::Map(std::size_t bytes, const RegionOp
 MappedRegion::MappedRegion(MappedRegion&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
+      mapped_(std::exchange(other.mapped_, 0)),
       backing_(other.backing_) {}
 
 MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
@@ -119,6 +130,7 @@ MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
     Reset();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, 0);
     backing_ = other.backing_;
   }
   return *this;
@@ -135,9 +147,9 @@ void MappedRegion::Reset() noexcept {
     cudaGetLastError();
   }
 #endif
-  ::munmap(data_, size_);
+  ::munmap(data_, mapped_);  // the guard page too (Note [region guard])
   data_ = nullptr;
-  size_ = 0;
+  size_ = mapped_ = 0;
 }
 
 namespace {

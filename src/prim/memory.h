@@ -46,6 +46,7 @@ class MappedRegion {
 
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  std::size_t mapped_ = 0;  // size_ and the guard page (Note [region guard])
   RegionBacking backing_ = RegionBacking::kMlock;
 };
 

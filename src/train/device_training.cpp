@@ -207,7 +207,9 @@ struct DeviceParameters::Impl {
       InFlight f;
       MEMASCEND_ASSIGN_OR_RETURN(f.start, engine->Record(copy, true));
       // Parts whose host blocks follow one another (as the store often allocates a group's
-      // parts) go as one copy: fewer, larger copies come closer to the bus's ceiling.
+      // parts) go as one copy: fewer, larger copies come closer to the bus's ceiling. Such
+      // blocks are in one region of the store's arena, pinned as a whole (no two regions
+      // are adjacent: Note [region guard] in prim/memory.cpp).
       for (std::size_t k = 0; k < ready.size();) {
         const Ready& first = ready[k];
         std::size_t bytes = first.bytes;

@@ -108,6 +108,27 @@ TEST(HostArena, GrowsInChunksUpToTheBudgetThenFailsCleanly) {
   EXPECT_EQ(arena->stats().mapped_bytes, 0u);
 }
 
+// Note [region guard]: regions are never adjacent, so no range of the arena's runs from one
+// region, locked or registered on its own, into the next (mapped one after another, the
+// kernel would otherwise place each right below the last).
+TEST(HostArena, NoTwoRegionsAreAdjacent) {
+  auto arena = MakeArena(8 * kMiB, 1 * kMiB);
+  std::vector<ArenaAllocation> all;
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_OK_AND_ASSIGN(ArenaAllocation a, arena->Allocate(1 * kMiB));
+    all.push_back(a);
+  }
+  const std::vector<std::span<std::byte>> regions = arena->Regions();
+  ASSERT_EQ(regions.size(), 8u);
+  for (const auto& a : regions) {
+    for (const auto& b : regions) {
+      EXPECT_NE(a.data() + a.size(), b.data());
+    }
+  }
+  for (const ArenaAllocation& a : all) ASSERT_OK(arena->Free(a.data));
+  EXPECT_EQ(arena->ReleaseFreeRegions(), 8 * kMiB);
+}
+
 TEST(HostArena, GrowthClipsTheChunkToTheBudget) {
   auto arena = MakeArena(3 * kMiB / 2, 1 * kMiB);
   ASSERT_OK_AND_ASSIGN(ArenaAllocation a, arena->Allocate(1 * kMiB));
