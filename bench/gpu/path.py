@@ -21,6 +21,7 @@ device, the model, the commit, the command and the figures:
   h2d_ratio_at_part_size    the same over the ceiling of copies of one part's bytes
                             queued back to back (`bench pcie --chunk`; --part-elements,
                             the SDK's default): what the copies' granularity costs
+                            (param_mean_copy_bytes: a group's adjacent parts go as one)
   step_over_forward_backward  the step (median; with a commit interval the mean over
                             whole intervals) over the reference's median forward+backward
                             alone, steps 5 to the end (with an interval, the last whole
@@ -220,8 +221,8 @@ def child_memascend(a):
         stats = opt.stats()
         now, now_counters = stats["seconds"], counters(stats)  # Note [step times]
         phases.append({k: now[k] - last[k] for k in now})
-        step_counters.append({k: None if now_counters[k] is None else
-                              now_counters[k] - last_counters[k] for k in now_counters})
+        step_counters.append({k: None if now_counters[k] is None or last_counters[k] is None
+                              else now_counters[k] - last_counters[k] for k in now_counters})
         last, last_counters = now, now_counters
         losses.append(loss)
         fb.append(t1 - t0)
@@ -291,8 +292,17 @@ PART_ELEMENTS = 1 << 20
 
 
 def pcie_ceiling(cli, chunk=0):
-    chunked = ["--chunk", str(chunk)] if chunk else []
-    p = subprocess.run([cli, "bench", "pcie", "--size", "1G", "--reps", "5", "--json"] + chunked,
+    """`memascend bench pcie` over 1 GiB (and, with `chunk` under it, in copies of `chunk`
+    bytes); without the chunked figure when that fails (a CLI without --chunk)."""
+    if 0 < chunk < 1 << 30:
+        r = _pcie(cli, ["--chunk", str(chunk)])
+        if r is not None:
+            return r
+    return _pcie(cli, [])
+
+
+def _pcie(cli, extra):
+    p = subprocess.run([cli, "bench", "pcie", "--size", "1G", "--reps", "5", "--json"] + extra,
                        capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         return None
@@ -320,8 +330,9 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--part-elements", type=int, default=PART_ELEMENTS,
-                    help="elements of a state part (OffloadedAdamW part_elements): a "
-                         "parameter copy's size is one part's")
+                    help="elements of a state part (OffloadedAdamW part_elements): the "
+                         "chunked ceiling copies one part's bytes at a time (a group's "
+                         "adjacent parts go as one copy: param_mean_copy_bytes)")
     ap.add_argument("--trace-step", type=int, default=2,
                     help="the step whose spans memascend's run records (StepTrace: trace)")
     ap.add_argument("--profile-step", type=int, default=1,
@@ -393,6 +404,9 @@ def main():
             record["h2d_ratio"] = h2d / ceiling["h2d_gib_per_s"]
             if ceiling.get("h2d_chunked_gib_per_s"):
                 record["h2d_ratio_at_part_size"] = h2d / ceiling["h2d_chunked_gib_per_s"]
+            copies = mem["device_parameters"].get("copies")
+            if copies:  # parts go as runs of adjacent blocks: the copies' mean size
+                record["param_mean_copy_bytes"] = mem["param_bytes_to_device"] / copies
         if "error" not in ref:
             record["loss_rel_diff_max"] = max(
                 abs(m - r) / abs(r) for m, r in zip(mem["losses"], ref["losses"]))

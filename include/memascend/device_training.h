@@ -120,10 +120,11 @@ struct DeviceParametersStats {
   // Time the copy stream spent on the copies that have completed (CUDA events around
   // each group's copies): bytes_to_device over it is the loads' bandwidth. 0 emulated.
   double copy_seconds = 0;
-  // The calling thread's time (wall clock, summed): in Acquire, whole (the loads it queues
-  // and the read-ahead's); of which in the store's reads of the parts (a part not resident
-  // is read from the volume, one being written back by a commit is waited for); and
-  // waiting for earlier copies to end when the store's budget was held by their parts.
+  // The calling threads' time (wall clock, summed): in Acquire, whole (the loads it queues
+  // and the read-ahead's); in the store's reads of the parts, for Acquire's loads (then
+  // part of acquire_seconds) and CopyTo's (a part not resident is read from the volume);
+  // waiting for earlier copies to end, when the store's budget was held by their parts
+  // (in Acquire or CopyTo) or in Synchronize.
   double acquire_seconds = 0;
   double read_seconds = 0;
   double copy_wait_seconds = 0;

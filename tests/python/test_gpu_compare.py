@@ -415,4 +415,5 @@ def test_the_device_parameters_load_near_the_least_a_budget_allows(tmp_path):
     assert all(m["misses"] == 0 for m in r["micro_batches"] if not m["after_update"])
     after = [m["models_loaded"] for m in r["micro_batches"] if m["after_update"]]
     assert all(1.0 <= x <= 1.0 + least + 0.3 for x in after), after
-    assert all(m["acquires"] == 2 * 147 for m in r["micro_batches"])  # 147 groups, twice
+    # 146 groups, 147 acquires a pass (the head takes the embedding again), two passes
+    assert all(m["acquires"] == 2 * 147 for m in r["micro_batches"])
