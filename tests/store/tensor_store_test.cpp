@@ -455,29 +455,18 @@ TEST(TensorStore, ManyTensorsWrittenBackAtOnceHoldTheirBytesAndErrorsKeepThemDir
   EXPECT_TRUE(r.clean);
 }
 
-// An ObjectStore over a Volume that counts the puts in flight at once (each held a little,
-// so that the writers overlap) and the most seen.
-class CountingStore final : public ObjectStore {
+// An ObjectStore that passes every call to another (a Volume); the test stores below
+// override PutStaged only.
+class ForwardingStore : public ObjectStore {
  public:
-  // A put waits (up to 5 s) until `expected` were in flight at once: the most seen is
-  // then the writers' number, not how fast they started.
-  CountingStore(ObjectStore* inner, int expected) : inner_(inner), expected_(expected) {}
+  explicit ForwardingStore(ObjectStore* inner) : inner_(inner) {}
   absl::Status Put(std::string_view name, std::span<const std::byte> data, Durability d,
                    std::string_view metadata) override {
     return inner_->Put(name, data, d, metadata);
   }
   absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
                          std::string_view metadata) override {
-    const int now = ++in_flight_;
-    for (int seen = most_.load(); now > seen && !most_.compare_exchange_weak(seen, now);) {
-    }
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (most_.load() < expected_ && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // room for one too many
-    absl::Status s = inner_->PutStaged(name, data, metadata);
-    --in_flight_;
-    return s;
+    return inner_->PutStaged(name, data, metadata);
   }
   absl::Status Sync() override { return inner_->Sync(); }
   absl::Status SyncOnly(std::span<const std::string> names) override {
@@ -495,10 +484,34 @@ class CountingStore final : public ObjectStore {
   std::vector<ObjectInfo> List() const override { return inner_->List(); }
   absl::Status Delete(std::string_view name) override { return inner_->Delete(name); }
   std::uint64_t staged_bytes() const override { return inner_->staged_bytes(); }
+
+ protected:
+  ObjectStore* inner_;
+};
+
+// An ObjectStore over a Volume that counts the puts in flight at once (each held a little,
+// so that the writers overlap) and the most seen.
+class CountingStore final : public ForwardingStore {
+ public:
+  // A put waits (up to 5 s) until `expected` were in flight at once: the most seen is
+  // then the writers' number, not how fast they started.
+  CountingStore(ObjectStore* inner, int expected) : ForwardingStore(inner), expected_(expected) {}
+  absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
+                         std::string_view metadata) override {
+    const int now = ++in_flight_;
+    for (int seen = most_.load(); now > seen && !most_.compare_exchange_weak(seen, now);) {
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (most_.load() < expected_ && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // room for one too many
+    absl::Status s = inner_->PutStaged(name, data, metadata);
+    --in_flight_;
+    return s;
+  }
   int most() const { return most_.load(); }
 
  private:
-  ObjectStore* inner_;
   const int expected_;
   std::atomic<int> in_flight_{0};
   std::atomic<int> most_{0};
@@ -538,41 +551,18 @@ TEST(TensorStore, TheWriteBackDepthIsTheOptions) {
 }
 
 // An ObjectStore over a Volume whose staged puts wait until the test opens the gate.
-class GatedStore final : public ObjectStore {
+class GatedStore final : public ForwardingStore {
  public:
-  explicit GatedStore(ObjectStore* inner) : inner_(inner) {}
-  absl::Status Put(std::string_view name, std::span<const std::byte> data, Durability d,
-                   std::string_view metadata) override {
-    return inner_->Put(name, data, d, metadata);
-  }
+  using ForwardingStore::ForwardingStore;
   absl::Status PutStaged(std::string_view name, std::span<const std::byte> data,
                          std::string_view metadata) override {
     if (!entered.HasBeenNotified()) entered.Notify();
     open.WaitForNotification();
     return inner_->PutStaged(name, data, metadata);
   }
-  absl::Status Sync() override { return inner_->Sync(); }
-  absl::Status SyncOnly(std::span<const std::string> names) override {
-    return inner_->SyncOnly(names);
-  }
-  absl::Status DropStaged(std::span<const std::string> names) override {
-    return inner_->DropStaged(names);
-  }
-  absl::StatusOr<std::size_t> Get(std::string_view name, std::span<std::byte> out) override {
-    return inner_->Get(name, out);
-  }
-  absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override {
-    return inner_->Stat(name);
-  }
-  std::vector<ObjectInfo> List() const override { return inner_->List(); }
-  absl::Status Delete(std::string_view name) override { return inner_->Delete(name); }
-  std::uint64_t staged_bytes() const override { return inner_->staged_bytes(); }
 
   absl::Notification entered;  // a put reached the gate (one writer at a time here)
   absl::Notification open;
-
- private:
-  ObjectStore* inner_;
 };
 
 // Opens the gate, if still closed, and joins the thread: at a test's end, even a failed one.
