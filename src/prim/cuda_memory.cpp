@@ -89,9 +89,18 @@ void DeviceAllocation::Reset() noexcept {
   size_ = 0;
 }
 
+// Note [blocking events]: every event is made with cudaEventBlockingSync, so a host that
+// waits on one (Synchronize) sleeps in the driver until the GPU signals it. Without the
+// flag cudaEventSynchronize busy-waits: with one context on a machine of many CPUs the
+// runtime's default schedule spins, and the GPU path's waits (a copy's device room, the
+// gradients' intake, an eviction's last use) each held a CPU at 100% for as long as the
+// GPU took (the fifth H200 lease measured the host's CPU time at twice the step's wall
+// time). The price is the wake-up, tens of microseconds, against waits of milliseconds.
 absl::StatusOr<CudaEvent> CudaEvent::Create() {
   cudaEvent_t e = nullptr;
-  if (cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess)
+  if (cudaError_t err =
+          cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync);
+      err != cudaSuccess)
     return CudaError(err, "cudaEventCreate");
   CudaEvent event;
   event.event_ = e;
@@ -100,7 +109,7 @@ absl::StatusOr<CudaEvent> CudaEvent::Create() {
 
 absl::StatusOr<CudaEvent> CudaEvent::CreateTiming() {
   cudaEvent_t e = nullptr;
-  if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess)
+  if (cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventBlockingSync); err != cudaSuccess)
     return CudaError(err, "cudaEventCreate");
   CudaEvent event;
   event.event_ = e;
@@ -161,6 +170,10 @@ absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyDirect
 }
 
 absl::Status SynchronizeStream(CudaStreamView stream) {
+  // A blocking event after the stream's work (Note [blocking events]): cudaStreamSynchronize
+  // spins under the runtime's default schedule. Where no event can be made, it still waits.
+  absl::StatusOr<CudaEvent> event = CudaEvent::Create();
+  if (event.ok() && event->Record(stream).ok()) return event->Synchronize();
   if (cudaError_t err = cudaStreamSynchronize(Stream(stream)); err != cudaSuccess)
     return CudaError(err, "cudaStreamSynchronize");
   return absl::OkStatus();

@@ -45,7 +45,8 @@ class DeviceAllocation {
   int device_ = 0;
 };
 
-// One CUDA event (timing disabled, unless made by CreateTiming).
+// One CUDA event (timing disabled, unless made by CreateTiming), made with blocking
+// synchronisation: a host waiting on it sleeps (Note [blocking events], cuda_memory.cpp).
 class CudaEvent {
  public:
   CudaEvent() noexcept = default;
@@ -66,8 +67,9 @@ class CudaEvent {
   bool Ready() const noexcept;
   // Makes `stream` wait for the event without blocking the host.
   absl::Status MakeStreamWait(CudaStreamView stream) const;
-  // Blocks the calling thread until the event has completed (cudaEventSynchronize: the
-  // driver's wait, not a poll); the error of the work before it, if any.
+  // Blocks the calling thread until the event has completed (cudaEventSynchronize on a
+  // blocking-sync event: the thread sleeps, it does not poll); the error of the work
+  // before it, if any.
   absl::Status Synchronize() const;
 
  private:
@@ -84,6 +86,8 @@ enum class CopyDirection { kHostToDevice, kDeviceToHost };
 // asynchronous.
 absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
                        CudaStreamView stream);
+// Blocks the calling thread until the work queued on `stream` so far has completed,
+// sleeping on a blocking event (Note [blocking events]); the error of that work, if any.
 absl::Status SynchronizeStream(CudaStreamView stream);
 
 }  // namespace memascend::prim

@@ -1,5 +1,4 @@
 // The tensor store's GPU tier (Note [gpu tier]) (store/tensor_store_impl.h).
-#include <thread>
 
 #include "store/tensor_store_impl.h"
 #include "util/units.h"
@@ -116,7 +115,9 @@ absl::Status TensorStore::Impl::DropGpuLocked(Tensor& t) {
   if (idle != nullptr) {
     // Note [store locking]: event queries (and the event's destruction) without mu.
     mu.Unlock();
-    while (!idle->Ready()) std::this_thread::yield();
+    // Asleep until that work is done (Note [blocking events]); its error, if any, is its
+    // stream's holder's to see, as a query's would have been.
+    (void)idle->Synchronize();
     idle.reset();
     mu.Lock();
     if (t.gpu_pins > 0) return absl::OkStatus();

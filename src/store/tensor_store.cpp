@@ -539,7 +539,7 @@ absl::Status TensorStore::Discard(TensorId id) {
     if (idle != nullptr) {
       m.ClaimGpuLocked(t);
       m.mu.Unlock();
-      while (!idle->Ready()) std::this_thread::yield();
+      (void)idle->Synchronize();  // asleep (Note [blocking events]); errors: the holder's
       idle.reset();
       m.mu.Lock();
       m.UnclaimGpuLocked(t);

@@ -66,6 +66,35 @@ def test_system_info_sees_the_gpu_and_registers_host_memory():
     assert info["host_backing"] == "cuda_registered"
 
 
+def test_a_host_wait_for_a_copy_sleeps():
+    """PendingLeases waits on host_event()s, which sleep in the driver: torch's default
+    event busy-waits a CPU for the whole wait (Note [blocking events])."""
+    import time
+    from memascend.torch.cuda import PendingLeases, host_event
+
+    class Lease:
+        released = False
+
+        def release(self):
+            self.released = True
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1 << 30)  # about half a second of GPU cycles
+        event = host_event()
+        event.record(side)
+    pending, lease = PendingLeases(), Lease()
+    pending.add(event, lease, 1 << 20, "k")
+    pending.reap(limit=1 << 30)  # under the limit: nothing waited for
+    assert pending.holds("k") and not lease.released
+    cpu, wall = time.thread_time(), time.perf_counter()
+    pending.reap(limit=0)  # over it: waits for the copy
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    assert lease.released and not pending.holds("k") and pending.bytes == 0
+    assert wall > 0.1, "the wait did not wait"
+    assert cpu < 0.25 * wall, f"the wait spun: {cpu:.3f} s of CPU in {wall:.3f} s"
+
+
 def test_offloaded_adamw_with_cuda_parameters_matches_torch_adamw(tmp_path):
     torch.backends.cuda.matmul.allow_tf32 = False
     ref_model, ref_losses = reference()

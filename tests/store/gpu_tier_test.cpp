@@ -13,6 +13,7 @@
 #include "storage/volume_test_util.h"
 #include "store/device_pool.h"
 #include "store/store_test_util.h"
+#include "testing/cuda_wait.h"
 #include "testing/status_matchers.h"
 
 #if MEMASCEND_HAVE_CUDA
@@ -240,6 +241,47 @@ TEST(GpuTier, PrefetchQueuesTheCopyAndAHostWriteMakesTheDeviceCopyStale) {
   EXPECT_THAT(store->Acquire(big, Tier::kGpu, s.view()),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("short")));
   EXPECT_THAT(store->Evict(id, Tier::kGpu), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// An eviction waits for the work its victim's last lease queued, asleep (Note [blocking
+// events]): a clean victim through its idle event, a dirty one through its copy back.
+TEST(GpuTier, AnEvictionWaitsAsleepForTheVictimsLastWork) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ScratchPath path("gpu");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 2 * kMiB;
+  o.gpu_budget_bytes = kMiB;  // one at a time
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  TensorId ids[2];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK_AND_ASSIGN(ids[i], store->Register(Spec("e" + std::to_string(i), kMiB)));
+    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(ids[i]));
+    const auto p = Pattern("e" + std::to_string(i), 1, host.size());
+    std::memcpy(host.data(), p.data(), p.size());
+    host.MarkDirty();
+  }
+  Stream a, b;
+  for (const bool dirty : {false, true}) {
+    {
+      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(ids[0], Tier::kGpu, a.view()));
+      if (dirty) {
+        ToDevice(dev, Pattern("e0", 2, dev.size()), a);
+        dev.MarkDirty();
+      }
+      testing::HoldStream(a.s, 400);  // the holder's work, still queued at the release
+    }
+    const testing::Waited w = testing::TimeWait([&] {
+      ASSERT_OK_AND_ASSIGN(TensorLease other, store->Acquire(ids[1], Tier::kGpu, b.view()));
+      EXPECT_EQ(FromDevice(other, b), Pattern("e1", 1, other.size()));
+    });
+    EXPECT_GE(w.wall, 0.3) << "dirty " << dirty << ": the eviction did not wait";
+    EXPECT_LT(w.cpu, 0.25 * w.wall) << "dirty " << dirty << ": the wait spun";
+  }
+  ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(ids[0]));
+  const auto p = Pattern("e0", 2, host.size());
+  EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
+  EXPECT_GE(store->stats().gpu_evictions, 2u);
 }
 #endif  // MEMASCEND_HAVE_CUDA
 

@@ -113,13 +113,15 @@ class ActivationOffload:
         self._order = []  # this forward's saves on a GPU, in order (the backward reads back)
         self._pending = None  # on a GPU: leases until their copies complete
         self._side = None     # on a GPU: the stream of the copies out
+        self._host_event = None  # on a GPU: memascend.torch.cuda.host_event
         self._to_free = []    # slots let go while a copy of theirs was in flight
 
     # -- on a GPU
     def _gpu(self, device):
         if self._pending is None:
-            from memascend.torch.cuda import PendingLeases
+            from memascend.torch.cuda import PendingLeases, host_event
             self._pending = PendingLeases()
+            self._host_event = host_event
             self._side = torch.cuda.Stream(device)
         return self._pending
 
@@ -150,7 +152,7 @@ class ActivationOffload:
             torch.frombuffer(lease, dtype=torch.uint8).copy_(src.view(-1).view(torch.uint8),
                                                             non_blocking=True)
         src.record_stream(side)  # not reused by torch before the copy has read it
-        event = torch.cuda.Event()
+        event = self._host_event()
         event.record(side)
         pending.add(event, lease, nbytes, tid)
         return event
@@ -166,7 +168,7 @@ class ActivationOffload:
         out = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
         out.view(-1).view(torch.uint8).copy_(torch.frombuffer(lease, dtype=torch.uint8),
                                              non_blocking=True)
-        event = torch.cuda.Event()
+        event = self._host_event()
         event.record(stream)
         pending.add(event, lease, saved.nbytes, saved.id)
         return out

@@ -28,6 +28,13 @@ def stream_handle(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def host_event() -> torch.cuda.Event:
+    """An event the host may wait on (PendingLeases): made blocking, so a wait sleeps in
+    the driver; torch's default event busy-waits a CPU for as long as the GPU takes (Note
+    [blocking events], src/prim/cuda_memory.cpp)."""
+    return torch.cuda.Event(blocking=True)
+
+
 class _DeviceBytes:
     """Device memory owned by the SDK, seen by torch through __cuda_array_interface__."""
 
@@ -47,7 +54,8 @@ def device_tensor(address: int, elements: int, dtype_code: str, shape: Sequence[
 
 
 class PendingLeases:
-    """Store leases held until the copy that uses them has completed (a CUDA event)."""
+    """Store leases held until the copy that uses them has completed (a CUDA event, made
+    by host_event: the waits here sleep)."""
 
     def __init__(self) -> None:
         self._pending = collections.deque()  # (event, lease, nbytes, key)
