@@ -44,6 +44,39 @@ def cpu_seconds():
     return t.user + t.system
 
 
+def thread_cpu_seconds():
+    """{thread id: (name, CPU seconds so far)} of the process's live threads
+    (/proc/self/task/*/stat: user and system). MemAscend names its threads "ma-..." (the
+    store's I/O, the kernels' pool, the commit, io_uring's completions); torch's and the
+    CUDA driver's have their own names."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                st = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        close = st.rindex(")")
+        fields = st[close + 2:].split()  # from the state on: utime, stime are the 12th, 13th
+        out[int(tid)] = (st[st.index("(") + 1:close], (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def thread_cpu_delta(before, after):
+    """CPU seconds between two thread_cpu_seconds() by thread name, busiest first (threads of
+    one name summed; one started since `before` counted from its start; one that ended in
+    between is missing: the process's cpu_seconds holds it). Names under 10 ms are left out."""
+    by = {}
+    for tid, (name, sec) in after.items():
+        was = before.get(tid)
+        by[name] = by.get(name, 0.0) + sec - (was[1] if was is not None and was[0] == name else 0.0)
+    return {k: round(v, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+
+
 def host_counters():
     """What the machine took from the process, so far: the CPUs' steal time (seconds, every
     CPU: a hypervisor running something else on this VM's CPUs, such as a virtual disk's

@@ -32,6 +32,9 @@ device, the model, the commit, the command and the figures:
                             (step_between_commits_seconds: the window's median less its
                             slowest step an interval; none when every step commits)
   cpu_seconds               each run's CPU time a step (every thread, user and system)
+  thread_cpu_seconds        the same by thread name, each step (common.thread_cpu_seconds:
+                            MemAscend's threads are "ma-...", torch's main and autograd
+                            threads and the CUDA driver's have theirs): whose CPU it was
   host_profile              where the launching thread's time went in one step's
                             forward+backward (--profile-step, outside the window; cProfile:
                             each function's own and cumulative seconds), for both runs
@@ -63,7 +66,7 @@ import time
 import timeline
 from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, cpu_seconds,
                     host_counters, offload_units, parse_bytes, rss_bytes, steady_step,
-                    token_stream)
+                    thread_cpu_delta, thread_cpu_seconds, token_stream)
 
 
 def build(a):
@@ -158,15 +161,16 @@ def child_reference(a):
     params = list(model.parameters())
     master = [p.detach().float().clone().requires_grad_(True) for p in params]
     opt = torch.optim.AdamW(master, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
-    losses, fb, cpu, profile = [], [], [], None
+    losses, fb, cpu, threads, profile = [], [], [], [], None
     for step in range(a.steps):
         torch.cuda.synchronize()
-        t0, c0 = time.perf_counter(), cpu_seconds()
+        t0, c0, th0 = time.perf_counter(), cpu_seconds(), thread_cpu_seconds()
         loss, prof = profiled_forward_backward(a, step, model, tokens[step])
         profile = prof or profile
         torch.cuda.synchronize()
         fb.append(time.perf_counter() - t0)  # forward+backward alone: what the path's step
         cpu.append(cpu_seconds() - c0)
+        threads.append(thread_cpu_delta(th0, thread_cpu_seconds()))
         for m, p in zip(master, params):
             m.grad = p.grad.float()
             p.grad = None
@@ -177,8 +181,8 @@ def child_reference(a):
                 p.copy_(m)
         losses.append(loss)
     return {"system": "torch-gpu", "losses": losses, "forward_backward_seconds": fb,
-            "cpu_seconds": cpu, "gpu_peak_bytes": torch.cuda.max_memory_reserved(),
-            "host_profile": profile}
+            "cpu_seconds": cpu, "thread_cpu_seconds": threads,
+            "gpu_peak_bytes": torch.cuda.max_memory_reserved(), "host_profile": profile}
 
 
 def child_memascend(a):
@@ -197,7 +201,8 @@ def child_memascend(a):
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
-    losses, fb, steps, rss, phases, cpu, traced, profile = [], [], [], [], [], [], None, None
+    losses, fb, steps, rss, phases, cpu, threads = [], [], [], [], [], [], []
+    traced = profile = None
     first = opt.stats()
     last, last_counters, step_counters = first["seconds"], counters(first), []
     for step in range(a.steps):
@@ -205,7 +210,7 @@ def child_memascend(a):
         if step == min(a.trace_step, a.steps - 1):  # its timeline (memascend.torch.StepTrace)
             offload.trace = mt.StepTrace("cuda")
             offload.trace.start()
-        t0, c0 = time.perf_counter(), cpu_seconds()
+        t0, c0, th0 = time.perf_counter(), cpu_seconds(), thread_cpu_seconds()
         loss, prof = profiled_forward_backward(a, step, model, tokens[step])
         profile = prof or profile
         torch.cuda.synchronize()
@@ -228,6 +233,7 @@ def child_memascend(a):
         fb.append(t1 - t0)
         steps.append(t2 - t0)
         cpu.append(cpu_seconds() - c0)
+        threads.append(thread_cpu_delta(th0, thread_cpu_seconds()))
         rss.append(rss_bytes())
         print(f"[memascend] step {step}: loss {losses[-1]:.4f}, forward+backward {fb[-1]:.3f} s, "
               f"step {steps[-1]:.3f} s, CPU {cpu[-1]:.2f} s", flush=True)
@@ -242,7 +248,8 @@ def child_memascend(a):
         "forward_backward_basis": "host, synchronised: the previous step's update runs in the "
                                   "forward pass (Note [optimizer overlap])",
         "step_phases": phases, "step_counters": step_counters, "trace": traced, "host_profile": profile,
-        "step_seconds": steps, "cpu_seconds": cpu, "rss_bytes": rss,
+        "step_seconds": steps, "cpu_seconds": cpu, "thread_cpu_seconds": threads,
+        "rss_bytes": rss,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
         "torch_gpu_peak_bytes": torch.cuda.max_memory_reserved(),

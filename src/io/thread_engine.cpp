@@ -8,6 +8,7 @@
 #include "io/backends.h"
 #include "io/request_state.h"
 #include "prim/file.h"
+#include "prim/os.h"
 
 namespace memascend::io_internal {
 namespace {
@@ -23,7 +24,12 @@ class ThreadPoolEngine final : public IoEngine {
  public:
   explicit ThreadPoolEngine(const IoEngineOptions& options)
       : IoEngine(IoBackendKind::kThreadPool, options) {
-    for (unsigned i = 0; i < options.threads; ++i) workers_.emplace_back([this] { Work(); });
+    for (unsigned i = 0; i < options.threads; ++i) {
+      workers_.emplace_back([this] {
+        prim::NameThisThread("ma-io");
+        Work();
+      });
+    }
   }
 
   ~ThreadPoolEngine() override {

@@ -21,6 +21,7 @@
 #include "io/backends.h"
 #include "io/request_state.h"
 #include "prim/file.h"
+#include "prim/os.h"
 #include "prim/uring.h"
 
 namespace memascend::io_internal {
@@ -38,7 +39,10 @@ class UringEngine final : public IoEngine {
         event_(std::move(event)),
         depth_(options.queue_depth) {
     files_fixed_ = io_uring_register_files_sparse(ring_.get(), kMaxRegisteredFiles) == 0;
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] {
+      prim::NameThisThread("ma-uring");
+      Run();
+    });
   }
 
   ~UringEngine() override {

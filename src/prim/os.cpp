@@ -8,6 +8,7 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -36,6 +37,12 @@ bool HasCapIpcLock() {
 }
 
 }  // namespace
+
+void NameThisThread(const char* name) noexcept {
+  char cut[16] = {};
+  std::strncpy(cut, name, sizeof(cut) - 1);
+  (void)pthread_setname_np(pthread_self(), cut);
+}
 
 std::uint64_t PageSize() noexcept {
   static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));

@@ -20,6 +20,11 @@ bool EnvFlag(const char* name) noexcept;
 // Page size of this process, cached after the first call (sysconf never changes it).
 std::uint64_t PageSize() noexcept;
 
+// Names the calling thread, as top -H, a debugger and /proc/self/task/*/comm show it
+// (every thread MemAscend starts is named "ma-...": whose CPU time is whose). The kernel
+// keeps 15 characters; a longer name is cut. Best effort: a failure changes nothing.
+void NameThisThread(const char* name) noexcept;
+
 }  // namespace memascend::prim
 
 #endif  // MEMASCEND_SRC_PRIM_OS_H_

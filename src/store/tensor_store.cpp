@@ -18,6 +18,7 @@
 #include <memascend/status.h>
 #include <memascend/tensor_store.h>
 
+#include "prim/os.h"
 #include "store/tensor_store_impl.h"
 #include "util/units.h"
 
@@ -157,7 +158,12 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(ObjectStore* volu
   ao.ledger = impl->ledger;
   MEMASCEND_ASSIGN_OR_RETURN(impl->arena, HostArena::Create(ao));
   Impl* m = impl.get();
-  for (int i = 0; i < options.prefetch_threads; ++i) m->workers.emplace_back([m] { m->Work(); });
+  for (int i = 0; i < options.prefetch_threads; ++i) {
+    m->workers.emplace_back([m] {
+      prim::NameThisThread("ma-store-io");
+      m->Work();
+    });
+  }
   return std::unique_ptr<TensorStore>(new TensorStore(std::move(impl)));
 }
 

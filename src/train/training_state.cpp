@@ -12,6 +12,7 @@
 #include <memascend/training_state.h>
 #include <memascend/volume.h>
 
+#include "prim/os.h"
 #include "util/crc32c.h"
 
 namespace memascend {
@@ -1073,8 +1074,10 @@ absl::Status VersionedTrainingState::CommitBatch(bool background) {
     if (s.ok()) m.committed = end;
     return s;
   }
-  m.committer =
-      std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
+  m.committer = std::thread([this, commit = std::move(commit)] {
+    prim::NameThisThread("ma-commit");
+    impl_->commit_status = commit();
+  });
   return absl::OkStatus();
 }
 
@@ -1112,8 +1115,10 @@ absl::Status VersionedTrainingState::CommitWhole(std::string bytes, std::uint64_
     return absl::OkStatus();
   }
   m.committing_step = step;
-  m.committer =
-      std::thread([this, commit = std::move(commit)] { impl_->commit_status = commit(); });
+  m.committer = std::thread([this, commit = std::move(commit)] {
+    prim::NameThisThread("ma-commit");
+    impl_->commit_status = commit();
+  });
   return absl::OkStatus();
 }
 
@@ -1189,6 +1194,7 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
   const bool previous_written = impl_->previous_written;
   impl_->writing_next = impl_->previous_written = false;
   impl_->committer = std::thread([this, previous_written, record = std::move(record)] {
+    prim::NameThisThread("ma-commit");
     // Note [previous commit]: the last record becomes the previous one first (unless the
     // step did so already, Note [bounded staging]).
     absl::Status s = absl::OkStatus();

@@ -1,12 +1,22 @@
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <thread>
 #include <unistd.h>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include <memascend/kernels.h>
 #include <memascend/system.h>
 #include <memascend/version.h>
+
+#include "prim/os.h"
 
 namespace memascend {
 namespace {
@@ -85,6 +95,51 @@ TEST(ToJson, HasTheDocumentedTopLevelKeys) {
   EXPECT_TRUE(std::regex_search(json, std::regex(R"("memlock_limit_bytes":(-1|[0-9]+)[,}])")));
   EXPECT_NE(json.find(std::string("\"io_backend\":\"") + std::string(ToString(info.io_backend))),
             std::string::npos);
+}
+
+// The names of this process's threads (/proc/self/task/*/comm).
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  return names;
+}
+
+std::string CommOf(long tid) {
+  std::ifstream comm("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+TEST(NameThisThread, NamesTheCallingThreadCutTo15Characters) {
+  std::string short_name, long_name;
+  std::thread([&] {
+    const long tid = syscall(SYS_gettid);
+    prim::NameThisThread("ma-test");
+    short_name = CommOf(tid);
+    prim::NameThisThread("ma-a-name-longer-than-fifteen");
+    long_name = CommOf(tid);
+  }).join();
+  EXPECT_EQ(short_name, "ma-test");
+  EXPECT_EQ(long_name, "ma-a-name-longe");
+}
+
+TEST(NameThisThread, TheKernelPoolsWorkersAreNamed) {
+  const auto named = [] { return std::ranges::count(ThreadNames(), std::string("ma-kernel")); };
+  const auto before = named();
+  {
+    KernelThreads three(3);  // the caller and two workers, which name themselves as they start
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (named() - before < 2 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(named() - before, 2);
+  }
+  EXPECT_EQ(named(), before);  // joined
 }
 
 TEST(Version, MatchesHeader) { EXPECT_EQ(VersionString(), MEMASCEND_VERSION_STRING); }

@@ -389,6 +389,39 @@ def test_the_path_bench_counts_each_steps_waits(tmp_path):
         o.close()
 
 
+def test_the_path_bench_says_whose_cpu_time_it_was(tmp_path):
+    """bench/gpu/path.py's thread_cpu_seconds: a step's CPU time by thread name (the fifth
+    lease's host took twice the step's wall time, with nothing that said which thread); the
+    SDK's threads name themselves "ma-..."."""
+    import threading
+    import time
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import common
+    from memascend import _core
+    vol = _core.Volume.open_or_create(str(tmp_path / "t.vol"), 16 << 20)
+    store = _core.TensorStore(vol, host_budget=4 << 20, prefetch_threads=2)
+    try:
+        until = time.monotonic() + 10  # the store's threads name themselves as they start
+        while time.monotonic() < until:
+            names = [n for n, _ in common.thread_cpu_seconds().values()]
+            if names.count("ma-store-io") == 2:
+                break
+            time.sleep(0.01)
+        assert names.count("ma-store-io") == 2, names
+        before = common.thread_cpu_seconds()
+        t = time.thread_time()
+        while time.thread_time() - t < 0.2:  # this thread's CPU, and no other's
+            pass
+        delta = common.thread_cpu_delta(before, common.thread_cpu_seconds())
+        me = common.thread_cpu_seconds()[threading.get_native_id()][0]
+        assert delta[me] >= 0.15, delta
+        assert list(delta)[0] == me  # busiest first
+        assert "ma-store-io" not in delta  # idle: under 10 ms
+    finally:
+        store.close()
+        vol.close()
+
+
 def test_the_path_bench_sizes_its_chunked_ceiling_as_the_sdks_parts():
     """bench/gpu/path.py's PART_ELEMENTS (the parent does not import memascend) is
     memascend.torch's default part size, whose bf16 bytes the chunked ceiling copies."""
