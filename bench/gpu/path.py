@@ -76,14 +76,22 @@ def build(a):
 
 
 def forward_backward(model, tokens, accum):
-    """A step's micro-batches, forward and backward; their mean loss."""
-    total = 0.0
+    """A step's micro-batches, forward and backward; their mean loss.
+
+    Note [one sync a step]: the losses stay on the GPU until the step's micro-batches are
+    all launched, then are read at once, as a loop that logs once a step does (Hugging
+    Face's Trainer adds them up on the device). A float(loss) a micro-batch, which this did
+    before, made the host wait for each micro-batch's backward to finish, so the next
+    forward's first launches (and, under offload_parameters, its first loads) met an idle
+    GPU. compare.py's systems (systems.train) read their losses the same way."""
+    import torch
+    losses = []
     for x in tokens:
         x = x.cuda()
         loss = model(input_ids=x, labels=x).loss
         (loss / accum if accum > 1 else loss).backward()
-        total += float(loss)
-    return total / accum
+        losses.append(loss.detach())
+    return sum(torch.stack(losses).double().tolist()) / accum
 
 
 def host_profile(fn, top=40):

@@ -363,7 +363,7 @@ def train(a, device, record):
             with ctx:
                 loss = model(input_ids=x, labels=x).loss
             backward(loss)
-            micro.append(float(loss))
+            micro.append(loss.detach())  # read once a step (Note [one sync a step], path.py)
         if cuda:
             end.record()
         fb_host.append(time.perf_counter() - t0)
@@ -381,6 +381,7 @@ def train(a, device, record):
             now = phase_of()
             phases.append({k: round(v - last.get(k, 0.0), 6) for k, v in now.items()})
             last = now
+        micro = torch.stack(micro).double().tolist()
         losses.append(sum(micro) / len(micro))
         rss.append(rss_bytes())
         io.append(proc_io())
