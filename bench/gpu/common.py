@@ -66,14 +66,18 @@ def thread_cpu_seconds():
     return out
 
 
-def thread_cpu_delta(before, after):
+def thread_cpu_delta(before, after, total=None):
     """CPU seconds between two thread_cpu_seconds() by thread name, busiest first (threads of
-    one name summed; one started since `before` counted from its start; one that ended in
-    between is missing: the process's cpu_seconds holds it). Names under 10 ms are left out."""
+    one name summed; one started since `before` counted from its start). A thread that ended
+    in between (a commit's, which ends before the commit is waited for) is in neither: with
+    `total`, the process's CPU seconds over the same span (cpu_seconds), what no live thread
+    accounts for is "(ended threads)". Names under 10 ms are left out."""
     by = {}
     for tid, (name, sec) in after.items():
         was = before.get(tid)
         by[name] = by.get(name, 0.0) + sec - (was[1] if was is not None and was[0] == name else 0.0)
+    if total is not None:
+        by["(ended threads)"] = total - sum(by.values())
     return {k: round(v, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
 

@@ -34,7 +34,8 @@ device, the model, the commit, the command and the figures:
   cpu_seconds               each run's CPU time a step (every thread, user and system)
   thread_cpu_seconds        the same by thread name, each step (common.thread_cpu_seconds:
                             MemAscend's threads are "ma-...", torch's main and autograd
-                            threads and the CUDA driver's have theirs): whose CPU it was
+                            threads and the CUDA driver's have theirs; "(ended threads)":
+                            those gone by the step's end, a commit's): whose CPU it was
   host_profile              where the launching thread's time went in one step's
                             forward+backward (--profile-step, outside the window; cProfile:
                             each function's own and cumulative seconds), for both runs
@@ -172,13 +173,14 @@ def child_reference(a):
     losses, fb, cpu, threads, profile = [], [], [], [], None
     for step in range(a.steps):
         torch.cuda.synchronize()
-        t0, c0, th0 = time.perf_counter(), cpu_seconds(), thread_cpu_seconds()
+        th0 = thread_cpu_seconds()  # its /proc scan outside the timed span
+        t0, c0 = time.perf_counter(), cpu_seconds()
         loss, prof = profiled_forward_backward(a, step, model, tokens[step])
         profile = prof or profile
         torch.cuda.synchronize()
         fb.append(time.perf_counter() - t0)  # forward+backward alone: what the path's step
         cpu.append(cpu_seconds() - c0)
-        threads.append(thread_cpu_delta(th0, thread_cpu_seconds()))
+        threads.append(thread_cpu_delta(th0, thread_cpu_seconds(), cpu[-1]))
         for m, p in zip(master, params):
             m.grad = p.grad.float()
             p.grad = None
@@ -218,7 +220,8 @@ def child_memascend(a):
         if step == min(a.trace_step, a.steps - 1):  # its timeline (memascend.torch.StepTrace)
             offload.trace = mt.StepTrace("cuda")
             offload.trace.start()
-        t0, c0, th0 = time.perf_counter(), cpu_seconds(), thread_cpu_seconds()
+        th0 = thread_cpu_seconds()  # its /proc scan outside the timed span
+        t0, c0 = time.perf_counter(), cpu_seconds()
         loss, prof = profiled_forward_backward(a, step, model, tokens[step])
         profile = prof or profile
         torch.cuda.synchronize()
@@ -241,7 +244,7 @@ def child_memascend(a):
         fb.append(t1 - t0)
         steps.append(t2 - t0)
         cpu.append(cpu_seconds() - c0)
-        threads.append(thread_cpu_delta(th0, thread_cpu_seconds()))
+        threads.append(thread_cpu_delta(th0, thread_cpu_seconds(), cpu[-1]))
         rss.append(rss_bytes())
         print(f"[memascend] step {step}: loss {losses[-1]:.4f}, forward+backward {fb[-1]:.3f} s, "
               f"step {steps[-1]:.3f} s, CPU {cpu[-1]:.2f} s", flush=True)

@@ -130,15 +130,21 @@ TEST(NameThisThread, NamesTheCallingThreadCutTo15Characters) {
 
 TEST(NameThisThread, TheKernelPoolsWorkersAreNamed) {
   const auto named = [] { return std::ranges::count(ThreadNames(), std::string("ma-kernel")); };
-  const auto before = named();
-  {
-    KernelThreads three(3);  // the caller and two workers, which name themselves as they start
+  // Threads name themselves as they start, and leave /proc a moment after they are joined.
+  const auto await = [&](auto done) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (named() - before < 2 && std::chrono::steady_clock::now() < until) {
+    while (!done() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+  };
+  await([&] { return named() == 0; });  // an earlier repeat's workers gone
+  const auto before = named();
+  {
+    KernelThreads three(3);  // the caller and two workers
+    await([&] { return named() - before >= 2; });
     EXPECT_EQ(named() - before, 2);
   }
+  await([&] { return named() == before; });
   EXPECT_EQ(named(), before);  // joined
 }
 
