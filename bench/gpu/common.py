@@ -183,6 +183,55 @@ def llama_shapes(overrides=None):
     return shapes
 
 
+def causal_lm_loss(model, input_ids, chunk=0):
+    """The causal-LM loss of a LlamaForCausalLM (transformers' or llama.py's) on `input_ids`,
+    its own labels (each token predicts the next): the mean cross-entropy, in fp32, over the
+    predicted tokens.
+
+    chunk 0: the model's own (model(input_ids, labels).loss), which makes the whole
+    micro-batch's logits, and their fp32 copy and gradient: with Llama-3's 128,256-entry
+    vocabulary 1.6 GB a 2,048-token sequence, the largest tensors of a step under activation
+    checkpointing, and what kept the path's micro-batch at one sequence under an 8 GiB cap.
+    chunk N: the head and the loss N tokens at a time, each piece recomputed in backward
+    (torch.utils.checkpoint), so at most N tokens' logits exist at once; the same loss up
+    to the order of the additions. The model's submodules are called directly (model.model,
+    then model.lm_head): right for hooks on modules (memascend's offload_parameters,
+    DeepSpeed's), not for a wrapper that acts only on the root's forward (FSDP2's root)."""
+    if chunk <= 0:
+        return model(input_ids=input_ids, labels=input_ids).loss
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    def piece(head, h, t):
+        return F.cross_entropy(head(h).float(), t, reduction="sum")
+
+    hidden = model.model(input_ids=input_ids).last_hidden_state
+    h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    t = input_ids[:, 1:].reshape(-1)
+    total = None
+    for i in range(0, t.numel(), chunk):
+        s = checkpoint(piece, model.lm_head, h[i:i + chunk], t[i:i + chunk], use_reentrant=False)
+        total = s if total is None else total + s
+    return total / t.numel()
+
+
+def counts(model):
+    """(parameters, those that take part in matrix products: every 2-D one, the input
+    embedding only where it is the head's weight too, a lookup costing no products)."""
+    embed = model.model.embed_tokens.weight
+    tied = model.lm_head.weight is embed
+    params = list(model.parameters())
+    return (sum(p.numel() for p in params),
+            sum(p.numel() for p in params if p.dim() >= 2 and (tied or p is not embed)))
+
+
+def train_flops(matmul_parameters, layers, hidden, seq, tokens):
+    """Model FLOPs of training on `tokens` tokens (forward and backward, recomputation not
+    counted): 6 a matrix-product parameter a token, and attention's 12 * layers * hidden *
+    seq a token (compare.py's MFU)."""
+    return 6 * matmul_parameters * tokens + 12 * layers * hidden * seq * tokens
+
+
 def build_llama(layers, shapes, device, checkpointing=True, dtype="bfloat16", seed=0,
                 init_device=None):
     """(model, implementation): transformers' LlamaForCausalLM built from a config (no

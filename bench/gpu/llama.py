@@ -109,11 +109,30 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """transformers' LlamaModel: the embedding, the decoder layers, the final norm; its
+    forward returns `.last_hidden_state` (normalised), as transformers' does."""
+
     def __init__(self, cfg):
         super().__init__()
+        self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.checkpointing = False
+
+    def forward(self, input_ids):
+        t = input_ids.shape[1]
+        freqs = torch.arange(t, device=input_ids.device).float()[:, None] * \
+            inv_freq(self.cfg).to(input_ids.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        x = self.embed_tokens(input_ids)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for layer in self.layers:
+            if self.checkpointing and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
+        return types.SimpleNamespace(last_hidden_state=self.norm(x))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -129,27 +148,15 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
         if cfg.get("tie_word_embeddings", True):
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.checkpointing = False
         for name, p in self.named_parameters():  # transformers' initialisation
             if not name.endswith("norm.weight"):
                 nn.init.normal_(p, std=0.02)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
-        self.checkpointing = True
+        self.model.checkpointing = True
 
     def forward(self, input_ids, labels=None):
-        t = input_ids.shape[1]
-        freqs = torch.arange(t, device=input_ids.device).float()[:, None] * \
-            inv_freq(self.cfg).to(input_ids.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for layer in self.model.layers:
-            if self.checkpointing and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin)
-        logits = self.lm_head(self.model.norm(x))
+        logits = self.lm_head(self.model(input_ids).last_hidden_state)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),

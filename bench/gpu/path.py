@@ -50,7 +50,13 @@ device, the model, the commit, the command and the figures:
   loss_rel_diff_max         the largest |loss - reference| / reference over the steps
   rss_growth                host RSS from step 5 to the last, as a fraction
   peak_rss_bytes, peak_pinned_bytes (the store's page-locked arena), gpu_peak_bytes
-  (torch's reserved peak plus the device budget of the parameters), tokens_per_s
+  (torch's reserved peak plus the device budget of the parameters, which torch's
+  allocator is capped to leave: within_gpu_cap), tokens_per_s
+  mfu, reference_mfu        model FLOPs a step (compare.py's count) over memascend's step,
+                            and over the reference's forward+backward, against the bf16
+                            matrix-product ceiling the reference's process measures
+  --loss-chunk N            both runs' head and loss N tokens at a time
+                            (common.causal_lm_loss): larger micro-batches under the cap
 """
 import argparse
 import datetime
@@ -65,9 +71,10 @@ import threading
 import time
 
 import timeline
-from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, commit, cpu_seconds,
+from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, causal_lm_loss, commit,
+                    counts, cpu_seconds,
                     host_counters, offload_units, parse_bytes, rss_bytes, steady_step,
-                    thread_cpu_delta, thread_cpu_seconds, token_stream)
+                    thread_cpu_delta, thread_cpu_seconds, token_stream, train_flops)
 
 
 def build(a):
@@ -76,7 +83,7 @@ def build(a):
     return model, tokens
 
 
-def forward_backward(model, tokens, accum):
+def forward_backward(model, tokens, accum, loss_chunk=0):
     """A step's micro-batches, forward and backward; their mean loss.
 
     Note [one sync a step]: the losses stay on the GPU until the step's micro-batches are
@@ -89,7 +96,7 @@ def forward_backward(model, tokens, accum):
     losses = []
     for x in tokens:
         x = x.cuda()
-        loss = model(input_ids=x, labels=x).loss
+        loss = causal_lm_loss(model, x, loss_chunk)
         (loss / accum if accum > 1 else loss).backward()
         losses.append(loss.detach())
     return sum(torch.stack(losses).double().tolist()) / accum
@@ -116,8 +123,8 @@ def host_profile(fn, top=40):
 def profiled_forward_backward(a, step, model, tokens):
     """forward_backward, under host_profile at --profile-step: (loss, profile or None)."""
     if step != a.profile_step:
-        return forward_backward(model, tokens, a.accum), None
-    loss, rows = host_profile(lambda: forward_backward(model, tokens, a.accum))
+        return forward_backward(model, tokens, a.accum, a.loss_chunk), None
+    loss, rows = host_profile(lambda: forward_backward(model, tokens, a.accum, a.loss_chunk))
     return loss, {"step": step, "top_by_own_seconds": rows}
 
 
@@ -164,9 +171,21 @@ def counters(stats):
     return c
 
 
+def matmul_ceiling():
+    """The bf16 matrix-product ceiling of this GPU (tools/device/matmul.py, as compare.py's),
+    measured in the reference's process, which has the whole device: what mfu is against."""
+    sys.path.insert(0, os.path.join(ROOT, "tools", "device"))
+    import matmul
+    r = matmul.measure()
+    return {"flops": r["median_tflops"] * 1e12, "label": "bf16 matmul 8192^3, CUDA events, "
+            "median of 20 (tools/device/matmul.py)"}
+
+
 def child_reference(a):
     import torch
+    ceiling = matmul_ceiling()
     model, tokens = build(a)
+    matmul_parameters = counts(model)[1]
     params = list(model.parameters())
     master = [p.detach().float().clone().requires_grad_(True) for p in params]
     opt = torch.optim.AdamW(master, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
@@ -192,7 +211,8 @@ def child_reference(a):
         losses.append(loss)
     return {"system": "torch-gpu", "losses": losses, "forward_backward_seconds": fb,
             "cpu_seconds": cpu, "thread_cpu_seconds": threads,
-            "gpu_peak_bytes": torch.cuda.max_memory_reserved(), "host_profile": profile}
+            "gpu_peak_bytes": torch.cuda.max_memory_reserved(), "host_profile": profile,
+            "matmul_ceiling": ceiling, "matmul_parameters": matmul_parameters}
 
 
 def child_memascend(a):
@@ -208,6 +228,14 @@ def child_memascend(a):
                             offload_gradients=False if a.accum > 1 else None)
     offload = mt.offload_parameters(model, opt, units=offload_units(model, a.units))
     torch.cuda.empty_cache()
+    # The device budget is the SDK's own cudaMalloc, outside torch's allocator and its
+    # fraction: torch gets the cap less it, so the two together stay under --gpu-cap (the
+    # fifth lease's run gave torch the whole cap, 6.97 GB of it reserved beside 2.10 GB).
+    torch_cap = a.gpu_cap - opt._cuda.budget
+    if torch_cap <= 0:
+        raise SystemExit(f"--gpu-cap {a.gpu_cap} leaves nothing beside the device budget "
+                         f"{opt._cuda.budget}")
+    torch.cuda.set_per_process_memory_fraction(min(1.0, torch_cap / total))
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
@@ -264,7 +292,7 @@ def child_memascend(a):
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
         "torch_gpu_peak_bytes": torch.cuda.max_memory_reserved(),
-        "device_budget_bytes": opt._cuda.budget,
+        "device_budget_bytes": opt._cuda.budget, "torch_gpu_cap_bytes": torch_cap,
         "param_bytes_to_device": dp["bytes_to_device"],
         "param_copy_seconds": dp["copy_seconds"],
         "device_parameters": dp, "device_gradients": stats["device_gradients"],
@@ -347,6 +375,9 @@ def main():
     ap.add_argument("--cli", default=os.path.join(ROOT, "build", "device", "tools", "memascend"))
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--loss-chunk", type=int, default=0, help="the head and the loss this "
+                    "many tokens at a time, recomputed in backward (common.causal_lm_loss; 0: "
+                    "the model's own loss over the whole micro-batch's logits)")
     ap.add_argument("--part-elements", type=int, default=PART_ELEMENTS,
                     help="elements of a state part (OffloadedAdamW part_elements): the "
                          "chunked ceiling copies one part's bytes at a time (a group's "
@@ -370,7 +401,7 @@ def main():
                  f"--checkpointing={a.checkpointing}", f"--volume-dir={a.volume_dir}",
                  f"--commit-every={a.commit_every}", f"--units={a.units}",
                  f"--profile-step={a.profile_step}", f"--trace-step={a.trace_step}",
-                 f"--part-elements={a.part_elements}"]
+                 f"--part-elements={a.part_elements}", f"--loss-chunk={a.loss_chunk}"]
     ceiling = pcie_ceiling(a.cli, chunk=2 * a.part_elements)  # bf16 parameters
     order = ["reference", "memascend"]
     random.Random(time.time_ns()).shuffle(order)
@@ -406,6 +437,13 @@ def main():
             record["step_over_forward_backward"] = st / fb
             if between is not None:
                 record["between_commits_over_forward_backward"] = between / fb
+            # MFU (compare.py's): model FLOPs a step over the step, against the ceiling.
+            flops = train_flops(ref["matmul_parameters"], a.layers, LLAMA_1B["hidden_size"],
+                                a.seq, a.accum * a.batch * a.seq)
+            record["flops_per_step"] = flops
+            record["matmul_ceiling"] = ref["matmul_ceiling"]
+            record["mfu"] = flops / st / ref["matmul_ceiling"]["flops"]
+            record["reference_mfu"] = flops / fb / ref["matmul_ceiling"]["flops"]
         if mem.get("trace"):
             timeline.svg(mem["trace"]["spans"], f"llama-3.2-1b-shapes-{a.layers}-layers, batch "
                          f"{a.batch} x {a.accum}: step {mem['trace']['step']}", os.path.join(
@@ -416,6 +454,7 @@ def main():
         record["peak_rss_bytes"] = mem["peak_rss_bytes"]
         record["peak_pinned_bytes"] = mem["peak_pinned_bytes"]
         record["gpu_peak_bytes"] = mem["torch_gpu_peak_bytes"] + mem["device_budget_bytes"]
+        record["within_gpu_cap"] = record["gpu_peak_bytes"] <= a.gpu_cap
         if mem["param_copy_seconds"] > 0 and ceiling:
             h2d = mem["param_bytes_to_device"] / mem["param_copy_seconds"] / 2**30
             record["param_h2d_gib_per_s"] = h2d
@@ -435,7 +474,7 @@ def main():
     keys = ["model", "device", "h2d_ratio", "h2d_ratio_at_part_size", "param_h2d_gib_per_s",
             "step_over_forward_backward",
             "between_commits_over_forward_backward", "loss_rel_diff_max", "rss_growth", "peak_rss_bytes", "peak_pinned_bytes",
-            "gpu_peak_bytes", "tokens_per_s"]
+            "gpu_peak_bytes", "within_gpu_cap", "tokens_per_s", "mfu", "reference_mfu"]
     print(json.dumps({k: record.get(k) for k in keys}, indent=1))
     return 0 if "error" not in mem and "error" not in ref else 1
 

@@ -22,8 +22,9 @@ import sys
 import time
 import traceback
 
-from common import BETAS, EPS, LR, WD, ROOT, build_llama, cpu_seconds, device_name, \
-    offload_units, proc_io, proc_status, reset_peak_rss, rss_bytes, steady_step, token_stream
+from common import BETAS, EPS, LR, WD, ROOT, build_llama, counts, cpu_seconds, device_name, \
+    offload_units, proc_io, proc_status, reset_peak_rss, rss_bytes, steady_step, token_stream, \
+    train_flops
 import cgroup
 
 SYSTEMS = ("torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend")
@@ -61,16 +62,6 @@ def make_adamw(params, device):
         opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                                 foreach=True)
         return opt, f"foreach (fused refused on {device}: {str(e).splitlines()[0][:160]})"
-
-
-def counts(model):
-    """(parameters, those that take part in matrix products: every 2-D one, the input
-    embedding only where it is the head's weight too, a lookup costing no products)."""
-    embed = model.model.embed_tokens.weight
-    tied = model.lm_head.weight is embed
-    params = list(model.parameters())
-    return (sum(p.numel() for p in params),
-            sum(p.numel() for p in params if p.dim() >= 2 and (tied or p is not embed)))
 
 
 class TorchGPU:
@@ -446,8 +437,7 @@ def train(a, device, record):
     record["tokens_per_step"] = tokens_per_step
     record["tokens_per_s"] = tokens_per_step / step
     layers, hidden = a.layers, a.shapes["hidden_size"]
-    flops = 6 * record["matmul_parameters"] * tokens_per_step + \
-        12 * layers * hidden * a.seq * tokens_per_step
+    flops = train_flops(record["matmul_parameters"], layers, hidden, a.seq, tokens_per_step)
     record["flops_per_step"] = flops
     if a.ceiling_flops:
         record["mfu"] = flops / step / a.ceiling_flops

@@ -435,6 +435,76 @@ def test_the_path_bench_says_whose_cpu_time_it_was(tmp_path):
         vol.close()
 
 
+def _tiny_llama(seed=0):
+    import torch
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import common
+    import llama
+    torch.manual_seed(seed)
+    cfg = dict(common.LLAMA_1B, hidden_size=64, intermediate_size=172, vocab_size=256,
+               num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2)
+    model = llama.LlamaForCausalLM(cfg)
+    model.gradient_checkpointing_enable()
+    return model
+
+
+@pytest.mark.parametrize("chunk", [1, 37, 62, 1000])
+def test_the_chunked_loss_is_the_models_own(chunk):
+    """common.causal_lm_loss in pieces of `chunk` tokens (each recomputed in backward): the
+    model's own loss and gradients, up to the order of the additions (2 sequences of 32:
+    62 predicted tokens, so 62 and 1000 are one piece, 37 two unequal ones)."""
+    import torch
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import common
+    model = _tiny_llama()
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    whole = common.causal_lm_loss(model, x, 0)
+    whole.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    pieces = common.causal_lm_loss(model, x, chunk)
+    pieces.backward()
+    assert float(pieces) == pytest.approx(float(whole), rel=1e-6)
+    for (name, p), g in zip(model.named_parameters(), want):
+        assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-6), name
+
+
+def test_offloaded_parameters_train_through_the_chunked_loss(tmp_path):
+    """The head (tied to the embedding) called once a piece, and again in each piece's
+    recomputation, under offload_parameters: the same losses as torch's AdamW on the same
+    chunked loss (the path's --loss-chunk runs this way on the GPU)."""
+    import torch
+    import memascend.torch as mt
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import common
+    x = [torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))] * 4
+
+    def train(model, opt):
+        losses = []
+        for t in x:
+            loss = common.causal_lm_loss(model, t, 20)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+        return losses
+
+    ref = _tiny_llama()
+    want = train(ref, torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01))
+    model = _tiny_llama()
+    opt = mt.OffloadedAdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
+                            volume=str(tmp_path / "chunked.vol"), host_budget=4 << 20,
+                            part_elements=1 << 14)
+    offload = mt.offload_parameters(model, opt)
+    try:
+        got = train(model, opt)
+    finally:
+        offload.remove()
+        opt.close()
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
+    assert got[-1] < got[0]
+
+
 def test_the_path_bench_sizes_its_chunked_ceiling_as_the_sdks_parts():
     """bench/gpu/path.py's PART_ELEMENTS (the parent does not import memascend) is
     memascend.torch's default part size, whose bf16 bytes the chunked ceiling copies."""
