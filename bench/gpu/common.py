@@ -189,9 +189,11 @@ def causal_lm_loss(model, input_ids, chunk=0):
     predicted tokens.
 
     chunk 0: the model's own (model(input_ids, labels).loss), which makes the whole
-    micro-batch's logits, and their fp32 copy and gradient: with Llama-3's 128,256-entry
-    vocabulary 1.6 GB a 2,048-token sequence, the largest tensors of a step under activation
-    checkpointing, and what kept the path's micro-batch at one sequence under an 8 GiB cap.
+    micro-batch's logits, their fp32 copy and its gradient: with Llama-3's 128,256-entry
+    vocabulary about 2.6 GB a 2,048-token sequence, the largest tensors of a step under
+    activation checkpointing, and what kept the path's micro-batch at one sequence under an
+    8 GiB cap. (A loop that calls submodules rather than the root: offload_parameters
+    knows a forward pass from a backward one without the root's hooks.)
     chunk N: the head and the loss N tokens at a time, each piece recomputed in backward
     (torch.utils.checkpoint), so at most N tokens' logits exist at once; the same loss up
     to the order of the additions. The model's submodules are called directly (model.model,

@@ -51,10 +51,13 @@ device, the model, the commit, the command and the figures:
   rss_growth                host RSS from step 5 to the last, as a fraction
   peak_rss_bytes, peak_pinned_bytes (the store's page-locked arena), gpu_peak_bytes
   (torch's reserved peak plus the device budget of the parameters, which torch's
-  allocator is capped to leave: within_gpu_cap), tokens_per_s
+  allocator is capped to leave: within_gpu_cap, true by construction for a run that
+  ends; device_used_bytes_max, the whole device's use at the step ends, CUDA context
+  included, says what that count leaves out), tokens_per_s
   mfu, reference_mfu        model FLOPs a step (compare.py's count) over memascend's step,
-                            and over the reference's forward+backward, against the bf16
-                            matrix-product ceiling the reference's process measures
+                            and over the reference's forward+backward alone (its update
+                            not counted), against the bf16 matrix-product ceiling the
+                            reference's process measures (none without the reference)
   --loss-chunk N            both runs' head and loss N tokens at a time
                             (common.causal_lm_loss): larger micro-batches under the cap
 """
@@ -184,6 +187,8 @@ def matmul_ceiling():
 def child_reference(a):
     import torch
     ceiling = matmul_ceiling()
+    torch.cuda.empty_cache()  # the product's matrices are not the reference's peak
+    torch.cuda.reset_peak_memory_stats()
     model, tokens = build(a)
     matmul_parameters = counts(model)[1]
     params = list(model.parameters())
@@ -239,7 +244,7 @@ def child_memascend(a):
     torch.cuda.reset_peak_memory_stats()
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
     pinned_before = host_stats() if host_stats else None
-    losses, fb, steps, rss, phases, cpu, threads = [], [], [], [], [], [], []
+    losses, fb, steps, rss, phases, cpu, threads, device_used = [], [], [], [], [], [], [], []
     traced = profile = None
     first = opt.stats()
     last, last_counters, step_counters = first["seconds"], counters(first), []
@@ -273,6 +278,8 @@ def child_memascend(a):
         steps.append(t2 - t0)
         cpu.append(cpu_seconds() - c0)
         threads.append(thread_cpu_delta(th0, thread_cpu_seconds(), cpu[-1]))
+        free, whole = torch.cuda.mem_get_info()  # the device's, the CUDA context included
+        device_used.append(whole - free)
         rss.append(rss_bytes())
         print(f"[memascend] step {step}: loss {losses[-1]:.4f}, forward+backward {fb[-1]:.3f} s, "
               f"step {steps[-1]:.3f} s, CPU {cpu[-1]:.2f} s", flush=True)
@@ -293,6 +300,7 @@ def child_memascend(a):
         "peak_pinned_bytes": stats["store"]["pinned_peak_bytes"],
         "torch_gpu_peak_bytes": torch.cuda.max_memory_reserved(),
         "device_budget_bytes": opt._cuda.budget, "torch_gpu_cap_bytes": torch_cap,
+        "device_used_bytes_at_step_ends": device_used,
         "param_bytes_to_device": dp["bytes_to_device"],
         "param_copy_seconds": dp["copy_seconds"],
         "device_parameters": dp, "device_gradients": stats["device_gradients"],
@@ -455,6 +463,7 @@ def main():
         record["peak_pinned_bytes"] = mem["peak_pinned_bytes"]
         record["gpu_peak_bytes"] = mem["torch_gpu_peak_bytes"] + mem["device_budget_bytes"]
         record["within_gpu_cap"] = record["gpu_peak_bytes"] <= a.gpu_cap
+        record["device_used_bytes_max"] = max(mem["device_used_bytes_at_step_ends"])
         if mem["param_copy_seconds"] > 0 and ceiling:
             h2d = mem["param_bytes_to_device"] / mem["param_copy_seconds"] / 2**30
             record["param_h2d_gib_per_s"] = h2d

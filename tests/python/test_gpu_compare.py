@@ -496,13 +496,22 @@ def test_offloaded_parameters_train_through_the_chunked_loss(tmp_path):
                             volume=str(tmp_path / "chunked.vol"), host_budget=4 << 20,
                             part_elements=1 << 14)
     offload = mt.offload_parameters(model, opt)
+    # The loss calls the model's submodules, never the root's forward: each forward pass's
+    # loads must still be a forward pass's (on a GPU the direction steers the read-ahead;
+    # it once stayed "backward" from the first backward pass on).
+    directions = []
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda m, i: directions.append(offload._backward))
     try:
         got = train(model, opt)
     finally:
+        hook.remove()
         offload.remove()
         opt.close()
     assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
     assert got[-1] < got[0]
+    # Per step: the forward pass (False), then the layer's recomputation in backward (True).
+    assert directions == [False, True] * len(x)
 
 
 def test_the_path_bench_sizes_its_chunked_ceiling_as_the_sdks_parts():

@@ -363,8 +363,8 @@ class ParameterOffload:
         if begin is not None:
             self._trace.compute(f"{label} {self._names.get(key, '?')}", begin, self._trace.now())
 
-    def _end_backward(self):
-        self._callback_queued = False
+    def _end_backward(self):  # what loads next is a forward pass's, root called or not
+        self._callback_queued = self._backward = False
         self._recomputing.clear()
         for kind, key in list(self._marks):  # modules whose inputs needed no gradient
             if kind == "bwd":
