@@ -5,6 +5,7 @@ loaded whole, a final norm), at the device budget and read-ahead memascend.torch
 
     python3 bench/gpu/param_loads.py [--layers 16] [--scale 256] [--micro-batches 8]
                                      [--budget-fraction F] [--read-ahead-fraction F]
+                                     [--loss-pieces N]
 
 The groups are Llama-3.2-1B's parameters (--layers decoder layers), each divided by
 --scale (the counts are of bytes over the model's, which the scale does not change);
@@ -43,14 +44,21 @@ def groups(layers, scale):
     return g + [("norm", max(64, HIDDEN // scale))]
 
 
-def units(layers):
-    """The forward pass's uses, each a list of groups acquired together."""
-    return ([[0]] + [list(range(1 + 9 * i, 10 + 9 * i)) for i in range(layers)] +
-            [[9 * layers + 1], [0]])
+def units(layers, loss_pieces=0):
+    """(forward, backward): each pass's uses in order, each a list of groups acquired
+    together. With loss_pieces N (the path's --loss-chunk, common.causal_lm_loss) the head
+    is used once a piece in forward, and twice a piece in backward (the piece's
+    recomputation, then its backward), the pieces in reverse."""
+    body = [[0]] + [list(range(1 + 9 * i, 10 + 9 * i)) for i in range(layers)] + \
+        [[9 * layers + 1]]
+    if loss_pieces <= 0:
+        forward = body + [[0]]
+        return forward, forward[::-1]
+    return body + [[0]] * loss_pieces, [[0]] * (2 * loss_pieces) + body[::-1]
 
 
 def count(layers=16, scale=256, micro_batches=8, update_every=4, budget_fraction=None,
-          read_ahead_fraction=None, workdir=None):
+          read_ahead_fraction=None, workdir=None, loss_pieces=0):
     """Runs the sequence; returns the record (see the module's docstring)."""
     import torch
     from memascend import _core
@@ -79,16 +87,16 @@ def count(layers=16, scale=256, micro_batches=8, update_every=4, budget_fraction
         dev = _core.DeviceParameters(adam, device_budget=budget, read_ahead=read_ahead,
                                      emulate=True)
         try:
-            uses, rows, last = units(layers), [], dev.stats()
+            (forward, backward), rows, last = units(layers, loss_pieces), [], dev.stats()
             for mb in range(micro_batches):
                 updated = mb % update_every == 0
                 if updated:
                     for g in range(n):
                         dev.invalidate(g)
-                for backward, order in ((False, uses), (True, uses[::-1])):
+                for is_backward, order in ((False, forward), (True, backward)):
                     for unit in order:
                         for g in unit:
-                            dev.acquire(g, 0, backward)
+                            dev.acquire(g, 0, is_backward)
                         for g in unit:
                             dev.release(g, 0)
                 s = dev.stats()
@@ -105,6 +113,7 @@ def count(layers=16, scale=256, micro_batches=8, update_every=4, budget_fraction
             vol.close()
     steady = [r["models_loaded"] for r in rows if not r["after_update"]]
     return {"model": f"llama-3.2-1b-shapes-{layers}-layers", "scale": scale,
+            "loss_pieces": loss_pieces,
             "model_bytes_unscaled": model * scale, "budget_fraction": budget / model,
             "read_ahead_fraction": read_ahead / model, "update_every": update_every,
             "steady_models_loaded_max": max(steady) if steady else None,
@@ -119,9 +128,11 @@ def main():
     ap.add_argument("--update-every", type=int, default=4)
     ap.add_argument("--budget-fraction", type=float)
     ap.add_argument("--read-ahead-fraction", type=float)
+    ap.add_argument("--loss-pieces", type=int, default=0, help="the head used a piece at a "
+                    "time (the path's --loss-chunk: tokens a micro-batch over the chunk)")
     a = ap.parse_args()
     r = count(a.layers, a.scale, a.micro_batches, a.update_every, a.budget_fraction,
-              a.read_ahead_fraction)
+              a.read_ahead_fraction, loss_pieces=a.loss_pieces)
     print(json.dumps(r, indent=1))
     return 0
 

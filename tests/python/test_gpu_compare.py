@@ -542,3 +542,11 @@ def test_the_device_parameters_load_near_the_least_a_budget_allows(tmp_path):
     assert all(1.0 <= x <= 1.0 + least + 0.3 for x in after), after
     # 146 groups, 147 acquires a pass (the head takes the embedding again), two passes
     assert all(m["acquires"] == 2 * 147 for m in r["micro_batches"])
+    # The loss in 16 pieces (the path's --loss-chunk): the head's embedding, used once a
+    # piece forward and twice backward, stays resident: the same loads, 46 more acquires.
+    pieces = param_loads.count(layers=16, scale=1024, micro_batches=6, workdir=str(tmp_path),
+                               loss_pieces=16)
+    assert [m["models_loaded"] for m in pieces["micro_batches"]] == pytest.approx(
+        [m["models_loaded"] for m in r["micro_batches"]], rel=1e-3)
+    assert all(m["misses"] == 0 for m in pieces["micro_batches"] if not m["after_update"])
+    assert all(m["acquires"] == 2 * 147 + 15 + 31 for m in pieces["micro_batches"])
