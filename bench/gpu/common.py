@@ -192,13 +192,17 @@ def causal_lm_loss(model, input_ids, chunk=0):
     micro-batch's logits, their fp32 copy and its gradient: with Llama-3's 128,256-entry
     vocabulary about 2.6 GB a 2,048-token sequence, the largest tensors of a step under
     activation checkpointing, and what kept the path's micro-batch at one sequence under an
-    8 GiB cap. (A loop that calls submodules rather than the root: offload_parameters
-    knows a forward pass from a backward one without the root's hooks.)
-    chunk N: the head and the loss N tokens at a time, each piece recomputed in backward
-    (torch.utils.checkpoint), so at most N tokens' logits exist at once; the same loss up
-    to the order of the additions. The model's submodules are called directly (model.model,
-    then model.lm_head): right for hooks on modules (memascend's offload_parameters,
-    DeepSpeed's), not for a wrapper that acts only on the root's forward (FSDP2's root)."""
+    8 GiB cap. chunk N: the head and the loss N tokens at a time, each piece recomputed in
+    backward (torch.utils.checkpoint), so at most N tokens' logits exist at once; the same
+    loss up to the order of the additions.
+
+    The body runs inside the root's forward (the model called with logits_to_keep=1, its
+    final hidden states taken by a hook on model.model, the one token's logits unused): a
+    wrapper's hooks on the root (offload_parameters' saved-tensor hooks, which save a view
+    of an offloaded parameter as how to remake it; its direction of the pass) see a forward
+    pass as with the model's own loss. The pieces call model.lm_head after it; under the
+    checkpoint a piece saves nothing in forward, and its recomputation's tensors are used at
+    once by its backward."""
     if chunk <= 0:
         return model(input_ids=input_ids, labels=input_ids).loss
     import torch.nn.functional as F
@@ -207,7 +211,18 @@ def causal_lm_loss(model, input_ids, chunk=0):
     def piece(head, h, t):
         return F.cross_entropy(head(h).float(), t, reduction="sum")
 
-    hidden = model.model(input_ids=input_ids).last_hidden_state
+    body = {}
+
+    def keep(module, inputs, output):
+        body["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") \
+            else output[0]
+
+    handle = model.model.register_forward_hook(keep)
+    try:
+        model(input_ids=input_ids, logits_to_keep=1)
+    finally:
+        handle.remove()
+    hidden = body["hidden"]
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     t = input_ids[:, 1:].reshape(-1)
     total = None

@@ -155,8 +155,11 @@ class LlamaForCausalLM(nn.Module):
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
         self.model.checkpointing = True
 
-    def forward(self, input_ids, labels=None):
-        logits = self.lm_head(self.model(input_ids).last_hidden_state)
+    def forward(self, input_ids, labels=None, logits_to_keep=0):
+        hidden = self.model(input_ids).last_hidden_state
+        if logits_to_keep:  # transformers': the last tokens' logits only
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),

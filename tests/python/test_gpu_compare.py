@@ -479,11 +479,15 @@ def test_offloaded_parameters_train_through_the_chunked_loss(tmp_path):
     import common
     x = [torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))] * 4
 
-    def train(model, opt):
+    after_backward = []
+
+    def train(model, opt, offload=None):
         losses = []
         for t in x:
             loss = common.causal_lm_loss(model, t, 20)
             loss.backward()
+            if offload is not None:
+                after_backward.append(offload._backward)
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(float(loss))
@@ -496,14 +500,15 @@ def test_offloaded_parameters_train_through_the_chunked_loss(tmp_path):
                             volume=str(tmp_path / "chunked.vol"), host_budget=4 << 20,
                             part_elements=1 << 14)
     offload = mt.offload_parameters(model, opt)
-    # The loss calls the model's submodules, never the root's forward: each forward pass's
-    # loads must still be a forward pass's (on a GPU the direction steers the read-ahead;
-    # it once stayed "backward" from the first backward pass on).
+    # The pieces call the head after the root's forward: every forward pass's loads must
+    # be a forward pass's (on a GPU the direction steers the read-ahead), and a backward
+    # pass's end says so by itself (it once stayed "backward" until the root's next
+    # forward, which a loop calling submodules never makes).
     directions = []
     hook = model.model.layers[0].register_forward_pre_hook(
         lambda m, i: directions.append(offload._backward))
     try:
-        got = train(model, opt)
+        got = train(model, opt, offload)
     finally:
         hook.remove()
         offload.remove()
@@ -512,6 +517,7 @@ def test_offloaded_parameters_train_through_the_chunked_loss(tmp_path):
     assert got[-1] < got[0]
     # Per step: the forward pass (False), then the layer's recomputation in backward (True).
     assert directions == [False, True] * len(x)
+    assert after_backward == [False] * len(x)
 
 
 def test_the_path_bench_sizes_its_chunked_ceiling_as_the_sdks_parts():
