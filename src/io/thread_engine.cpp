@@ -25,10 +25,7 @@ class ThreadPoolEngine final : public IoEngine {
   explicit ThreadPoolEngine(const IoEngineOptions& options)
       : IoEngine(IoBackendKind::kThreadPool, options) {
     for (unsigned i = 0; i < options.threads; ++i) {
-      workers_.emplace_back([this] {
-        prim::NameThisThread("ma-io");
-        Work();
-      });
+      workers_.push_back(prim::StartThread("ma-io", [this] { Work(); }));
     }
   }
 

@@ -39,10 +39,7 @@ class UringEngine final : public IoEngine {
         event_(std::move(event)),
         depth_(options.queue_depth) {
     files_fixed_ = io_uring_register_files_sparse(ring_.get(), kMaxRegisteredFiles) == 0;
-    thread_ = std::thread([this] {
-      prim::NameThisThread("ma-uring");
-      Run();
-    });
+    thread_ = prim::StartThread("ma-uring", [this] { Run(); });
   }
 
   ~UringEngine() override {

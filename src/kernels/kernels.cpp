@@ -176,10 +176,7 @@ KernelThreads::KernelThreads(int threads) : impl_(new Impl) {
   const unsigned cpus = std::thread::hardware_concurrency();
   impl_->spin = cpus == 0 || static_cast<unsigned>(std::max(threads, 1)) <= cpus;
   for (int i = 1; i < std::max(threads, 1); ++i)
-    impl_->workers.emplace_back([this] {
-      prim::NameThisThread("ma-kernel");
-      impl_->Work();
-    });
+    impl_->workers.push_back(prim::StartThread("ma-kernel", [this] { impl_->Work(); }));
 }
 
 KernelThreads::~KernelThreads() {

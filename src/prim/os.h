@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include <memascend/system.h>
 
@@ -24,6 +26,16 @@ std::uint64_t PageSize() noexcept;
 // (every thread MemAscend starts is named "ma-...": whose CPU time is whose). The kernel
 // keeps 15 characters; a longer name is cut. Best effort: a failure changes nothing.
 void NameThisThread(const char* name) noexcept;
+
+// A thread that names itself `name` (a string literal: it must outlive the thread's start)
+// and then runs `body`: how every thread MemAscend starts is made.
+template <typename F>
+std::thread StartThread(const char* name, F&& body) {
+  return std::thread([name, body = std::forward<F>(body)]() mutable {
+    NameThisThread(name);
+    body();
+  });
+}
 
 }  // namespace memascend::prim
 

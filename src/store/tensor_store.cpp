@@ -159,10 +159,7 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(ObjectStore* volu
   MEMASCEND_ASSIGN_OR_RETURN(impl->arena, HostArena::Create(ao));
   Impl* m = impl.get();
   for (int i = 0; i < options.prefetch_threads; ++i) {
-    m->workers.emplace_back([m] {
-      prim::NameThisThread("ma-store-io");
-      m->Work();
-    });
+    m->workers.push_back(prim::StartThread("ma-store-io", [m] { m->Work(); }));
   }
   return std::unique_ptr<TensorStore>(new TensorStore(std::move(impl)));
 }

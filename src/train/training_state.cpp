@@ -1074,10 +1074,8 @@ absl::Status VersionedTrainingState::CommitBatch(bool background) {
     if (s.ok()) m.committed = end;
     return s;
   }
-  m.committer = std::thread([this, commit = std::move(commit)] {
-    prim::NameThisThread("ma-commit");
-    impl_->commit_status = commit();
-  });
+  m.committer = prim::StartThread(
+      "ma-commit", [this, commit = std::move(commit)] { impl_->commit_status = commit(); });
   return absl::OkStatus();
 }
 
@@ -1115,10 +1113,8 @@ absl::Status VersionedTrainingState::CommitWhole(std::string bytes, std::uint64_
     return absl::OkStatus();
   }
   m.committing_step = step;
-  m.committer = std::thread([this, commit = std::move(commit)] {
-    prim::NameThisThread("ma-commit");
-    impl_->commit_status = commit();
-  });
+  m.committer = prim::StartThread(
+      "ma-commit", [this, commit = std::move(commit)] { impl_->commit_status = commit(); });
   return absl::OkStatus();
 }
 
@@ -1193,22 +1189,23 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
   impl_->committing_step = r.step;
   const bool previous_written = impl_->previous_written;
   impl_->writing_next = impl_->previous_written = false;
-  impl_->committer = std::thread([this, previous_written, record = std::move(record)] {
-    prim::NameThisThread("ma-commit");
-    // Note [previous commit]: the last record becomes the previous one first (unless the
-    // step did so already, Note [bounded staging]).
-    absl::Status s = absl::OkStatus();
-    if (!impl_->last_record.empty() && !previous_written) {
-      // Only a record of an earlier step (a run started over keeps none of the old one's).
-      auto last = DecodeCommitRecord(impl_->last_record);
-      if (last.ok() && last->step < record.step) s = PutRecord(PreviousName(), impl_->last_record);
-    }
-    if (s.ok()) s = impl_->store->Flush();
-    std::string bytes = EncodeCommitRecord(record);
-    if (s.ok()) s = PutRecord(impl_->options.record_name, bytes);
-    if (s.ok()) impl_->last_record = std::move(bytes);
-    impl_->commit_status = std::move(s);
-  });
+  impl_->committer =
+      prim::StartThread("ma-commit", [this, previous_written, record = std::move(record)] {
+        // Note [previous commit]: the last record becomes the previous one first (unless the
+        // step did so already, Note [bounded staging]).
+        absl::Status s = absl::OkStatus();
+        if (!impl_->last_record.empty() && !previous_written) {
+          // Only a record of an earlier step (a run started over keeps none of the old one's).
+          auto last = DecodeCommitRecord(impl_->last_record);
+          if (last.ok() && last->step < record.step)
+            s = PutRecord(PreviousName(), impl_->last_record);
+        }
+        if (s.ok()) s = impl_->store->Flush();
+        std::string bytes = EncodeCommitRecord(record);
+        if (s.ok()) s = PutRecord(impl_->options.record_name, bytes);
+        if (s.ok()) impl_->last_record = std::move(bytes);
+        impl_->commit_status = std::move(s);
+      });
   return absl::OkStatus();
 }
 
