@@ -6,6 +6,7 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 
 ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -230,6 +231,16 @@ def causal_lm_loss(model, input_ids, chunk=0):
         s = checkpoint(piece, model.lm_head, h[i:i + chunk], t[i:i + chunk], use_reentrant=False)
         total = s if total is None else total + s
     return total / t.numel()
+
+
+def matmul_ceiling():
+    """The bf16 matrix-product ceiling of GPU 0 (tools/device/matmul.py: 8192^3, CUDA
+    events, median of 20), as {"flops", "label", "detail"}: what MFU is measured against."""
+    sys.path.insert(0, os.path.join(ROOT, "tools", "device"))
+    import matmul
+    r = matmul.measure()
+    return {"flops": r["median_tflops"] * 1e12, "label": "bf16 matmul 8192^3, CUDA events, "
+            "median of 20 (tools/device/matmul.py)", "detail": r}
 
 
 def counts(model):

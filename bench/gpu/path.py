@@ -75,7 +75,7 @@ import time
 
 import timeline
 from common import (LLAMA_1B, LR, BETAS, EPS, WD, ROOT, build_llama, causal_lm_loss, commit,
-                    counts, cpu_seconds,
+                    counts, cpu_seconds, matmul_ceiling,
                     host_counters, offload_units, parse_bytes, rss_bytes, steady_step,
                     thread_cpu_delta, thread_cpu_seconds, token_stream, train_flops)
 
@@ -174,19 +174,9 @@ def counters(stats):
     return c
 
 
-def matmul_ceiling():
-    """The bf16 matrix-product ceiling of this GPU (tools/device/matmul.py, as compare.py's),
-    measured in the reference's process, which has the whole device: what mfu is against."""
-    sys.path.insert(0, os.path.join(ROOT, "tools", "device"))
-    import matmul
-    r = matmul.measure()
-    return {"flops": r["median_tflops"] * 1e12, "label": "bf16 matmul 8192^3, CUDA events, "
-            "median of 20 (tools/device/matmul.py)"}
-
-
 def child_reference(a):
     import torch
-    ceiling = matmul_ceiling()
+    ceiling = matmul_ceiling()  # in this process, which has the whole device
     torch.cuda.empty_cache()  # the product's matrices are not the reference's peak
     torch.cuda.reset_peak_memory_stats()
     model, tokens = build(a)

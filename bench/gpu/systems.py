@@ -22,9 +22,9 @@ import sys
 import time
 import traceback
 
-from common import BETAS, EPS, LR, WD, ROOT, build_llama, counts, cpu_seconds, device_name, \
-    offload_units, proc_io, proc_status, reset_peak_rss, rss_bytes, steady_step, token_stream, \
-    train_flops
+from common import BETAS, EPS, LR, WD, build_llama, counts, cpu_seconds, device_name, \
+    matmul_ceiling, offload_units, proc_io, proc_status, reset_peak_rss, rss_bytes, steady_step, \
+    token_stream, train_flops
 import cgroup
 
 SYSTEMS = ("torch-gpu", "fsdp2-offload", "deepspeed-zero-infinity", "memascend")
@@ -467,11 +467,7 @@ def ceiling(a, device):
     (tools/device/matmul.py); a float32 1024^3 product timed with perf_counter on the CPU."""
     import torch
     if device.startswith("cuda"):
-        sys.path.insert(0, os.path.join(ROOT, "tools", "device"))
-        import matmul
-        r = matmul.measure()
-        return {"flops": r["median_tflops"] * 1e12, "label": "bf16 matmul 8192^3, CUDA events, "
-                "median of 20 (tools/device/matmul.py)", "detail": r, **pinned_ceiling(torch),
+        return {**matmul_ceiling(), **pinned_ceiling(torch),
                 "torch_threads": torch.get_num_threads()}
     n = 1024
     x, y = torch.randn(n, n), torch.randn(n, n)
