@@ -427,6 +427,9 @@ def test_the_path_bench_says_whose_cpu_time_it_was(tmp_path):
         before, cpu = common.thread_cpu_seconds(), common.cpu_seconds()
         ended.start()
         ended.join()
+        until = time.monotonic() + 10  # a joined thread leaves /proc a moment later
+        while os.path.exists(f"/proc/self/task/{ended.native_id}") and time.monotonic() < until:
+            time.sleep(0.01)
         delta = common.thread_cpu_delta(before, common.thread_cpu_seconds(),
                                         common.cpu_seconds() - cpu)
         assert delta.get("(ended threads)", 0) >= 0.1, delta
