@@ -141,11 +141,12 @@ def main():
     seed = a.seed if a.seed is not None else int(time.time())
     order = [d for d in depths for _ in range(a.reps)]
     random.Random(seed).shuffle(order)
+    commit = os.environ.get("MEMASCEND_COMMIT")  # the device check's: the bundle's commit
     try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
+        commit = commit or subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"],
+                                          capture_output=True, text=True).stdout.strip() or None
     except OSError:
-        commit = None
+        pass
     record = {"kind": "commit-depth", "date": datetime.datetime.now(datetime.timezone.utc)
               .isoformat(timespec="seconds"), "device": socket.gethostname(),
               "commit": commit, "command": " ".join([sys.executable] + sys.argv),

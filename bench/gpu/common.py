@@ -141,14 +141,12 @@ def proc_io():
 
 
 def commit():
-    """The commit measured: the device bundle's manifest, else git, else
-    $MEMASCEND_COMMIT (a tree that is not a git checkout)."""
-    manifest = os.path.join(ROOT, ".device", "manifest.json")
-    if os.path.exists(manifest):
-        with open(manifest) as f:
-            c = json.load(f).get("commit")
-        if c:
-            return c
+    """The commit measured: $MEMASCEND_COMMIT where whoever launched the bench knows it (the
+    device check sets it from the bundle's manifest: the binaries it imports are the
+    bundle's, whatever the tree), else git, else the bundle's manifest (a copied tree run
+    by hand). A checkout's stale .device/ never names the commit of a build/ it did not make."""
+    if os.environ.get("MEMASCEND_COMMIT"):
+        return os.environ["MEMASCEND_COMMIT"]
     try:
         r = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
                            text=True, timeout=30)
@@ -156,7 +154,11 @@ def commit():
             return r.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return os.environ.get("MEMASCEND_COMMIT")
+    manifest = os.path.join(ROOT, ".device", "manifest.json")
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            return json.load(f).get("commit")
+    return None
 
 
 def cpu_model():

@@ -126,7 +126,8 @@ def parser():
     # --fit: under a host memory cap
     add("--fit", action="store_true")
     add("--host-cap", type=parse_bytes, default=parse_bytes("16G"))
-    add("--fit-layers", default="16,24,32,48,64")
+    add("--fit-layers", default="2,4,8,16,24,32,48,64", help="decoder layers at the model's "
+        "widths; from 2, since FSDP2 holds 16 bytes a parameter and the 1B (16) is over 16 GiB")
     add("--fit-seqs", default="2048,4096,8192,16384,32768,65536,131072")
     add("--fit-steps", type=int, default=3)
     add("--fit-budget", type=float, default=10.0, help="memascend's budget in --fit")

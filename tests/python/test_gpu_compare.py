@@ -559,3 +559,52 @@ def test_the_device_parameters_load_near_the_least_a_budget_allows(tmp_path):
         [m["models_loaded"] for m in r["micro_batches"]], rel=1e-3)
     assert all(m["misses"] == 0 for m in pieces["micro_batches"] if not m["after_update"])
     assert all(m["acquires"] == 2 * 147 + 15 + 31 for m in pieces["micro_batches"])
+
+
+def test_the_fit_under_a_cap_stops_each_ladder_at_the_rung_the_kernel_kills(tmp_path):
+    """--fit at a tiny size under a 400 MiB cap: 2 layers train, 3,000 (135 M fp32
+    parameters a system builds first) are killed by the kernel at the cap, and that ends
+    the ladder; the sequence ladder trains throughout. Skips where no cgroup can be made."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import cgroup
+    probe, why = cgroup.make(f"memascend-test-probe-{os.getpid()}", 400 << 20)
+    if probe is None:
+        pytest.skip(f"no memory cgroup: {why}")
+    probe.remove()
+    p = subprocess.run([sys.executable, SCRIPT, "--fit", "--systems", "torch-gpu,memascend",
+                        "--out", str(tmp_path), "--commit-every", "2",
+                        "--cpu-kernels-elements", "1M", "--fit-layers", "2,3000,4",
+                        "--fit-seqs", "32,64", "--fit-steps", "2", "--host-cap", "400M"]
+                       + TINY, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    s = json.load(open(tmp_path / "fit-summary.json"))
+    assert s["capped"] and s["host_cap_bytes"] == 400 << 20 and s["why_not_capped"] is None
+    assert set(s["systems"]) == {"torch-gpu", "memascend-10pct-c2"}
+    for name, o in s["systems"].items():
+        assert [x["size"] for x in o["layers"]] == [2, 3000], name  # 4 never ran
+        small, big = o["layers"]
+        assert small["trains"] and small["parameters"] > 0 and small["cgroup_peak_bytes"] > 0
+        assert not big["trains"] and big["oom_kills"] >= 1
+        assert big["why"].startswith("killed at the cap")
+        assert o["largest_layers"] == 2 and o["largest_parameters"] == small["parameters"]
+        assert [x["trains"] for x in o["seq"]] == [True, True] and o["longest_seq"] == 64
+        assert "parameters_over_fsdp2" not in o  # no FSDP2 row ran
+        record = json.load(open(tmp_path / f"fit-{name}-layers-3000.json"))
+        assert record["cgroup_limit_bytes"] == 400 << 20 and record["exit"] == -9
+    own, parent = cgroup._own()
+    assert not [d for d in os.listdir(parent) if d.startswith("memascend-compare-")]
+
+
+def test_the_fit_reports_bytes_per_parameter_and_token_where_no_cap_can_be_made():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import argparse
+    import fit_under_cap
+    a = argparse.Namespace(batch=2, accum=3)
+    out = {"layers": [{"trains": True, "parameters": 1000, "peak_rss_bytes": 10_000},
+                      {"trains": True, "parameters": 3000, "peak_rss_bytes": 42_000}],
+           "seq": [{"trains": True, "size": 32, "peak_rss_bytes": 10_000},
+                   {"trains": True, "size": 64, "peak_rss_bytes": 10_960}]}
+    s = fit_under_cap.slopes(out, a)
+    assert s == {"host_bytes_per_parameter": 16.0, "host_bytes_per_token": 5.0}
+    out["seq"][1]["trains"] = False  # one size is no slope
+    assert "host_bytes_per_token" not in fit_under_cap.slopes(out, a)

@@ -74,6 +74,8 @@ class Check:
         self.env["PYTHONPATH"] = os.path.join(build, "python") + (
             ":" + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
         self.env["PYTHONUNBUFFERED"] = "1"
+        if manifest.get("commit"):  # the benches' records name the bundle's commit (common.commit)
+            self.env["MEMASCEND_COMMIT"] = manifest["commit"]
 
     # ---- plumbing ------------------------------------------------------------------
     def save(self):
