@@ -16,8 +16,9 @@ Per model of a Llama-shaped ladder (bench/configs/), at --seq 256 (bf16, batch 1
    --repeats of them; medians with bootstrap 95% intervals.
 
 One JSON object per run goes to OUT/frontier.jsonl: policy, model, parameters, settings,
-peak_rss_bytes, step_seconds (the median of the run's steps but the first and the last,
-steady_step below), steps_seconds (every step), fits (it
+peak_rss_bytes, step_seconds (the median of the run's steps but the first and the last, or
+with a commit interval the mean of whole intervals between them: steady_step below),
+steps_seconds (every step), fits (it
 finished), command (the argv that reproduces it), phase (sweep or repeat), repeat. The
 summary (OUT/frontier-summary.json) holds each configuration's medians and intervals and
 the frontier's statements; OUT/../frontier.svg plots step time against peak RSS per model.
@@ -25,6 +26,11 @@ the frontier's statements; OUT/../frontier.svg plots step time against peak RSS 
   /usr/bin/python3 bench/frontier.py --train build/release/examples/offload_train/memascend-train
   /usr/bin/python3 bench/frontier.py --reduced ...   # a few minutes: the smallest model,
                                                      # a grid of 4, 3 budgets, 6 repeats
+
+`--commit-every 1,4` runs memascend's budgets at each commit interval (memascend-train
+--commit-every, Note [commit interval]: a crash loses at most N-1 steps, where ZeRO-Infinity's
+swapped state survives none), labelled "memascend 25% c4"; 1, the default, is durable
+every step.
 
 The full run takes hours on 2 cores (the 1B model's steps take about half a minute
 each): run it outside CI. Needs disk for one volume of the largest model (2x its state).
@@ -126,7 +132,8 @@ def plain(settings):
 
 def label(policy, settings):
     if policy == "memascend":
-        return f"memascend {settings['budget_percent']}%"
+        every = settings.get("commit_every", 1)
+        return f"memascend {settings['budget_percent']}%" + (f" c{every}" if every > 1 else "")
     return settings.get("name") or "zero " + ",".join(
         f"{k}={v}" for k, v in plain(settings).items())
 
@@ -253,15 +260,21 @@ def williams(n, rng):
     return rows
 
 
-def steady_step(steps):
+def steady_step(steps, commit_every=1):
     """A run's step time: the median of its steps but the first and the last, whatever the
     policy. The first warms the caches; the last is short under memascend's overlapped
     update, which reports a step when the next one's update starts (Note [background
     commit]): its step 1 holds two forward and backward passes and its last step none, so
-    the last would flatter memascend. Needs 3 steps or more."""
-    if len(steps) < 3:
-        raise SystemExit("frontier: a run needs 3 steps or more (the first and last are left out)")
-    return statistics.median(steps[1:-1])
+    the last would flatter memascend. Needs 3 steps or more. With a commit interval of N
+    steps, the mean of the most whole intervals between the first and the last step: a
+    median would leave out the steps that pay for the commit. Needs N + 2 steps or more."""
+    if len(steps) < 2 + commit_every:
+        raise SystemExit(f"frontier: a run needs {2 + commit_every} steps or more (the first "
+                         f"and last are left out, and whole intervals of {commit_every} kept)")
+    if commit_every == 1:
+        return statistics.median(steps[1:-1])
+    whole = (len(steps) - 2) // commit_every * commit_every
+    return statistics.mean(steps[1:1 + whole])
 
 
 def bootstrap(values, rng, reps=2000):
@@ -298,6 +311,8 @@ class Runner:
                "--matmul", "blas"]
         if policy == "memascend":
             cmd += ["--policy", "memascend", "--host-budget", f"{settings['budget_percent']}%"]
+            if settings.get("commit_every", 1) > 1:
+                cmd += ["--commit-every", str(settings["commit_every"])]
         else:
             cmd += zero_args(settings)
         for stale in (vol,):
@@ -315,7 +330,8 @@ class Runner:
         try:
             s = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
             row.update(parameters=s["params"], peak_rss_bytes=s["peak_rss_bytes"],
-                       step_seconds=steady_step(s["step_seconds"]), steps_seconds=s["step_seconds"],
+                       step_seconds=steady_step(s["step_seconds"], settings.get("commit_every", 1)),
+                       steps_seconds=s["step_seconds"],
                        losses=s["losses"], peak_pinned_bytes=s["peak_pinned_bytes"],
                        io_bytes_per_step=statistics.mean(s["step_io_bytes"]),
                        model_state_bytes=s["model_state_bytes"])
@@ -408,6 +424,8 @@ def main():
                     "(comma-separated; default both: the frontier meets the stronger)")
     ap.add_argument("--reduce-buckets", default=str(DEFAULT_REDUCE_BUCKET),
                     help="reduce_bucket_size values the grid sweeps (comma-separated elements)")
+    ap.add_argument("--commit-every", default="1", help="memascend's commit intervals "
+                    "(comma-separated): each budget runs at each; 1 is durable every step")
     ap.add_argument("--budgets", choices=["all", "reduced", "none"],
                     help="override --reduced's budgets (none: ZeRO's sweep only)")
     ap.add_argument("--cap", help="run each command under bench/memcap.sh at this limit "
@@ -469,6 +487,12 @@ def main():
     if not releases or set(releases) - set(RELEASES):
         raise SystemExit(f"frontier: --releases {a.releases}: one or more of {RELEASES}")
     buckets = [int(float(x)) for x in a.reduce_buckets.split(",")]
+    everies = [int(x) for x in a.commit_every.split(",")]
+    if not everies or min(everies) < 1 or a.steps < 2 + max(everies):
+        raise SystemExit(f"frontier: --commit-every {a.commit_every}: intervals of 1 or more, "
+                         f"and --steps at least 2 more than the longest")
+    ours = [("memascend", dict({"budget_percent": b}, **({"commit_every": n} if n > 1 else {})))
+            for b in budgets for n in everies]
     summary = {}
     summary_path = os.path.join(a.out, "frontier-summary.json")
     if a.append and os.path.exists(summary_path):  # the other models' results stay
@@ -478,7 +502,7 @@ def main():
         print(f"frontier: {model}", file=sys.stderr)
         # 1. the sweep, in a random order
         configs = [("zero-infinity", c) for c in zero_configs(grid, releases, buckets)]
-        configs += [("memascend", {"budget_percent": b}) for b in budgets]
+        configs += ours
         rng.shuffle(configs)
         if a.tuned_from:
             sweep, zero_ran = [], earlier
@@ -491,7 +515,7 @@ def main():
         named = named_zero_rows(zero_ran, releases)
         # 3. the repeats, a Williams design
         treatments = [("zero-infinity", s) for _, s in named]
-        treatments += [("memascend", {"budget_percent": b}) for b in budgets]
+        treatments += ours
         rows = []
         while len(rows) < a.repeats:
             rows += williams(len(treatments), rng)

@@ -37,6 +37,18 @@ def test_steady_step_leaves_out_the_first_and_the_last_step():
         frontier.steady_step([1.0, 0.5])
 
 
+def test_steady_step_with_a_commit_interval_keeps_whole_intervals():
+    # The commit's cost lands in one step of each interval: a median would leave it out.
+    steps = [9.0, 5.0, 5.0, 5.0, 9.0, 5.0, 1.0]  # one interval of 4 (steps 2-5), a spare, the last
+    assert frontier.steady_step(steps, 4) == 6.0
+    assert frontier.steady_step(steps[:6] + [5.0, 5.0, 5.0, 1.0], 4) == 5.5  # two intervals
+    with pytest.raises(SystemExit, match="6 steps or more"):
+        frontier.steady_step(steps[:5], 4)
+    assert frontier.label("memascend", {"budget_percent": 25, "commit_every": 4}) == \
+        "memascend 25% c4"
+    assert frontier.label("memascend", {"budget_percent": 25}) == "memascend 25%"
+
+
 def test_bootstrap_interval_holds_the_median():
     rng = random.Random(1)
     values = [1.0, 1.1, 0.9, 1.05, 3.0, 0.95]
