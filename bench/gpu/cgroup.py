@@ -1,5 +1,6 @@
 """A memory cgroup of one's own for one run, made under this process's cgroup as
-bench/memcap.sh makes it (v2: memory.max, memory.swap.max 0; v1: memory.limit_in_bytes):
+bench/memcap.sh makes it (v2: memory.max, memory.swap.max 0; v1: memory.limit_in_bytes and,
+where swap is accounted, memory.memsw.limit_in_bytes):
 its peak is the run's alone, and a limit caps what the kernel lets the run hold. Where none
 can be made (no root, no delegation, v2's rule against processes in an inner group), `make`
 says why and the caller goes on without one."""
@@ -105,6 +106,9 @@ def make(name, limit=None):
                     open(os.path.join(path, "memory.swap.max"), "w").write("0")
             else:
                 open(os.path.join(path, "memory.limit_in_bytes"), "w").write(str(limit))
+                # memory and swap together, where swap is accounted: no run over the cap in swap
+                if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
+                    open(os.path.join(path, "memory.memsw.limit_in_bytes"), "w").write(str(limit))
         if g.peak() is None:
             raise OSError(0, f"{peak_file(version, path)} cannot be read")
         # Whether a process may join: v2 refuses one in a group whose parent has

@@ -144,14 +144,16 @@ def commit():
     """The commit measured: $MEMASCEND_COMMIT where whoever launched the bench knows it (the
     device check sets it from the bundle's manifest: the binaries it imports are the
     bundle's, whatever the tree), else git, else the bundle's manifest (a copied tree run
-    by hand). A checkout's stale .device/ never names the commit of a build/ it did not make."""
+    by hand). A checkout's stale .device/ never names the commit of a build/ it did not make;
+    a $MEMASCEND_COMMIT left exported in a shell does, so the variable is for launchers."""
     if os.environ.get("MEMASCEND_COMMIT"):
         return os.environ["MEMASCEND_COMMIT"]
-    try:
-        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
-                           text=True, timeout=30)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
+    try:  # this tree's own checkout, not one it was copied under
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--show-toplevel", "HEAD"],
+                           capture_output=True, text=True, timeout=30)
+        top, _, head = r.stdout.strip().partition("\n")
+        if r.returncode == 0 and head and os.path.realpath(top) == os.path.realpath(ROOT):
+            return head
     except (OSError, subprocess.TimeoutExpired):
         pass
     manifest = os.path.join(ROOT, ".device", "manifest.json")

@@ -588,6 +588,7 @@ def test_the_fit_under_a_cap_stops_each_ladder_at_the_rung_the_kernel_kills(tmp_
         assert big["why"].startswith("killed at the cap")
         assert o["largest_layers"] == 2 and o["largest_parameters"] == small["parameters"]
         assert [x["trains"] for x in o["seq"]] == [True, True] and o["longest_seq"] == 64
+        assert not o["layers_ladder_topped"] and o["seq_ladder_topped"]  # 64: "at least"
         assert "parameters_over_fsdp2" not in o  # no FSDP2 row ran
         record = json.load(open(tmp_path / f"fit-{name}-layers-3000.json"))
         assert record["cgroup_limit_bytes"] == 400 << 20 and record["exit"] == -9

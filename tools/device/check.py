@@ -75,7 +75,8 @@ class Check:
             ":" + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
         self.env["PYTHONUNBUFFERED"] = "1"
         if manifest.get("commit"):  # the benches' records name the bundle's commit (common.commit)
-            self.env["MEMASCEND_COMMIT"] = manifest["commit"]
+            self.env["MEMASCEND_COMMIT"] = manifest["commit"] + ("-dirty" if manifest.get("dirty")
+                                                                 else "")
 
     # ---- plumbing ------------------------------------------------------------------
     def save(self):
