@@ -39,6 +39,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from fit import parse_bytes  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+from common import commit as measured_commit  # noqa: E402  the commit a record names
 CHUNK = 1 << 21  # elements a parameter tensor holds
 
 
@@ -141,12 +143,7 @@ def main():
     seed = a.seed if a.seed is not None else int(time.time())
     order = [d for d in depths for _ in range(a.reps)]
     random.Random(seed).shuffle(order)
-    commit = os.environ.get("MEMASCEND_COMMIT")  # the device check's: the bundle's commit
-    try:
-        commit = commit or subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"],
-                                          capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        pass
+    commit = measured_commit()
     record = {"kind": "commit-depth", "date": datetime.datetime.now(datetime.timezone.utc)
               .isoformat(timespec="seconds"), "device": socket.gethostname(),
               "commit": commit, "command": " ".join([sys.executable] + sys.argv),
