@@ -301,6 +301,17 @@ class TensorStore {
   PrefetchTicket Prefetch(TensorId id, Tier tier, CudaStreamView stream = {});
   // Writes the tensor back if dirty (copying a dirty device copy back first).
   absl::Status WriteBack(TensorId id);
+  // Queues the tensor's write-back on the prefetch threads and returns at once, as
+  // write_behind does for a durable tensor released dirty (Note [write-behind]), for any
+  // durable tensor, a gradient included: for a caller that knows this version will be
+  // written anyway (a training state's redo record). A no-op unless the tensor is
+  // resident on the host, dirty, unleased and not on the device. A write that fails leaves
+  // it dirty: the next WriteBack, Evict or Flush retries it and returns the error.
+  // kInvalidArgument for an unknown id.
+  absl::Status WriteBehind(TensorId id);
+  // Whether the tensor's host bytes are not yet staged on the volume: dirty, or being
+  // written back. False for an unknown id.
+  bool WritePending(TensorId id) const;
   // Writes back each of `ids` that is dirty, write_back_depth at a time (Note [write-back
   // depth]), and returns once all are written: the first error, after the others ended.
   absl::Status WriteBack(std::span<const TensorId> ids);

@@ -17,9 +17,10 @@
 // flight. Each write-back is staged (Note [staged puts] in volume.h: the new bytes go to
 // new extents, the old stay until the next journal commit), so what the volume holds
 // changes only at journal commits, and the state orders them:
-//   - The gradients are durable tensors, the step's redo record. A step's first gradient
-//     write waits for the previous commit, so no gradient of a step reaches the volume
-//     before the step before it is whole there.
+//   - The gradients are durable tensors, the step's redo record. No gradient of a step
+//     reaches the volume before the step before it is whole there: the backward pass's
+//     gradients are staged while that step's commit may still run (it takes those staged
+//     by then with its record), and any other commit of them waits for it first.
 //   - A step whose new state is more than max_staged_bytes is committed in batches. Before
 //     its first part is written (BeginUpdate), the gradients still resident are written
 //     back and committed, a batch of max_staged_bytes at a time. Then whenever the parts
@@ -50,6 +51,16 @@
 // paths are chosen by the CPU). A volume whose record is of two versions (an earlier
 // release) is opened in two versions. Data-parallel ranks, which must resume at a step
 // every rank holds, keep two versions (in_place false).
+//
+// Note [gradient write-behind]: a step committed in batches writes every gradient (its
+// redo record) before its first part, so the backward pass's gradients are written as
+// each is whole (GradientWritten, which OffloadedAdam calls after each part's gradient),
+// under the backward pass's compute, which leaves the volume nearly idle, rather than
+// all at once before the update. They stay resident (the write is a copy, not an
+// eviction) and are committed as other gradients of the backward pass are: past the
+// bound, counting the writes in flight (a drain: they are waited for, then committed).
+// BeginUpdate then finds them clean. A step that fits the bound writes no gradient, and
+// with two versions or unbounded gradients are never written: nothing is done there.
 //
 // Note [train state versions]: with in_place false, parameters, master weights and
 // moments exist in two versions on the volume. A step reads version v and writes version 1 - v;
@@ -262,6 +273,12 @@ class TrainingStateStorage {
   }
   // Drops a part's bytes without writing them (a gradient once used).
   virtual absl::Status Discard(StateKind k, std::size_t group, std::size_t part) = 0;
+  // The part's gradient is whole for this step (written, its lease released, not to be
+  // written again before the update): a storage that writes it anyway may start now
+  // (Note [gradient write-behind]). Errors are the write's or a commit's.
+  virtual absl::Status GradientWritten(std::size_t /*group*/, std::size_t /*part*/) {
+    return absl::OkStatus();
+  }
   // The current version of a stored part on the GPU tier, its copy queued on `stream`.
   virtual absl::StatusOr<TensorLease> ReadOnDevice(StateKind, std::size_t, std::size_t,
                                                    CudaStreamView) {
@@ -384,6 +401,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   void Prefetch(StateKind k, std::size_t g, std::size_t part) override;
   absl::Status Keep(StateKind k, std::size_t g, std::size_t part) override;
   absl::Status Discard(StateKind k, std::size_t g, std::size_t part) override;
+  absl::Status GradientWritten(std::size_t g, std::size_t part) override;
   absl::StatusOr<TensorLease> ReadOnDevice(StateKind k, std::size_t g, std::size_t part,
                                            CudaStreamView stream) override;
   absl::Status BeginUpdate(const StepIntent& intent) override;
@@ -432,6 +450,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
   absl::Status PartTensors(std::size_t from, std::size_t to, bool gradient,
                            std::vector<TensorId>* ids, std::vector<std::string>* names) const;
   absl::Status WriteBackParts(std::size_t from, std::size_t to, bool gradient);
+  absl::Status DrainGradients();
   absl::Status PutRecord(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(
       const std::string& name, std::uint64_t fingerprint) const;

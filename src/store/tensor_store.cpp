@@ -453,6 +453,26 @@ absl::Status TensorStore::WriteBack(TensorId id) {
   return m.WriteBackLocked(t);
 }
 
+absl::Status TensorStore::WriteBehind(TensorId id) {
+  Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
+  const Impl::Tensor& t = *m.tensors[id];
+  if (t.pins == 0 && t.dirty && t.gpu == nullptr && t.spec.durability == Durability::kDurable &&
+      t.state == Impl::State::kResident) {
+    m.jobs.push_back({id, Tier::kPinnedHost, {}, nullptr});  // Note [write-behind]
+  }
+  return absl::OkStatus();
+}
+
+bool TensorStore::WritePending(TensorId id) const {
+  const Impl& m = *impl_;
+  absl::MutexLock lock(&m.mu);
+  if (!m.CheckId(id).ok()) return false;
+  const Impl::Tensor& t = *m.tensors[id];
+  return t.dirty || t.state == Impl::State::kWriting;
+}
+
 absl::Status TensorStore::WriteBack(std::span<const TensorId> ids) {
   // Note [write-back depth]: workers take the next id in turn; WriteBackLocked releases mu
   // during each put, so their I/O overlaps.

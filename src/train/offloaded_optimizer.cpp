@@ -438,7 +438,9 @@ absl::Status OffloadedAdam::EndGradient(std::size_t g, std::size_t part, StateBu
   // Note [gradient room]: a gradient the budget has room for stays until the update
   // (marked wanted, so neither eviction nor the read-ahead takes it first).
   if (GradBytesBefore(g, part + 1) <= grad_room_) storage_->Prefetch(StateKind::kGradient, g, part);
-  return absl::OkStatus();
+  // A storage that writes the gradients as the step's redo record starts now, under the
+  // rest of the backward pass (Note [gradient write-behind] in training_state.h).
+  return storage_->GradientWritten(g, part);
 }
 
 absl::Status OffloadedAdam::WriteGradient(

@@ -461,6 +461,12 @@ struct VersionedTrainingState::Impl {
   std::uint64_t committing_step = 0;         // of the commit in flight, durable once it settles
   std::uint64_t last_step = 0;               // last_record's step
   std::optional<UnfinishedStep> unfinished;  // found by Resume
+  // Note [gradient write-behind]: the gradients queued and perhaps not written yet, with
+  // their bytes, and whether the commit in flight is a drain of them.
+  std::vector<std::pair<TensorId, std::uint64_t>> behind;
+  std::uint64_t behind_bytes = 0;
+  bool draining = false;
+  std::uint64_t drain_bytes = 0;  // what the drain in flight commits, at most
 
   // A part's kinds but the gradient (or its gradient alone), in the volume's 64 KiB units
   // (what staging them takes).
@@ -733,10 +739,11 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
       MEMASCEND_RETURN_IF_ERROR(volume->Sync());
     }
   }
-  // Note [commit interval]: a volume made for one durable step at a time (an earlier run's)
-  // may lack the room to stage a whole version; refused here, not by a write mid-step.
+  // Note [commit interval]: a volume made for a bounded state (an earlier run's) may lack
+  // the room to stage a whole version, as a state in place unbounded does (commit_every
+  // above 1, or max_staged_bytes 0); refused here, not by a write mid-step.
   if (const auto* v = dynamic_cast<const Volume*>(volume);
-      v != nullptr && options.commit_every > 1) {
+      v != nullptr && options.in_place && options.max_staged_bytes == 0) {
     const std::uint64_t unit = std::max<std::uint64_t>(1, v->stats().unit_bytes);
     std::uint64_t present = 0;  // what the state's tensors already take
     for (const ObjectInfo& o : volume->List())
@@ -745,9 +752,10 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
     const std::uint64_t room = v->stats().free_bytes + present;
     if (room < need) {
       return absl::ResourceExhaustedError(fmt::format(
-          "versioned training state: commit_every {} stages up to a whole version, and the "
-          "volume has {} bytes for the state where it needs {} (VolumeBytes with "
-          "max_staged_bytes 0): a larger volume (a new one is made so), or commit_every 1",
+          "versioned training state: unbounded (commit_every {}, max_staged_bytes 0), it "
+          "stages up to a whole version, and the volume has {} bytes for the state where it "
+          "needs {} (VolumeBytes with max_staged_bytes 0): a larger volume (a new one is made "
+          "so), or commit_every 1 with a bound",
           options.commit_every, room, need));
     }
   }
@@ -846,9 +854,10 @@ absl::Status VersionedTrainingState::WritingNext() {
   return absl::OkStatus();
 }
 
-// Note [state in place]: what waits for a write in place. The previous commit, always; in
-// the backward pass, a commit of the gradients written back past the bound (the state on
-// the volume is whole at the last commit, so committing gradients then is safe).
+// Note [state in place]: what waits for a write in place. The previous commit, but for a
+// gradient; in the backward pass, a commit of the gradients written back past the bound,
+// after the previous commit (the state on the volume is whole then, so committing
+// gradients is safe).
 // Outside a step (the gradients of the backward pass; Initialize and WriteState), writes
 // staged past the bound are committed too; a step's own writes (Update, Overwrite of the
 // next version) come between BeginUpdate and Commit only, whose commits the state orders.
@@ -861,6 +870,16 @@ absl::Status VersionedTrainingState::WritingInPlace(StateKind k, bool step_write
   // nothing commits them but the state's commit, which writes back the other kinds: the
   // backward pass need not wait for it (Note [commit interval]).
   if (k == StateKind::kGradient && m.options.max_staged_bytes == 0) return absl::OkStatus();
+  if (k == StateKind::kGradient && !step_write) {
+    // A gradient does not wait for the commit in flight (the last step's, or a drain of
+    // gradients written behind): staged, it reaches the volume only with a commit, and
+    // each that can take it comes after the last step is whole (that step's own, which
+    // takes it with its record, or one of gradients, which settles the last first). The
+    // backward pass computes while the last step's writes finish.
+    if (m.volume->staged_bytes() <= m.options.max_staged_bytes) return absl::OkStatus();
+    MEMASCEND_RETURN_IF_ERROR(Settle());
+    return m.volume->Sync();
+  }
   MEMASCEND_RETURN_IF_ERROR(Settle());
   if (step_write) {
     return absl::FailedPreconditionError(fmt::format(
@@ -934,6 +953,14 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   MEMASCEND_RETURN_IF_ERROR(Settle());
   if (m.intent.has_value())
     return absl::FailedPreconditionError("training state: a step's update began twice");
+  // Note [gradient write-behind]: the gradients in flight are staged before the room for
+  // the rest is reckoned.
+  if (!m.behind.empty()) {
+    std::vector<TensorId> behind;
+    for (const auto& b : std::exchange(m.behind, {})) behind.push_back(b.first);
+    m.behind_bytes = 0;
+    MEMASCEND_RETURN_IF_ERROR(m.store->WriteBack(behind));
+  }
   StepIntent i = intent;
   i.record.layout = LayoutId(layout_, true);
   i.record.version = 0;
@@ -1014,6 +1041,54 @@ absl::Status VersionedTrainingState::WriteBackParts(std::size_t from, std::size_
   std::vector<TensorId> ids;
   MEMASCEND_RETURN_IF_ERROR(PartTensors(from, to, gradient, &ids, nullptr));
   return impl_->store->WriteBack(ids);
+}
+
+// Note [gradient write-behind].
+absl::Status VersionedTrainingState::GradientWritten(std::size_t g, std::size_t part) {
+  Impl& m = *impl_;
+  const std::uint64_t bound = m.options.max_staged_bytes;
+  if (!m.options.in_place || bound == 0 || m.state_bytes <= bound || m.intent.has_value())
+    return absl::OkStatus();
+  MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(StateKind::kGradient, g, part, 0));
+  const std::uint64_t bytes = m.PartBytes(layout_, g, part, true);
+  // What will be staged: what is (a drain's bytes too, until it commits), and the
+  // gradients queued and not written yet (those written are among the staged: dropped
+  // from the queue first, so none is counted twice). Past half the bound, beyond what a
+  // drain in flight commits, a drain commits it in the background while the gradients
+  // after it take the other half; a drain in flight is waited for first (Note [batch
+  // overlap] bounds a step's batches so). What is staged stays within the bound and a part.
+  std::erase_if(m.behind, [&](const std::pair<TensorId, std::uint64_t>& b) {
+    if (m.store->WritePending(b.first)) return false;
+    m.behind_bytes -= b.second;
+    return true;
+  });
+  const std::uint64_t in_drain = m.draining ? m.drain_bytes : 0;
+  if (m.volume->staged_bytes() + m.behind_bytes + bytes > bound / 2 + in_drain)
+    MEMASCEND_RETURN_IF_ERROR(DrainGradients());
+  MEMASCEND_RETURN_IF_ERROR(m.store->WriteBehind(id));
+  m.behind.emplace_back(id, bytes);
+  m.behind_bytes += bytes;
+  return absl::OkStatus();
+}
+
+// Commits the gradients written behind so far, and whatever else is staged, on the
+// committer thread (Note [background commit]) after the last drain: its writes still
+// queued are waited for there. The next gradient's Overwrite does not wait for it
+// (WritingInPlace); the next drain, the step's update and every commit do (Settle).
+absl::Status VersionedTrainingState::DrainGradients() {
+  Impl& m = *impl_;
+  MEMASCEND_RETURN_IF_ERROR(Settle());
+  std::vector<TensorId> ids;
+  for (const auto& b : std::exchange(m.behind, {})) ids.push_back(b.first);
+  m.drain_bytes = m.volume->staged_bytes() + m.behind_bytes;  // at most what it commits
+  m.behind_bytes = 0;
+  m.draining = true;
+  m.committer = prim::StartThread("ma-drain", [this, ids = std::move(ids)] {
+    absl::Status s = impl_->store->WriteBack(ids);
+    if (s.ok()) s = impl_->volume->Sync();
+    impl_->commit_status = std::move(s);
+  });
+  return absl::OkStatus();
 }
 
 absl::Status VersionedTrainingState::PartUpdated(std::size_t g, std::size_t part) {
@@ -1242,6 +1317,7 @@ absl::Status VersionedTrainingState::Settle() {
   Impl& m = *impl_;
   if (m.committer.joinable()) {
     m.committer.join();
+    m.draining = false;
     if (m.commit_status.ok() && m.committing_step != 0) m.durable_step = m.committing_step;
     m.committing_step = 0;
   }

@@ -3,6 +3,7 @@
 // against a scalar reference in kernels/adam_test.cpp).
 #include <algorithm>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -343,6 +344,52 @@ class FailingOnce final : public TrainingStateStorage {
   std::size_t g_, part_;
   bool failed_ = false;
 };
+
+// Note [gradient write-behind]: a step committed in batches (a bound below the state) has
+// its gradients written as the backward pass hands each over, before the update begins and
+// within the bound; a step that fits the bound writes none. Either way the run is the
+// reference's.
+TEST(OffloadedAdam, ABatchedStepWritesItsGradientsUnderTheBackwardPass) {
+  const StateLayout l = Layout();
+  for (std::uint64_t bound : {std::uint64_t{1} << 20, std::uint64_t{256} << 20}) {
+    SCOPED_TRACE(bound);
+    ScratchPath path("offloaded_adam_write_behind");
+    KernelThreads threads(2);
+    Reference ref(l, Options());
+    VersionedTrainingStateOptions vo;
+    vo.max_staged_bytes = bound;
+    TensorStoreOptions so;
+    so.host_budget_bytes = 64 << 20;  // the whole state: nothing is evicted
+    so.defer_prefetches = true;
+    ::memascend::testing::OpenedState off;
+    ASSERT_OK(::memascend::testing::OpenState(path.path(), 64 << 20, l, so, &off, vo));
+    ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+    ASSERT_OK(Start(adam.get(), ref));
+    ASSERT_OK(RunSteps(adam.get(), 1, 1));
+    ASSERT_OK(adam->Settle());
+    const std::uint64_t before = off.store->stats().write_backs;
+    ASSERT_OK(FeedGradients(adam.get(), 2));
+    const std::uint64_t parts = 6;
+    if (bound == std::uint64_t{1} << 20) {
+      // The writes are the store's threads': each gradient was queued when handed over.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (off.store->stats().write_backs - before < parts &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      EXPECT_EQ(off.store->stats().write_backs - before, parts);
+      EXPECT_LE(off.volume->staged_bytes(), bound);
+    } else {
+      EXPECT_EQ(off.store->stats().write_backs, before);
+    }
+    ASSERT_OK_AND_ASSIGN(StepPlan plan, adam->EndBackward());
+    ASSERT_FALSE(plan.skipped);
+    ASSERT_OK(adam->UpdateAll());
+    ASSERT_OK(adam->Commit(2));
+    ASSERT_OK(RunSteps(adam.get(), 3, 3));
+    for (int step = 1; step <= 3; ++step) ref.Step(step, step, 1024.0f);
+    ExpectState(off.state.get(), ref);
+  }
+}
 
 // Note [failed update]: an update that fails part-way is not run again (its parts updated
 // in place would be updated twice); the state commits what it updated as a torn step when

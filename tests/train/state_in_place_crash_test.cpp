@@ -50,10 +50,12 @@ StateLayout Layout() {
 }
 
 // The staging bound and commit interval of the run under test (set by the test before it
-// forks). Both bounds are below the state's 6.8 MiB: several batches a step. 1 MiB is
+// forks). Both bounds are below the state's 6.8 MiB: several batches a step, the
+// gradients written behind the backward pass (Note [gradient write-behind]). 1 MiB is
 // under four parts (896 KiB each): one batch at a time; 4 MiB commits each batch in the
 // background while the next parts are updated and written behind (Note [batch overlap]
-// in training_state.cpp). Unbounded, every third step durable: Note [commit interval].
+// in training_state.cpp). Unbounded, every third step durable (Note [commit interval]),
+// or every step, a whole step staged (memascend-train --staging step).
 std::uint64_t staging_bound = 1 << 20;
 std::uint32_t commit_every = 1;
 
@@ -280,7 +282,7 @@ TEST_P(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
   std::mt19937_64 rng(7);
   // Kill points: 1.5 steps' writes from the child's start (its resume, then its steps), in
   // 40 rounds, each offset a little at random so that no phase falls between them.
-  const std::uint64_t stride = std::max<std::uint64_t>(1, writes_per_step * 3 / 2 / 40);
+  const std::uint64_t stride = std::max<std::uint64_t>(1, (writes_per_step * 3 / 2 + 39) / 40);
   for (std::uint64_t round = 0; round < 40; ++round) {
     const std::uint64_t kill_at = 1 + round * stride + rng() % stride;
     int fds[2];
@@ -321,7 +323,7 @@ TEST_P(StateInPlaceCrash, AKillAtAnyWriteResumesToTheUninterruptedState) {
   std::printf("%llu writes a step; %d kills left a torn step, %d none; resumed up to step %llu\n",
               static_cast<unsigned long long>(writes_per_step), torn, whole,
               static_cast<unsigned long long>(durable));
-  if (commit_every == 1) {
+  if (staging_bound != 0) {
     EXPECT_GT(torn, 3) << "too few kills tore a step (" << whole << " left none)";
   } else {  // unbounded: no step is committed in part
     EXPECT_EQ(torn, 0);
@@ -454,7 +456,7 @@ TEST_P(StateInPlaceCrash, AFailedWriteThenCloseLeavesTheStateItsProgressNames) {
       }
     }
   }
-  EXPECT_GT(tried, commit_every > 1 ? 10 : 20);  // unbounded: no batches, fewer writes
+  EXPECT_GT(tried, staging_bound == 0 ? 10 : 20);  // unbounded: no batches, fewer writes
 }
 
 // ---- Note [commit interval] ---------------------------------------------------------------
@@ -728,13 +730,25 @@ TEST(CommitInterval, OpenRefusesAnIntervalItCannotKeep) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
   EXPECT_NE(std::string(s.status().message()).find("a larger volume"), std::string::npos)
       << s.status();
+  // Every step durable, a whole step staged (memascend-train --staging step): the same room.
+  interval.commit_every = 1;
+  s = VersionedTrainingState::Open(store2.get(), v2.get(), Layout(), interval);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+  EXPECT_NE(std::string(s.status().message()).find("stages up to a whole version"),
+            std::string::npos)
+      << s.status();
+  // With a bound it opens there.
+  interval.max_staged_bytes = std::uint64_t{4} << 20;
+  EXPECT_OK(VersionedTrainingState::Open(store2.get(), v2.get(), Layout(), interval).status());
 }
 
 INSTANTIATE_TEST_SUITE_P(Bounds, StateInPlaceCrash,
                          ::testing::Values(Config{std::uint64_t{1} << 20, 1},
-                                           Config{std::uint64_t{4} << 20, 1}, Config{0, 3}),
+                                           Config{std::uint64_t{4} << 20, 1}, Config{0, 3},
+                                           Config{0, 1}),
                          [](const auto& c) {
-                           return c.param.every > 1 ? std::string("EveryThirdStepDurable")
+                           return c.param.every > 1    ? std::string("EveryThirdStepDurable")
+                                  : c.param.bound == 0 ? std::string("WholeStepStaged")
                                   : c.param.bound == (std::uint64_t{1} << 20)
                                       ? std::string("OneBatchAtATime")
                                       : std::string("BatchesInBackground");
