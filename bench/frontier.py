@@ -30,7 +30,9 @@ the frontier's statements; OUT/../frontier.svg plots step time against peak RSS 
 `--commit-every 1,4` runs memascend's budgets at each commit interval (memascend-train
 --commit-every, Note [commit interval]: a crash loses at most N-1 steps, where ZeRO-Infinity's
 swapped state survives none), labelled "memascend 25% c4"; 1, the default, is durable
-every step.
+every step. `--staging bounded,step` runs the durable budgets both ways (memascend-train
+--staging): step stages a whole step, the volume a version larger, labelled "memascend 25%
+staged".
 
 The full run takes hours on 2 cores (the 1B model's steps take about half a minute
 each): run it outside CI. Needs disk for one volume of the largest model (2x its state).
@@ -133,7 +135,8 @@ def plain(settings):
 def label(policy, settings):
     if policy == "memascend":
         every = settings.get("commit_every", 1)
-        return f"memascend {settings['budget_percent']}%" + (f" c{every}" if every > 1 else "")
+        return (f"memascend {settings['budget_percent']}%" + (f" c{every}" if every > 1 else "")
+                + (" staged" if settings.get("staging") == "step" else ""))
     return settings.get("name") or "zero " + ",".join(
         f"{k}={v}" for k, v in plain(settings).items())
 
@@ -313,6 +316,8 @@ class Runner:
             cmd += ["--policy", "memascend", "--host-budget", f"{settings['budget_percent']}%"]
             if settings.get("commit_every", 1) > 1:
                 cmd += ["--commit-every", str(settings["commit_every"])]
+            if settings.get("staging") == "step":
+                cmd += ["--staging", "step"]
         else:
             cmd += zero_args(settings)
         for stale in (vol,):
@@ -426,6 +431,10 @@ def main():
                     help="reduce_bucket_size values the grid sweeps (comma-separated elements)")
     ap.add_argument("--commit-every", default="1", help="memascend's commit intervals "
                     "(comma-separated): each budget runs at each; 1 is durable every step")
+    ap.add_argument("--staging", default="bounded", help="memascend's staging when durable "
+                    "every step (comma-separated, memascend-train --staging): bounded (the "
+                    "default, the state's disk footprint) or step (a whole step staged, a "
+                    "volume a version larger), labelled \"memascend 25%% staged\"")
     ap.add_argument("--budgets", choices=["all", "reduced", "none"],
                     help="override --reduced's budgets (none: ZeRO's sweep only)")
     ap.add_argument("--cap", help="run each command under bench/memcap.sh at this limit "
@@ -491,8 +500,13 @@ def main():
     if not everies or min(everies) < 1 or a.steps < 2 + max(everies):
         raise SystemExit(f"frontier: --commit-every {a.commit_every}: intervals of 1 or more, "
                          f"and --steps at least 2 more than the longest")
-    ours = [("memascend", dict({"budget_percent": b}, **({"commit_every": n} if n > 1 else {})))
-            for b in budgets for n in everies]
+    stagings = [x.strip() for x in a.staging.split(",")]
+    if not stagings or set(stagings) - {"bounded", "step"}:
+        raise SystemExit(f"frontier: --staging {a.staging}: bounded, step or both")
+    # An interval above 1 stages a whole version anyway (Note [commit interval]).
+    ours = [("memascend", dict({"budget_percent": b}, **({"commit_every": n} if n > 1 else {}),
+                               **({"staging": "step"} if st == "step" else {})))
+            for b in budgets for n in everies for st in stagings if n == 1 or st == "bounded"]
     summary = {}
     summary_path = os.path.join(a.out, "frontier-summary.json")
     if a.append and os.path.exists(summary_path):  # the other models' results stay

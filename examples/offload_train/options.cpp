@@ -328,6 +328,12 @@ const std::vector<Section>& Table() {
                   "the state once, updated in place, or in two versions (an ablation; "
                   "data-parallel ranks keep two)",
                   [](CommandLine& c, std::size_t i) { c.train.two_versions = i == 1; }),
+           Choice("--staging", {"bounded", "step"}, "bounded",
+                  "a step's writes on the volume before its commit: 256 MiB in flight beyond the "
+                  "state, committed in batches with the gradients as redo record (the state's "
+                  "disk footprint), or the whole step, committed once (a file volume a version "
+                  "larger; the update's writes overlap the next forward and backward passes)",
+                  [](CommandLine& c, std::size_t i) { c.train.stage_whole_step = i == 1; }),
            Number("--commit-every", "N",
                   "make every N-th step durable, from 1 to 1000000 (the steps between stay in "
                   "memory: a crash resumes up to N-1 steps back; a file volume is made a "

@@ -70,7 +70,7 @@ memascend::VersionedTrainingStateOptions StateOptions(const TrainOptions& o) {
     v.max_staged_bytes = 0;
   }
   v.commit_every = o.commit_every;  // memascend Note [commit interval]: staged unbounded
-  if (o.commit_every > 1) v.max_staged_bytes = 0;
+  if (o.commit_every > 1 || o.stage_whole_step) v.max_staged_bytes = 0;
   return v;
 }
 

@@ -174,6 +174,11 @@ struct TrainOptions {
   // memascend Note [commit interval]: every commit_every-th step durable (the state in
   // place, staged unbounded); the steps between are lost by a crash, never torn.
   std::uint32_t commit_every = 1;
+  // memascend Note [gradient write-behind] and [state in place]: a whole step's writes
+  // staged, committed once (no batches, no gradients written: the update's writes overlap
+  // the next forward and backward passes; the volume is a version larger), rather than
+  // 256 MiB of them in flight beyond the state.
+  bool stage_whole_step = false;
   std::size_t sample_tokens = 0;  // generate this many tokens at the end
   std::function<void(const struct StepReport&)> on_step;
   memascend::MemoryLedger* ledger = nullptr;  // null: the trainer keeps its own

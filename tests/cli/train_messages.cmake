@@ -68,6 +68,20 @@ if(NOT deferred STREQUAL "0;0" OR durable MATCHES "(^|;)0(;|$)")
                       "durable each ${durable}: the interval is not in effect")
 endif()
 
+# --staging step: every step durable, a whole step staged (no batches, no gradient written):
+# the run resumes at its next step, and an unknown staging is refused with the choices.
+expect_refusal("bounded" ${tiny} --layers 1 --steps 13 --resume --staging whole)
+execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 13 --resume --staging step
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the run with --staging step failed (${rc}): ${err}")
+endif()
+execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 14 --resume --staging step
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0 OR out MATCHES "step +13/" OR NOT out MATCHES "step +14/14")
+  message(FATAL_ERROR "after --steps 13 --staging step, --resume did not start at step 14:\n${out}")
+endif()
+
 # 17 tokens for --seq 16: what is needed, and why.
 execute_process(COMMAND python3 -c "import sys; open(sys.argv[1], 'wb').write(bytes([1, 0, 0, 0]) * 17)"
                         "${DIR}/short.u32" RESULT_VARIABLE rc)

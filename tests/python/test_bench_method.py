@@ -47,6 +47,8 @@ def test_steady_step_with_a_commit_interval_keeps_whole_intervals():
     assert frontier.label("memascend", {"budget_percent": 25, "commit_every": 4}) == \
         "memascend 25% c4"
     assert frontier.label("memascend", {"budget_percent": 25}) == "memascend 25%"
+    assert frontier.label("memascend", {"budget_percent": 25, "staging": "step"}) == \
+        "memascend 25% staged"
 
 
 def test_bootstrap_interval_holds_the_median():
