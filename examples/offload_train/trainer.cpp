@@ -96,6 +96,11 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
         "(memascend Note [commit interval]); the other policies and modes commit as they do",
         o.commit_every));
   }
+  if (o.stage_whole_step && !MemAscendOffload(o)) {
+    return absl::InvalidArgumentError(
+        "--staging step: only the memascend policy's offloaded state stages its steps (memascend "
+        "Note [state in place]); the other policies and modes write as they do");
+  }
   if (o.threads < 0 || o.threads > 1024 || o.io_threads < 1 ||
       o.io_threads > memascend::TensorStore::kMaxPrefetchThreads) {
     return absl::InvalidArgumentError(fmt::format(

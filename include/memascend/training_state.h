@@ -451,6 +451,7 @@ class VersionedTrainingState final : public TrainingStateStorage {
                            std::vector<TensorId>* ids, std::vector<std::string>* names) const;
   absl::Status WriteBackParts(std::size_t from, std::size_t to, bool gradient);
   absl::Status DrainGradients();
+  absl::Status RewritingGradient(TensorId id);
   absl::Status PutRecord(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::optional<std::pair<CommitRecord, std::string>>> ReadRecord(
       const std::string& name, std::uint64_t fingerprint) const;

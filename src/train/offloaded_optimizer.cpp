@@ -439,8 +439,9 @@ absl::Status OffloadedAdam::EndGradient(std::size_t g, std::size_t part, StateBu
   // (marked wanted, so neither eviction nor the read-ahead takes it first).
   if (GradBytesBefore(g, part + 1) <= grad_room_) storage_->Prefetch(StateKind::kGradient, g, part);
   // A storage that writes the gradients as the step's redo record starts now, under the
-  // rest of the backward pass (Note [gradient write-behind] in training_state.h).
-  return storage_->GradientWritten(g, part);
+  // rest of the backward pass (Note [gradient write-behind] in training_state.h); not for
+  // a step already known to overflow, which is skipped.
+  return overflow_ ? absl::OkStatus() : storage_->GradientWritten(g, part);
 }
 
 absl::Status OffloadedAdam::WriteGradient(

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -466,7 +467,10 @@ struct VersionedTrainingState::Impl {
   std::vector<std::pair<TensorId, std::uint64_t>> behind;
   std::uint64_t behind_bytes = 0;
   bool draining = false;
-  std::uint64_t drain_bytes = 0;  // what the drain in flight commits, at most
+  std::uint64_t drain_bytes = 0;           // what the drain in flight commits, at most
+  std::vector<TensorId> drain_ids;         // and the gradients it writes
+  std::uint64_t commit_bytes = 0;          // what the step's commit in flight may stage yet
+  std::atomic<bool> committer_done{true};  // the committer's work ended (not yet joined)
 
   // A part's kinds but the gradient (or its gradient alone), in the volume's 64 KiB units
   // (what staging them takes).
@@ -900,8 +904,25 @@ absl::StatusOr<StateBuffer> VersionedTrainingState::Overwrite(StateKind k, std::
     MEMASCEND_RETURN_IF_ERROR(WritingNext());
   }
   MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(k, g, part, next ? 1 - current_ : current_));
+  if (k == StateKind::kGradient) MEMASCEND_RETURN_IF_ERROR(RewritingGradient(id));
   MEMASCEND_ASSIGN_OR_RETURN(TensorLease lease, impl_->store->AcquireForOverwrite(id));
   return Wrap(std::move(lease));
+}
+
+// Note [gradient write-behind]: a gradient written again in a step (a caller's second
+// SetGradient of a part) must not be written back while leased, which would stage a
+// half-written part and leave it clean: it leaves the queue, and a drain writing it is
+// waited for.
+absl::Status VersionedTrainingState::RewritingGradient(TensorId id) {
+  Impl& m = *impl_;
+  std::erase_if(m.behind, [&](const std::pair<TensorId, std::uint64_t>& b) {
+    if (b.first != id) return false;
+    m.behind_bytes -= b.second;
+    return true;
+  });
+  if (m.draining && std::find(m.drain_ids.begin(), m.drain_ids.end(), id) != m.drain_ids.end())
+    return Settle();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StateBuffer> VersionedTrainingState::Update(StateKind k, std::size_t g,
@@ -1051,20 +1072,28 @@ absl::Status VersionedTrainingState::GradientWritten(std::size_t g, std::size_t 
     return absl::OkStatus();
   MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(StateKind::kGradient, g, part, 0));
   const std::uint64_t bytes = m.PartBytes(layout_, g, part, true);
-  // What will be staged: what is (a drain's bytes too, until it commits), and the
-  // gradients queued and not written yet (those written are among the staged: dropped
-  // from the queue first, so none is counted twice). Past half the bound, beyond what a
-  // drain in flight commits, a drain commits it in the background while the gradients
-  // after it take the other half; a drain in flight is waited for first (Note [batch
-  // overlap] bounds a step's batches so). What is staged stays within the bound and a part.
+  // What will be staged: what is (a drain's bytes too, until it has committed them), and
+  // the gradients queued and not written yet (those written are among the staged:
+  // dropped from the queue first, so none is counted twice). Past half the bound, beyond
+  // what a drain still running commits, a drain commits it in the background while the
+  // gradients after it take the other half; a drain in flight is waited for first (Note
+  // [batch overlap] bounds a step's batches so). What is staged stays within the bound
+  // and a part.
   std::erase_if(m.behind, [&](const std::pair<TensorId, std::uint64_t>& b) {
     if (m.store->WritePending(b.first)) return false;
     m.behind_bytes -= b.second;
     return true;
   });
-  const std::uint64_t in_drain = m.draining ? m.drain_bytes : 0;
-  if (m.volume->staged_bytes() + m.behind_bytes + bytes > bound / 2 + in_drain)
+  const std::uint64_t staged = m.volume->staged_bytes();
+  const bool running = m.committer.joinable() && !m.committer_done.load(std::memory_order_acquire);
+  if (running && !m.draining) {
+    // The last step's commit may stage its last parts yet: counted (perhaps twice), and
+    // not overlapped by a drain, which waits for it.
+    if (staged + m.commit_bytes + m.behind_bytes + bytes > bound)
+      MEMASCEND_RETURN_IF_ERROR(DrainGradients());
+  } else if (staged + m.behind_bytes + bytes > bound / 2 + (running ? m.drain_bytes : 0)) {
     MEMASCEND_RETURN_IF_ERROR(DrainGradients());
+  }
   MEMASCEND_RETURN_IF_ERROR(m.store->WriteBehind(id));
   m.behind.emplace_back(id, bytes);
   m.behind_bytes += bytes;
@@ -1083,10 +1112,13 @@ absl::Status VersionedTrainingState::DrainGradients() {
   m.drain_bytes = m.volume->staged_bytes() + m.behind_bytes;  // at most what it commits
   m.behind_bytes = 0;
   m.draining = true;
+  m.drain_ids = ids;
+  m.committer_done.store(false, std::memory_order_relaxed);
   m.committer = prim::StartThread("ma-drain", [this, ids = std::move(ids)] {
     absl::Status s = impl_->store->WriteBack(ids);
     if (s.ok()) s = impl_->volume->Sync();
     impl_->commit_status = std::move(s);
+    impl_->committer_done.store(true, std::memory_order_release);
   });
   return absl::OkStatus();
 }
@@ -1149,8 +1181,11 @@ absl::Status VersionedTrainingState::CommitBatch(bool background) {
     if (s.ok()) m.committed = end;
     return s;
   }
-  m.committer = prim::StartThread(
-      "ma-commit", [this, commit = std::move(commit)] { impl_->commit_status = commit(); });
+  m.committer_done.store(false, std::memory_order_relaxed);
+  m.committer = prim::StartThread("ma-commit", [this, commit = std::move(commit)] {
+    impl_->commit_status = commit();
+    impl_->committer_done.store(true, std::memory_order_release);
+  });
   return absl::OkStatus();
 }
 
@@ -1188,8 +1223,11 @@ absl::Status VersionedTrainingState::CommitWhole(std::string bytes, std::uint64_
     return absl::OkStatus();
   }
   m.committing_step = step;
-  m.committer = prim::StartThread(
-      "ma-commit", [this, commit = std::move(commit)] { impl_->commit_status = commit(); });
+  m.committer_done.store(false, std::memory_order_relaxed);
+  m.committer = prim::StartThread("ma-commit", [this, commit = std::move(commit)] {
+    impl_->commit_status = commit();
+    impl_->committer_done.store(true, std::memory_order_release);
+  });
   return absl::OkStatus();
 }
 
@@ -1246,6 +1284,11 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
     // loss scaler's), which commits the step after the last one.
     const bool next_step =
         m.intent.has_value() || (!m.last_record.empty() && record.step == m.last_step + 1);
+    // The parts since the last batch are what its commit writes yet (Note [gradient
+    // write-behind]); a step skipped wrote none, and the gradients it queued are dropped.
+    m.commit_bytes = m.intent.has_value() ? m.since_batch + m.largest_part : 0;
+    m.behind.clear();
+    m.behind_bytes = 0;
     m.intent.reset();
     record.version = 0;
     record.layout = LayoutId(layout_, true);
@@ -1264,6 +1307,7 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
   impl_->committing_step = r.step;
   const bool previous_written = impl_->previous_written;
   impl_->writing_next = impl_->previous_written = false;
+  impl_->committer_done.store(false, std::memory_order_relaxed);
   impl_->committer =
       prim::StartThread("ma-commit", [this, previous_written, record = std::move(record)] {
         // Note [previous commit]: the last record becomes the previous one first (unless the
@@ -1280,6 +1324,7 @@ absl::Status VersionedTrainingState::Commit(const CommitRecord& r) {
         if (s.ok()) s = PutRecord(impl_->options.record_name, bytes);
         if (s.ok()) impl_->last_record = std::move(bytes);
         impl_->commit_status = std::move(s);
+        impl_->committer_done.store(true, std::memory_order_release);
       });
   return absl::OkStatus();
 }
@@ -1318,6 +1363,7 @@ absl::Status VersionedTrainingState::Settle() {
   if (m.committer.joinable()) {
     m.committer.join();
     m.draining = false;
+    m.drain_ids.clear();
     if (m.commit_status.ok() && m.committing_step != 0) m.durable_step = m.committing_step;
     m.committing_step = 0;
   }

@@ -71,6 +71,8 @@ endif()
 # --staging step: every step durable, a whole step staged (no batches, no gradient written):
 # the run resumes at its next step, and an unknown staging is refused with the choices.
 expect_refusal("bounded" ${tiny} --layers 1 --steps 13 --resume --staging whole)
+expect_refusal("--staging step: only the memascend policy" ${tiny} --layers 1 --steps 13
+               --force --volume "${DIR}/zero.vol" --policy zero-infinity --staging step)
 execute_process(COMMAND "${TRAIN}" ${tiny} --layers 1 --steps 13 --resume --staging step
                 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
