@@ -14,9 +14,13 @@
 //
 // Note [file store commits]: a FileObjectStore writes a scratch object in place (as
 // DeepSpeed does): a failed write leaves that object lost (Get() is kDataLoss naming the
-// failed write), never silently old or mixed bytes. A durable Put writes NAME.new,
-// fdatasyncs it, renames it over NAME and fsyncs the directory. PutStaged writes NAME.new
-// and Sync() does the rest for every staged object: each object is replaced atomically,
+// failed write), never silently old or mixed bytes. A durable Put writes NAME.tmp,
+// fdatasyncs it, renames it over NAME and fsyncs the directory. PutStaged writes NAME.tmp
+// and renames it to NAME.new; Sync() does the rest for every staged object (fdatasync,
+// rename over NAME, the directory's fsync). A put while Sync() runs on another thread
+// writes its bytes meanwhile and waits for the commit only to rename its file into place,
+// so it comes after that commit (an object staged again stays staged, with its newer
+// bytes, for the next Sync). Each object is replaced atomically,
 // the set is not (a crash inside Sync() can leave some objects new and some old; the
 // versioned training state in two versions never overwrites the version its last commit
 // names, so a crash still resumes from that commit, but a state in place, Note [state in

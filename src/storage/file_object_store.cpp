@@ -131,7 +131,12 @@ struct FileObjectStore::Impl {
     std::string committed_lost;
     std::string lost;  // why the object's bytes are gone (a failed in-place write)
   };
-  absl::Mutex sync_mu;  // one Sync() at a time
+  // Note [file store commits]: Sync() and DropStaged() hold it exclusively, from the
+  // list of what is staged to the last rename; a put holds it shared while it renames its
+  // file into place and records it, so a commit never renames over what it flushed a file
+  // staged after its flush (its bytes not on stable storage, or a Put's newer object). The
+  // bytes themselves are written outside it, while a commit runs.
+  absl::Mutex sync_mu;
   mutable absl::Mutex mu;
   std::map<std::string, Entry, std::less<>> objects ABSL_GUARDED_BY(mu);
 
@@ -321,31 +326,38 @@ absl::Status FileObjectStore::Put(std::string_view name, std::span<const std::by
   const Trailer t{data.size(), util::Crc32c(data.data(), data.size()), durability,
                   std::string(name), std::string(metadata)};
   const std::string path = m.Path(name, kObjectSuffix);
-  bool in_place, staged;
+  bool in_place;
   {
     absl::MutexLock lock(&m.mu);
     auto it = m.objects.find(name);
-    staged = it != m.objects.end() && it->second.staged;
     // In place only over a scratch object or none: a durable or staged one is never put
-    // at risk.
-    in_place =
-        durability == Durability::kScratch &&
-        (it == m.objects.end() || (it->second.info.durability == Durability::kScratch && !staged));
+    // at risk (and no commit touches a scratch object's file).
+    in_place = durability == Durability::kScratch &&
+               (it == m.objects.end() ||
+                (it->second.info.durability == Durability::kScratch && !it->second.staged));
   }
   absl::Status s;
+  std::optional<absl::ReaderMutexLock> no_commit;  // while the file goes into place
   if (in_place) {
     s = m.WriteFile(path, data, t, /*truncate_first=*/false, /*sync=*/false);
   } else {
     const std::string tmp = m.Path(name, kTmpSuffix);
     const bool durable = durability == Durability::kDurable;
     s = m.WriteFile(tmp, data, t, /*truncate_first=*/true, /*sync=*/durable);
-    if (s.ok()) s = prim::Rename(tmp, path);
-    if (s.ok() && durable) s = m.SyncDir();
+    if (s.ok()) {
+      no_commit.emplace(&m.sync_mu);
+      s = prim::Rename(tmp, path);
+    }
     if (!s.ok()) {
       prim::RemoveQuietly(tmp);  // the old object, staged or not, stays
       return s;
     }
-    if (staged) prim::RemoveQuietly(m.Path(name, kNewSuffix));  // superseded
+    // Renamed, the object is the new one (recorded below) whether or not the directory's
+    // flush succeeds; a failed flush is returned: its durability is not known.
+    if (durable) s = m.SyncDir();
+    // A staged version is superseded (a commit that ran since the check above has
+    // renamed it already, and no other can until this put is recorded).
+    prim::RemoveQuietly(m.Path(name, kNewSuffix));
   }
   absl::MutexLock lock(&m.mu);
   Impl::Entry& e = m.objects[std::string(name)];
@@ -353,7 +365,7 @@ absl::Status FileObjectStore::Put(std::string_view name, std::span<const std::by
   e.staged = false;
   e.committed.reset();
   e.lost.clear();
-  if (!s.ok()) {
+  if (!s.ok() && in_place) {
     // The old bytes were overwritten in place (Note [file store commits]).
     e.lost = fmt::format(
         "the write of '{}' to {} failed ({}): its old contents were overwritten in place", name,
@@ -368,19 +380,14 @@ absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const s
   MEMASCEND_RETURN_IF_ERROR(m.CheckPut(name, metadata));
   const Trailer t{data.size(), util::Crc32c(data.data(), data.size()), Durability::kDurable,
                   std::string(name), std::string(metadata)};
-  const std::string fresh = m.Path(name, kNewSuffix);
-  bool restage;
-  {
-    absl::MutexLock lock(&m.mu);
-    auto it = m.objects.find(name);
-    restage = it != m.objects.end() && it->second.staged;
-  }
-  // Over a staged version, through NAME.tmp: a failure leaves the staged one.
-  const std::string target = restage ? m.Path(name, kTmpSuffix) : fresh;
-  absl::Status s = m.WriteFile(target, data, t, /*truncate_first=*/true, /*sync=*/false);
-  if (s.ok() && restage) s = prim::Rename(target, fresh);
+  // Through NAME.tmp, written while a commit may run, and renamed to NAME.new when no
+  // commit does (Note [file store commits]): a failure leaves a staged version as it was.
+  const std::string tmp = m.Path(name, kTmpSuffix);
+  absl::Status s = m.WriteFile(tmp, data, t, /*truncate_first=*/true, /*sync=*/false);
+  absl::ReaderMutexLock no_commit(&m.sync_mu);
+  if (s.ok()) s = prim::Rename(tmp, m.Path(name, kNewSuffix));
   if (!s.ok()) {
-    prim::RemoveQuietly(target);
+    prim::RemoveQuietly(tmp);
     return s;
   }
   absl::MutexLock lock(&m.mu);

@@ -874,10 +874,7 @@ absl::Status VersionedTrainingState::WritingInPlace(StateKind k, bool step_write
   // nothing commits them but the state's commit, which writes back the other kinds: the
   // backward pass need not wait for it (Note [commit interval]).
   if (k == StateKind::kGradient && m.options.max_staged_bytes == 0) return absl::OkStatus();
-  // Only a Volume stages while it commits (a FileObjectStore's Sync races a put of the
-  // object it renames): elsewhere the gradient waits for the commit in flight, as before.
-  if (k == StateKind::kGradient && !step_write &&
-      dynamic_cast<const Volume*>(m.volume) != nullptr) {
+  if (k == StateKind::kGradient && !step_write) {
     // A gradient does not wait for the commit in flight (the last step's, or a drain of
     // gradients written behind): staged, it reaches the volume only with a commit, and
     // each that can take it comes after the last step is whole (that step's own, which
@@ -1071,8 +1068,7 @@ absl::Status VersionedTrainingState::WriteBackParts(std::size_t from, std::size_
 absl::Status VersionedTrainingState::GradientWritten(std::size_t g, std::size_t part) {
   Impl& m = *impl_;
   const std::uint64_t bound = m.options.max_staged_bytes;
-  if (!m.options.in_place || bound == 0 || m.state_bytes <= bound || m.intent.has_value() ||
-      dynamic_cast<const Volume*>(m.volume) == nullptr)  // a Volume alone (WritingInPlace)
+  if (!m.options.in_place || bound == 0 || m.state_bytes <= bound || m.intent.has_value())
     return absl::OkStatus();
   MEMASCEND_ASSIGN_OR_RETURN(TensorId id, Tensor(StateKind::kGradient, g, part, 0));
   const std::uint64_t bytes = m.PartBytes(layout_, g, part, true);

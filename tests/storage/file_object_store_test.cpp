@@ -262,6 +262,50 @@ TEST(FileObjectStore, ReadsDuringASyncFindEveryObject) {
   }
 }
 
+// Note [file store commits]: a commit running on another thread (a state's committer)
+// while an object is staged again, or put durably, over one it is committing: the newest
+// bytes are what a read finds, every time, and after a last Sync what a reopen finds; a
+// commit never renames bytes it did not flush over what it is committing.
+TEST(FileObjectStore, StagingAgainWhileASyncRunsKeepsTheNewestBytes) {
+  ScratchPath p("fos");
+  constexpr int kObjects = 8;
+  constexpr std::size_t kBytes = 4096 + 100;
+  std::vector<int> last(kObjects, -1);
+  {
+    auto s = OpenOk(p.path());
+    ASSERT_NE(s, nullptr);
+    std::atomic<bool> done{false};
+    std::thread committer([&] {
+      while (!done.load()) ASSERT_OK(s->Sync());
+    });
+    std::vector<std::byte> out(kBytes);
+    for (int round = 0; round < 60; ++round) {
+      for (int i = 0; i < kObjects; ++i) {
+        const std::string n = "g" + std::to_string(i);
+        // Every third round a durable Put over what may be staged and being committed.
+        absl::Status put = round % 3 == 2
+                               ? s->Put(n, Pattern(n, round, kBytes), Durability::kDurable)
+                               : s->PutStaged(n, Pattern(n, round, kBytes));
+        ASSERT_OK(put) << n << " round " << round;
+        last[i] = round;
+        ASSERT_OK(s->Get(n, out).status()) << n << " round " << round;
+        ASSERT_EQ(out, Pattern(n, round, kBytes)) << n << " round " << round;
+      }
+    }
+    done = true;
+    committer.join();
+    ASSERT_OK(s->Sync());
+  }
+  auto s = OpenOk(p.path());
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < kObjects; ++i) {
+    const std::string n = "g" + std::to_string(i);
+    EXPECT_EQ(Read(*s, n), Pattern(n, last[i], kBytes)) << n;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(p.path()))
+    EXPECT_EQ(e.path().extension().string().find(".new"), std::string::npos) << e.path();
+}
+
 // Fails the data writes (offset 0 of a file) while armed.
 class WriteFaults final : public FaultInjector {
  public:
