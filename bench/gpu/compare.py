@@ -82,6 +82,9 @@ def parser():
     add("--commit-every", default="1", help="memascend's commit intervals, a row per budget and "
         "interval (1: every step durable, the default; N: every N-th, the steps between in "
         "memory: docs/python.md, 'Commit interval')")
+    add("--staging", default="bounded", help="memascend durable every step: 'bounded' (batches "
+        "within a bound, the state's disk), 'step' (the step staged whole, a version more disk: "
+        "docs/python.md, 'A step staged whole'), or both, a row each at commit interval 1")
     add("--layers", type=int, default=16)
     add("--seq", type=int, default=2048)
     add("--batch", type=int, default=1)
@@ -138,6 +141,7 @@ def parser():
     add("--budget", type=float, help=argparse.SUPPRESS)
     add("--commit-every-point", type=int, default=1, help=argparse.SUPPRESS)
     add("--io-threads-point", type=int, default=0, help=argparse.SUPPRESS)
+    add("--staging-point", default="bounded", help=argparse.SUPPRESS)
     add("--ds-aio-point", help=argparse.SUPPRESS)
     add("--record", help=argparse.SUPPRESS)
     add("--scratch", help=argparse.SUPPRESS)
@@ -172,10 +176,15 @@ def plan(a):
             sys.exit(f"compare: unknown system '{name}' (known: {', '.join(systems.SYSTEMS)})")
         if name == "memascend":
             counts = [int(t) for t in a.io_threads.split(",")] if a.io_threads else [0]
+            stagings = a.staging.split(",")
+            if not set(stagings) <= {"bounded", "step"}:
+                sys.exit(f"compare: --staging takes bounded and step, not '{a.staging}'")
+            # A commit interval above 1 stages whole versions anyway: one row.
             runs += [{"system": name, "budget": float(b), "commit_every": int(n),
+                      **({"staging": "step"} if st == "step" else {}),
                       **({"io_threads": t} if t else {})}
                      for b in a.budgets.split(",") for n in a.commit_every.split(",")
-                     for t in counts]
+                     for st in (stagings if int(n) == 1 else ["bounded"]) for t in counts]
         elif name == "deepspeed-zero-infinity":
             runs += [{"system": name, "ds_aio_point": p} for p in a.ds_aio.split(",")]
         else:
@@ -187,6 +196,7 @@ def label(run):
     if "budget" in run:
         every = run.get("commit_every", 1)
         return f"{run['system']}-{run['budget']:g}pct" + (f"-c{every}" if every > 1 else "") + \
+            ("-staged" if run.get("staging") == "step" else "") + \
             (f"-t{run['io_threads']}" if run.get("io_threads") else "")
     if "ds_aio_point" in run:
         return f"{run['system']}-{run['ds_aio_point'].replace(':', 'x')}"
@@ -215,6 +225,8 @@ class Parent:
             cmd.append(f"--commit-every-point={run['commit_every']}")
         if run.get("io_threads"):
             cmd.append(f"--io-threads-point={run['io_threads']}")
+        if run.get("staging"):
+            cmd.append(f"--staging-point={run['staging']}")
         if "ds_aio_point" in run:
             cmd.append(f"--ds-aio-point={run['ds_aio_point']}")
         return cmd
@@ -422,7 +434,7 @@ def update_figures(r, ceiling):
 
 
 def table(records):
-    keys = ["system", "budget", "commit_every", "io_threads", "ds_aio_point", "fits", "skipped", "reason", "error",
+    keys = ["system", "budget", "commit_every", "staging", "io_threads", "ds_aio_point", "fits", "skipped", "reason", "error",
             "peak_rss_bytes", "cgroup_peak_bytes", "torch_pinned_peak_bytes",
             "memascend_pinned_peak_bytes", "gpu_peak_bytes", "tokens_per_s", "mfu",
             "io_bytes_per_step", "loss_rel_diff_max", "void", "void_reason", "h2d_ratio",
@@ -450,6 +462,7 @@ def row_label(r):
     every = r.get("commit_every") or 1
     return r["system"] + (f" {b:g}%" if b is not None else "") + \
         (f" every {every}" if every > 1 else "") + \
+        (" staged" if r.get("staging") == "step" else "") + \
         (f" io {r['io_threads']}" if r.get("io_threads") else "") + \
         (f" {r['ds_aio_point']}" if r.get("ds_aio_point") else "")
 

@@ -239,6 +239,7 @@ class MemAscend:
                                      host_budget=self.budget["bytes"], overwrite=True,
                                      commit_every=getattr(a, "commit_every_point", 1),
                                      io_threads=getattr(a, "io_threads_point", 0) or None,
+                                     staging=getattr(a, "staging_point", "bounded"),
                                      offload_gradients=None if self.offload_gradients else False)
         self.units = getattr(a, "units", "layer")
         self.offload = mt.offload_parameters(self.model, self.opt,
@@ -315,6 +316,7 @@ def train(a, device, record):
     if a.system == "memascend":  # Note [commit interval]: every N-th step durable
         record["commit_every"] = getattr(a, "commit_every_point", 1)
         record["io_threads"] = getattr(a, "io_threads_point", 0) or None  # None: the default
+        record["staging"] = getattr(a, "staging_point", "bounded")
     model = s.model
     record["parameters"], record["matmul_parameters"] = s.counts
     tokens = token_stream(a.steps, a.accum, a.batch, a.seq, a.shapes["vocab_size"])

@@ -89,7 +89,8 @@ class OffloadedAdam:
     @staticmethod
     def volume_bytes(groups: list[tuple[str, int]], param_dtype: str, grad_dtype: str,
                      part_elements: int, store_parameters: bool | None = None,
-                     data_parallel: bool = False, commit_every: int = 1) -> int: ...
+                     data_parallel: bool = False, commit_every: int = 1,
+                     stage_whole_step: bool = False) -> int: ...
     def __getattr__(self, name: str) -> Any: ...
 
 class DeviceParameters:

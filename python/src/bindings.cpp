@@ -292,6 +292,21 @@ std::function<absl::StatusOr<GradientCheck>(const GradientCheck&)> ReduceThrough
   };
 }
 
+// The state's options: in place, but for data-parallel ranks (two versions, the previous
+// step whole: Note [bounded staging]); staged unbounded under a commit interval or with a
+// whole step staged (Note [commit interval]).
+VersionedTrainingStateOptions StateOptions(bool data_parallel, std::uint32_t commit_every,
+                                           bool stage_whole_step) {
+  VersionedTrainingStateOptions vo;
+  if (data_parallel) {
+    vo.in_place = false;
+    vo.max_staged_bytes = 0;
+  }
+  vo.commit_every = commit_every;
+  if (commit_every > 1 || stage_whole_step) vo.max_staged_bytes = 0;
+  return vo;
+}
+
 class PyAdam {
  public:
   PyAdam(py::object store, const std::vector<std::pair<std::string, std::size_t>>& groups,
@@ -300,7 +315,7 @@ class PyAdam {
          float beta2, float eps, float max_grad_norm, bool dynamic_loss_scale, float initial_scale,
          std::uint64_t fingerprint, std::size_t read_ahead_bytes, int threads,
          std::optional<bool> store_parameters, bool replace_existing, bool data_parallel,
-         std::uint32_t commit_every, py::object reduce_gradient_check)
+         std::uint32_t commit_every, py::object reduce_gradient_check, bool stage_whole_step)
       : store_obj_(std::move(store)) {
     store_ = store_obj_.cast<PyStore*>();
     const StateLayout layout =
@@ -341,14 +356,10 @@ class PyAdam {
     {
       py::gil_scoped_release nogil;
       threads_ = std::make_unique<KernelThreads>(threads);
-      VersionedTrainingStateOptions vo;  // Note [state ownership]
-      vo.replace_existing = replace_existing;
-      if (data_parallel) {  // two versions, the previous step whole (Note [bounded staging])
-        vo.in_place = false;
-        vo.max_staged_bytes = 0;
-      }
-      vo.commit_every = commit_every;  // Note [commit interval]: unbounded staging
-      if (commit_every > 1) vo.max_staged_bytes = 0;
+      VersionedTrainingStateOptions vo =
+          StateOptions(data_parallel, commit_every, stage_whole_step);
+      vo.replace_existing = replace_existing;  // Note [state ownership]
+      max_staged_bytes_ = vo.max_staged_bytes;
       state_ = Take(VersionedTrainingState::Open(s, v, layout, vo));
       adam_ = Take(OffloadedAdam::Create(state_.get(), o, threads_.get()));
     }
@@ -427,6 +438,8 @@ class PyAdam {
     d["skipped_steps"] = a->scaler().skipped_steps();
     d["durable_step"] = state_->durable_step();  // Note [commit interval]
     d["deferred_steps"] = state_->deferred_steps();
+    d["max_staged_bytes"] =
+        max_staged_bytes_;  // 0: a version staged whole (Note [commit interval])
     const OffloadedAdam::Times& t = a->times();  // Note [step times]
     py::dict seconds;
     seconds["gradients"] = t.gradients;
@@ -444,6 +457,7 @@ class PyAdam {
   py::object store_obj_;
   PyStore* store_ = nullptr;
   std::unique_ptr<KernelThreads> threads_;
+  std::uint64_t max_staged_bytes_ = 0;
   std::unique_ptr<VersionedTrainingState> state_;
   std::unique_ptr<OffloadedAdam> adam_;
 };
@@ -835,7 +849,7 @@ PYBIND11_MODULE(_core, m) {
                     const std::string&, const std::string&, std::size_t, const std::vector<float>&,
                     const std::vector<float>&, float, float, float, float, bool, float,
                     std::uint64_t, std::size_t, int, std::optional<bool>, bool, bool, std::uint32_t,
-                    py::object>(),
+                    py::object, bool>(),
            py::arg("store"), py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
            py::arg("part_elements"), py::arg("lrs"), py::arg("weight_decays"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("max_grad_norm"),
@@ -843,10 +857,11 @@ PYBIND11_MODULE(_core, m) {
            py::arg("read_ahead_bytes"), py::arg("threads"),
            py::arg("store_parameters") = std::nullopt, py::arg("replace_existing") = false,
            py::arg("data_parallel") = false, py::arg("commit_every") = 1,
-           py::arg("reduce_gradient_check") = py::none(),
+           py::arg("reduce_gradient_check") = py::none(), py::arg("stage_whole_step") = false,
            "reduce_gradient_check: None, or fn(overflow, sum_squares) -> (overflow, "
            "sum_squares) of every rank together (memascend Note [global gradient check]), "
-           "called by end_backward on every rank.")
+           "called by end_backward on every rank. stage_whole_step: each step staged whole "
+           "and committed once (Note [commit interval]), not in batches within a bound.")
       .def_static("minimum_host_budget",
                   [](std::size_t max_group_elements, std::size_t part_elements,
                      const std::string& param, const std::string& grad) {
@@ -873,19 +888,16 @@ PYBIND11_MODULE(_core, m) {
           "volume_bytes",
           [](const std::vector<std::pair<std::string, std::size_t>>& groups,
              const std::string& param, const std::string& grad, std::size_t part,
-             std::optional<bool> store_parameters, bool data_parallel, std::uint32_t commit_every) {
+             std::optional<bool> store_parameters, bool data_parallel, std::uint32_t commit_every,
+             bool stage_whole_step) {
             const StateLayout l = PyLayout(groups, param, grad, part, store_parameters);
-            VersionedTrainingStateOptions vo;  // Note [volume size]
-            if (data_parallel) {
-              vo.in_place = false;
-              vo.max_staged_bytes = 0;
-            }
-            if (commit_every > 1) vo.max_staged_bytes = 0;  // Note [commit interval]
-            return VersionedTrainingState::VolumeBytes(l, vo);
+            return VersionedTrainingState::VolumeBytes(  // Note [volume size]
+                l, StateOptions(data_parallel, commit_every, stage_whole_step));
           },
           py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
           py::arg("part_elements"), py::arg("store_parameters") = std::nullopt,
-          py::arg("data_parallel") = false, py::arg("commit_every") = 1)
+          py::arg("data_parallel") = false, py::arg("commit_every") = 1,
+          py::arg("stage_whole_step") = false)
       .def("resume", &PyAdam::resume, py::arg("at_most") = std::nullopt)
       .def("initialize",
            [](PyAdam& self, std::size_t g, std::uintptr_t address, std::size_t n,

@@ -759,7 +759,7 @@ absl::StatusOr<std::unique_ptr<VersionedTrainingState>> VersionedTrainingState::
           "versioned training state: unbounded (commit_every {}, max_staged_bytes 0), it "
           "stages up to a whole version, and the volume has {} bytes for the state where it "
           "needs {} (VolumeBytes with max_staged_bytes 0): a larger volume (a new one is made "
-          "so), or commit_every 1 with a bound",
+          "so), or commit_every 1 with a bound (staging bounded)",
           options.commit_every, room, need));
     }
   }

@@ -77,6 +77,7 @@ def test_the_trained_rows_carry_the_figures_and_agree_on_the_losses(run):
     assert records["memascend"]["io_bytes_per_step"]["write"] >= 0
     # Note [commit interval]: every second step durable, the last one made so at the end
     assert records["memascend"]["commit_every"] == 2
+    assert records["memascend"]["staging"] == "bounded"  # the default (--staging)
     assert records["memascend"]["units"] == "layer"  # a decoder layer loaded whole
     stats = records["memascend"]["memascend_stats"]
     assert stats["durable_step"] == 3 and stats["deferred_steps"] == 0
@@ -609,3 +610,25 @@ def test_the_fit_reports_bytes_per_parameter_and_token_where_no_cap_can_be_made(
     assert s == {"host_bytes_per_parameter": 16.0, "host_bytes_per_token": 5.0}
     out["seq"][1]["trains"] = False  # one size is no slope
     assert "host_bytes_per_token" not in fit_under_cap.slopes(out, a)
+
+
+def test_the_step_staging_rows_are_planned_at_commit_interval_one():
+    """--staging bounded,step: a row each for memascend durable every step (a commit
+    interval above 1 stages whole versions anyway: one row), labelled, and the worker told."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import compare
+    a = compare.parser().parse_args(["--systems", "memascend", "--budgets", "10,25",
+                                     "--commit-every", "1,4", "--staging", "bounded,step"])
+    runs = compare.plan(a)
+    assert [compare.label(r) for r in runs] == [
+        "memascend-10pct", "memascend-10pct-staged", "memascend-10pct-c4",
+        "memascend-25pct", "memascend-25pct-staged", "memascend-25pct-c4"]
+    parent = compare.Parent(a)
+    parent.ceiling = {}
+    cmd = parent.worker_cmd(runs[1], "/tmp/r.json", 1)
+    assert "--staging-point=step" in cmd
+    assert not any(c.startswith("--staging-point") for c in parent.worker_cmd(runs[0], "r", 0))
+    assert compare.row_label({"system": "memascend", "budget": {"percent_of_state": 25},
+                              "staging": "step"}) == "memascend 25% staged"
+    with pytest.raises(SystemExit, match="--staging takes bounded and step"):
+        compare.plan(compare.parser().parse_args(["--systems", "memascend", "--staging", "all"]))

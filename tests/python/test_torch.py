@@ -472,6 +472,42 @@ def test_commit_every_keeps_every_nth_step_durable(tmp_path):
         assert loss == want[step], step
 
 
+def test_a_step_staged_whole_is_durable_every_step(tmp_path):
+    # staging="step": every step durable, each staged whole and committed once. A run
+    # killed after step 7 resumes at most one step back (the last commit may be in flight)
+    # with the uninterrupted bounded run's losses, bit for bit; a state larger than the
+    # bound (256 MiB) gets a new volume a version larger; a value other than the two is
+    # refused before anything is made.
+    whole = run_worker("offloaded", "10", "--volume", str(tmp_path / "bounded.vol"))
+    assert whole.returncode == 0, whole.stderr
+    want, _ = parse(whole.stdout)
+    vol = str(tmp_path / "step.vol")
+    killed = run_worker("offloaded", "10", "--volume", vol, "--kill-after", "7",
+                        "--staging", "step")
+    assert killed.returncode == -9, killed.stderr
+    resumed = run_worker("offloaded", "10", "--volume", vol, "--resume", "--staging", "step")
+    assert resumed.returncode == 0, resumed.stderr
+    before, _ = parse(killed.stdout)
+    after, _ = parse(resumed.stdout)
+    assert min(after) in (7, 8), sorted(after)
+    for step, loss in {**before, **after}.items():
+        assert loss == want[step], step
+    with mt.OffloadedAdamW(gpt.make(seed=0).parameters(), volume=str(tmp_path / "s.vol"),
+                           staging="step") as opt:
+        assert opt.stats()["max_staged_bytes"] == 0  # the SDK stages a step whole
+    with mt.OffloadedAdamW(gpt.make(seed=0).parameters(), volume=str(tmp_path / "b.vol")) as opt:
+        assert opt.stats()["max_staged_bytes"] == 256 << 20  # batches within the bound
+    n = 1 << 28  # 4 GiB of state a version (16 bytes an element)
+    sizes = [memascend._core.OffloadedAdam.volume_bytes([("w", n)], "bfloat16", "bfloat16",
+                                                        1 << 20, stage_whole_step=step)
+             for step in (False, True)]
+    assert sizes[1] - sizes[0] >= 16 * n - (512 << 20), sizes
+    with pytest.raises(memascend.errors.InvalidArgumentError, match="staging must be"):
+        mt.OffloadedAdamW(gpt.make(seed=0).parameters(), volume=str(tmp_path / "x.vol"),
+                          staging="whole")
+    assert not os.path.exists(tmp_path / "x.vol")
+
+
 def test_the_offloaded_run_peaks_far_below_adamw_in_rss(tmp_path):
     adamw = run_worker("adamw", "2", "--model", "rss")
     assert adamw.returncode == 0, adamw.stderr

@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--offload-parameters", action="store_true")
     ap.add_argument("--kill-after", type=int, default=0)
     ap.add_argument("--commit-every", type=int, default=1)
+    ap.add_argument("--staging", default="bounded")
     a = ap.parse_args()
     torch.set_num_threads(2)
     shape = MODELS[a.model]
@@ -44,7 +45,7 @@ def main():
     else:
         opt = mt.OffloadedAdamW(params, lr=1e-3, weight_decay=0.01, volume=a.volume,
                                 host_budget=32 << 20, part_elements=1 << 18, resume=a.resume,
-                                commit_every=a.commit_every)
+                                commit_every=a.commit_every, staging=a.staging)
         start = opt.resumed_step or 0
         if a.offload_parameters:
             mt.offload_parameters(model, opt)

@@ -74,6 +74,25 @@ def whole(name, value, lo, hi, optional=False):
     return value
 
 
+def check_adamw(lr, betas, eps, weight_decay, amsgrad, maximize, resume, overwrite, staging):
+    """OffloadedAdamW's arguments as torch.optim.AdamW checks them, and its own that exclude
+    each other: InvalidArgumentError (UnimplementedError for what it does not do)."""
+    if not lr >= 0.0:
+        raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
+    if not eps > 0.0:
+        raise errors.InvalidArgumentError(f"invalid epsilon value: {eps}")
+    if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        raise errors.InvalidArgumentError(f"invalid betas: {betas}")
+    if not weight_decay >= 0.0:
+        raise errors.InvalidArgumentError(f"invalid weight_decay value: {weight_decay}")
+    if amsgrad or maximize:
+        raise errors.UnimplementedError("OffloadedAdamW has no amsgrad or maximize")
+    if resume and overwrite:
+        raise errors.InvalidArgumentError("resume and overwrite exclude each other")
+    if staging not in ("bounded", "step"):
+        raise errors.InvalidArgumentError(f"staging must be 'bounded' or 'step', not {staging!r}")
+
+
 def refuse_frozen(params, at_construction):
     """Parameters that do not require grad: torch.optim.AdamW leaves them, OffloadedAdamW
     would move them by weight decay; refused, at construction or at step()."""

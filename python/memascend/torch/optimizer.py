@@ -7,9 +7,9 @@ from memascend import _core, errors
 from memascend.torch import distributed as _dist
 from memascend.torch import scaling as _scaling
 from memascend.torch import state as _state
-from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, choose_budget,
-                                     dense_grad, dtype_name, host, offloaded, refuse_frozen,
-                                     whole)
+from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, check_adamw,
+                                     choose_budget, dense_grad, dtype_name, host, offloaded,
+                                     refuse_frozen, whole)
 from memascend.torch.buckets import GradientBuckets
 
 
@@ -51,6 +51,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
         stay in memory: a crash resumes at the last durable one (``resumed_step``, at most
         N-1 steps back); settle() and close() make every step durable. A new volume is
         made a version larger (docs/python.md, "Commit interval").
+      staging: with every step durable, "bounded" (the default: a step's writes committed
+        in batches within a bound, the volume the state's size) or "step" (the whole step
+        staged and committed once, under the next forward and backward passes: faster where
+        the disk is the limit; a new volume is a version larger, as for commit_every).
       write_back_depth: state parts a commit writes at once (default: the SDK's, 8; at
         most 256); for measuring a disk (bench/commit.py).
       io_threads: the store's threads that read state ahead and write it back (default:
@@ -65,22 +69,11 @@ class OffloadedAdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, dynamic_loss_scale=False, initial_scale=65536.0,
                  resume=False, overwrite=False, threads=None, read_ahead=None, run_id=0,
                  amsgrad=False, maximize=False, process_group=None, offload_gradients=None,
-                 commit_every=1, write_back_depth=None, io_threads=None):
+                 commit_every=1, write_back_depth=None, io_threads=None, staging="bounded"):
         self._core = self._store = self._volume = self._cuda = self._shard_io = None
         self._grads = None  # under torch.distributed: the gradients' buckets
         self._own_volume, self._offloads = False, []  # offload_parameters() over it
-        if not lr >= 0.0:
-            raise errors.InvalidArgumentError(f"invalid learning rate: {lr}")
-        if not eps > 0.0:
-            raise errors.InvalidArgumentError(f"invalid epsilon value: {eps}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise errors.InvalidArgumentError(f"invalid betas: {betas}")
-        if not weight_decay >= 0.0:
-            raise errors.InvalidArgumentError(f"invalid weight_decay value: {weight_decay}")
-        if amsgrad or maximize:
-            raise errors.UnimplementedError("OffloadedAdamW has no amsgrad or maximize")
-        if resume and overwrite:
-            raise errors.InvalidArgumentError("resume and overwrite exclude each other")
+        check_adamw(lr, betas, eps, weight_decay, amsgrad, maximize, resume, overwrite, staging)
         # Integers the SDK takes, checked here: a clear message rather than a crash (a part
         # of 0 elements divides by zero) or pybind's list of signatures.
         host_budget = whole("host_budget", host_budget, 1, 1 << 50, optional=True)
@@ -138,7 +131,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
             _dist.check_backend(self)
             _dist.check_same_model(self, dict(resume=bool(resume), overwrite=bool(overwrite),
                                               offload_gradients=offload_gradients,
-                                              commit_every=commit_every))
+                                              commit_every=commit_every, staging=staging))
         self._shards = []  # per parameter: (its group in the SDK's layout or None, begin, end)
         layout = []
         for i, n in enumerate(self._numels):
@@ -180,7 +173,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 path = os.fspath(volume).replace("{rank}", str(self._rank))
                 if volume_size is None:  # memascend Note [volume size]
                     volume_size = _core.OffloadedAdam.volume_bytes(layout, self._dt, self._dt,
-                        self._part_elements, store_parameters, self._sharded, commit_every)
+                        self._part_elements, store_parameters, self._sharded, commit_every,
+                        staging == "step")
                 self._volume = _core.Volume.open_or_create(path, int(volume_size))
                 self._own_volume = True
             else:
@@ -202,7 +196,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 float(max_grad_norm), bool(dynamic_loss_scale), float(initial_scale),
                 int(run_id), int(read_ahead or 0), int(threads or torch.get_num_threads()),
                 store_parameters, bool(overwrite), self._sharded, commit_every,
-                _dist.gradient_check(self) if self._sharded else None)
+                _dist.gradient_check(self) if self._sharded else None, staging == "step")
             self._applied = {i: (float(self.param_groups[self._group_of[i]]["lr"]),
                                  float(self.param_groups[self._group_of[i]]["weight_decay"]))
                              for i in self._owned()}
