@@ -176,7 +176,7 @@ def plan(a):
             sys.exit(f"compare: unknown system '{name}' (known: {', '.join(systems.SYSTEMS)})")
         if name == "memascend":
             counts = [int(t) for t in a.io_threads.split(",")] if a.io_threads else [0]
-            stagings = a.staging.split(",")
+            stagings = list(dict.fromkeys(a.staging.split(",")))
             if not set(stagings) <= {"bounded", "step"}:
                 sys.exit(f"compare: --staging takes bounded and step, not '{a.staging}'")
             # A commit interval above 1 stages whole versions anyway: one row.

@@ -17,10 +17,12 @@
 // failed write), never silently old or mixed bytes. A durable Put writes NAME.tmp,
 // fdatasyncs it, renames it over NAME and fsyncs the directory. PutStaged writes NAME.tmp
 // and renames it to NAME.new; Sync() does the rest for every staged object (fdatasync,
-// rename over NAME, the directory's fsync). A put while Sync() runs on another thread
-// writes its bytes meanwhile and waits for the commit only to rename its file into place,
-// so it comes after that commit (an object staged again stays staged, with its newer
-// bytes, for the next Sync). Each object is replaced atomically,
+// rename over NAME, the directory's fsync; a failed flush of the directory is retried by
+// the next Sync(), and a durable Put whose flush fails has still replaced the object, in
+// this process at least). A put while Sync() runs on another thread writes its bytes
+// meanwhile and waits for the commit only to rename its file into place, so it comes
+// after that commit (an object staged again stays staged, with its newer bytes, for the
+// next Sync). Each object is replaced atomically,
 // the set is not (a crash inside Sync() can leave some objects new and some old; the
 // versioned training state in two versions never overwrites the version its last commit
 // names, so a crash still resumes from that commit, but a state in place, Note [state in
@@ -140,6 +142,8 @@ class FileObjectStore final : public ObjectStore {
   absl::StatusOr<ObjectInfo> Stat(std::string_view name) const override;
   std::vector<ObjectInfo> List() const override;
   absl::Status Delete(std::string_view name) override;
+  // The staged files' data (NAME.new, each rounded up to a block).
+  std::uint64_t staged_bytes() const override;
 
   const std::string& dir() const noexcept;
   // The file that holds `name` (escaped: '/', '%' and a leading '.' as %XX).

@@ -133,12 +133,40 @@ struct FileObjectStore::Impl {
   };
   // Note [file store commits]: Sync() and DropStaged() hold it exclusively, from the
   // list of what is staged to the last rename; a put holds it shared while it renames its
-  // file into place and records it, so a commit never renames over what it flushed a file
-  // staged after its flush (its bytes not on stable storage, or a Put's newer object). The
-  // bytes themselves are written outside it, while a commit runs.
+  // file into place and records it. So what a commit renames to NAME.obj is the NAME.new
+  // it flushed, never a file staged after the flush (its bytes not on stable storage)
+  // nor over a Put's newer object. A put's bytes are written outside it, while a commit
+  // runs.
   absl::Mutex sync_mu;
   mutable absl::Mutex mu;
   std::map<std::string, Entry, std::less<>> objects ABSL_GUARDED_BY(mu);
+  std::uint64_t staged_total ABSL_GUARDED_BY(mu) = 0;  // the staged files' data (staged_bytes)
+  // A commit's rename into NAME.obj, or a durable Put's, not yet followed by a flush of
+  // the directory that succeeded.
+  bool dir_unsynced ABSL_GUARDED_BY(mu) = false;
+
+  static std::uint64_t FileBytes(std::uint64_t size) {
+    return util::RoundUp(size, std::uint64_t{kBlock});
+  }
+  void Unstage(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (e.staged) staged_total -= FileBytes(e.info.size);
+    e.staged = false;
+  }
+  // A commit's end (sync_mu held exclusively: no rename runs meanwhile): flushes the
+  // directory if a rename is not on stable storage yet; a failure is kept for the next.
+  absl::Status SyncDirectory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu) ABSL_LOCKS_EXCLUDED(mu) {
+    {
+      absl::MutexLock lock(&mu);
+      if (!dir_unsynced) return absl::OkStatus();
+      dir_unsynced = false;
+    }
+    absl::Status s = SyncDir();
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu);
+      dir_unsynced = true;
+    }
+    return s;
+  }
 
   std::string Path(std::string_view name, const char* suffix) const {
     return fmt::format("{}/{}{}", dir, Escape(name), suffix);
@@ -336,40 +364,53 @@ absl::Status FileObjectStore::Put(std::string_view name, std::span<const std::by
                (it == m.objects.end() ||
                 (it->second.info.durability == Durability::kScratch && !it->second.staged));
   }
+  const bool durable = durability == Durability::kDurable;
   absl::Status s;
   std::optional<absl::ReaderMutexLock> no_commit;  // while the file goes into place
   if (in_place) {
     s = m.WriteFile(path, data, t, /*truncate_first=*/false, /*sync=*/false);
   } else {
     const std::string tmp = m.Path(name, kTmpSuffix);
-    const bool durable = durability == Durability::kDurable;
     s = m.WriteFile(tmp, data, t, /*truncate_first=*/true, /*sync=*/durable);
-    if (s.ok()) {
-      no_commit.emplace(&m.sync_mu);
-      s = prim::Rename(tmp, path);
-    }
     if (!s.ok()) {
       prim::RemoveQuietly(tmp);  // the old object, staged or not, stays
       return s;
     }
-    // Renamed, the object is the new one (recorded below) whether or not the directory's
-    // flush succeeds; a failed flush is returned: its durability is not known.
-    if (durable) s = m.SyncDir();
-    // A staged version is superseded (a commit that ran since the check above has
-    // renamed it already, and no other can until this put is recorded).
-    prim::RemoveQuietly(m.Path(name, kNewSuffix));
+    no_commit.emplace(&m.sync_mu);
   }
-  absl::MutexLock lock(&m.mu);
-  Impl::Entry& e = m.objects[std::string(name)];
-  e.info = {t.name, t.size, t.metadata, durability, t.checksum, {}};
-  e.staged = false;
-  e.committed.reset();
-  e.lost.clear();
-  if (!s.ok() && in_place) {
-    // The old bytes were overwritten in place (Note [file store commits]).
-    e.lost = fmt::format(
-        "the write of '{}' to {} failed ({}): its old contents were overwritten in place", name,
-        path, std::string(s.message()));
+  {
+    // The rename and the record together (Note [file store commits]): a Delete, a Get or
+    // a commit sees the object before or after, never the file without its entry.
+    absl::MutexLock lock(&m.mu);
+    if (!in_place) {
+      s = prim::Rename(m.Path(name, kTmpSuffix), path);
+      if (!s.ok()) {
+        prim::RemoveQuietly(m.Path(name, kTmpSuffix));
+        return s;
+      }
+      prim::RemoveQuietly(m.Path(name, kNewSuffix));  // a staged version, superseded
+    }
+    Impl::Entry& e = m.objects[std::string(name)];
+    m.Unstage(e);
+    e.info = {t.name, t.size, t.metadata, durability, t.checksum, {}};
+    e.committed.reset();
+    e.lost.clear();
+    if (!s.ok()) {
+      // The old bytes were overwritten in place (Note [file store commits]).
+      e.lost = fmt::format(
+          "the write of '{}' to {} failed ({}): its old contents were overwritten in place", name,
+          path, std::string(s.message()));
+      return s;
+    }
+  }
+  no_commit.reset();
+  // Renamed, the object is the new one whether or not the directory's flush succeeds; a
+  // failed flush is returned (its durability is not known) and retried by the next Sync().
+  if (!durable) return absl::OkStatus();
+  s = m.SyncDir();
+  if (!s.ok()) {
+    absl::MutexLock lock(&m.mu);
+    m.dir_unsynced = true;
   }
   return s;
 }
@@ -383,21 +424,26 @@ absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const s
   // Through NAME.tmp, written while a commit may run, and renamed to NAME.new when no
   // commit does (Note [file store commits]): a failure leaves a staged version as it was.
   const std::string tmp = m.Path(name, kTmpSuffix);
-  absl::Status s = m.WriteFile(tmp, data, t, /*truncate_first=*/true, /*sync=*/false);
-  absl::ReaderMutexLock no_commit(&m.sync_mu);
-  if (s.ok()) s = prim::Rename(tmp, m.Path(name, kNewSuffix));
-  if (!s.ok()) {
+  if (absl::Status s = m.WriteFile(tmp, data, t, /*truncate_first=*/true, /*sync=*/false);
+      !s.ok()) {
     prim::RemoveQuietly(tmp);
     return s;
   }
+  absl::ReaderMutexLock no_commit(&m.sync_mu);
   absl::MutexLock lock(&m.mu);
+  if (absl::Status s = prim::Rename(tmp, m.Path(name, kNewSuffix)); !s.ok()) {
+    prim::RemoveQuietly(tmp);
+    return s;
+  }
   Impl::Entry& e = m.objects[std::string(name)];
   if (!e.staged && !e.info.name.empty()) {  // what DropStaged goes back to
     e.committed = e.info;
     e.committed_lost = e.lost;
   }
+  m.Unstage(e);
   e.info = {t.name, t.size, t.metadata, Durability::kDurable, t.checksum, {}};
   e.staged = true;
+  m.staged_total += Impl::FileBytes(t.size);
   e.lost.clear();
   return absl::OkStatus();
 }
@@ -411,6 +457,7 @@ absl::Status FileObjectStore::DropStaged(std::span<const std::string> names) {
     if (it == m.objects.end() || !it->second.staged) continue;
     Impl::Entry& e = it->second;
     prim::RemoveQuietly(m.Path(name, kNewSuffix));
+    m.Unstage(e);
     if (!e.committed.has_value()) {
       m.objects.erase(it);
       continue;
@@ -418,7 +465,6 @@ absl::Status FileObjectStore::DropStaged(std::span<const std::string> names) {
     e.info = *std::move(e.committed);
     e.lost = std::move(e.committed_lost);
     e.committed.reset();
-    e.staged = false;
   }
   return absl::OkStatus();
 }
@@ -430,6 +476,11 @@ absl::Status FileObjectStore::SyncOnly(std::span<const std::string> names) {
   return SyncStaged(&only);
 }
 
+std::uint64_t FileObjectStore::staged_bytes() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->staged_total;
+}
+
 absl::Status FileObjectStore::SyncStaged(const std::set<std::string_view>* only) {
   Impl& m = *impl_;
   absl::MutexLock one_at_a_time(&m.sync_mu);
@@ -439,7 +490,6 @@ absl::Status FileObjectStore::SyncStaged(const std::set<std::string_view>* only)
     for (const auto& [name, e] : m.objects)
       if (e.staged && (only == nullptr || only->contains(name))) staged.push_back(name);
   }
-  if (staged.empty()) return absl::OkStatus();
   auto still_staged = [&](const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m.mu) {
     auto it = m.objects.find(name);
     return it != m.objects.end() && it->second.staged;
@@ -450,7 +500,7 @@ absl::Status FileObjectStore::SyncStaged(const std::set<std::string_view>* only)
     if (!fd) {
       const int err = errno;
       absl::MutexLock lock(&m.mu);
-      if (err == ENOENT && !still_staged(name)) continue;  // a Put or Delete since
+      if (err == ENOENT && !still_staged(name)) continue;  // a Delete since
       return absl::ErrnoToStatus(err, fmt::format("open({})", fresh));
     }
     MEMASCEND_RETURN_IF_ERROR(prim::Fsync(fd.get()));
@@ -460,11 +510,14 @@ absl::Status FileObjectStore::SyncStaged(const std::set<std::string_view>* only)
     // the rename came between its lookup and its open.
     absl::MutexLock lock(&m.mu);
     if (!still_staged(name)) continue;
+    m.dir_unsynced = true;  // from here until a directory flush succeeds
     MEMASCEND_RETURN_IF_ERROR(prim::Rename(m.Path(name, kNewSuffix), m.Path(name, kObjectSuffix)));
-    m.objects.find(name)->second.staged = false;
-    m.objects.find(name)->second.committed.reset();
+    Impl::Entry& e = m.objects.find(name)->second;
+    m.Unstage(e);
+    e.committed.reset();
   }
-  return m.SyncDir();
+  // Also when nothing was staged: an earlier rename whose directory flush failed.
+  return m.SyncDirectory();
 }
 
 absl::StatusOr<std::size_t> FileObjectStore::Get(std::string_view name, std::span<std::byte> out) {
@@ -533,9 +586,11 @@ absl::Status FileObjectStore::Delete(std::string_view name) {
     auto it = m.objects.find(name);
     if (it == m.objects.end()) return absl::NotFoundError(fmt::format("no object '{}'", name));
     durable = it->second.info.durability == Durability::kDurable;
-    prim::RemoveQuietly(m.Path(name, kNewSuffix));
+    // The committed file first: if it cannot go, nothing has (a staged one stays staged).
     if (::unlink(m.Path(name, kObjectSuffix).c_str()) != 0 && errno != ENOENT)
       return absl::ErrnoToStatus(errno, fmt::format("unlink({})", m.Path(name, kObjectSuffix)));
+    prim::RemoveQuietly(m.Path(name, kNewSuffix));
+    m.Unstage(it->second);
     m.objects.erase(it);
   }
   return durable ? m.SyncDir() : absl::OkStatus();

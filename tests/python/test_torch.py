@@ -473,11 +473,14 @@ def test_commit_every_keeps_every_nth_step_durable(tmp_path):
 
 
 def test_a_step_staged_whole_is_durable_every_step(tmp_path):
-    # staging="step": every step durable, each staged whole and committed once. A run
-    # killed after step 7 resumes at most one step back (the last commit may be in flight)
-    # with the uninterrupted bounded run's losses, bit for bit; a state larger than the
-    # bound (256 MiB) gets a new volume a version larger; a value other than the two is
-    # refused before anything is made.
+    # staging="step" reaches the SDK (max_staged_bytes 0: every step durable, each staged
+    # whole and committed once). This state is within the bound, where the two stage alike:
+    # the test is of the option's path (the SDK's crash sweep, state_in_place_crash_test's
+    # WholeStepStaged, kills a state staged so at writes across its steps). A run killed
+    # after step 7 resumes at most one step back (the last commit may be in flight) with
+    # the uninterrupted bounded run's losses, bit for bit; a state larger than the bound
+    # (256 MiB) gets a new volume a version larger; a value other than the two is refused
+    # before anything is made.
     whole = run_worker("offloaded", "10", "--volume", str(tmp_path / "bounded.vol"))
     assert whole.returncode == 0, whole.stderr
     want, _ = parse(whole.stdout)

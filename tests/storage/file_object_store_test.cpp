@@ -264,8 +264,10 @@ TEST(FileObjectStore, ReadsDuringASyncFindEveryObject) {
 
 // Note [file store commits]: a commit running on another thread (a state's committer)
 // while an object is staged again, or put durably, over one it is committing: the newest
-// bytes are what a read finds, every time, and after a last Sync what a reopen finds; a
-// commit never renames bytes it did not flush over what it is committing.
+// bytes are what a read finds, every time, and after a last Sync what a reopen finds, with
+// no staged or half-written file left. (Before the commit lock, a commit renamed a file
+// staged after its flush and left the entry staged without its file: kNotFound, or
+// renamed an older staged file over a Put's: kDataLoss.)
 TEST(FileObjectStore, StagingAgainWhileASyncRunsKeepsTheNewestBytes) {
   ScratchPath p("fos");
   constexpr int kObjects = 8;
@@ -278,6 +280,14 @@ TEST(FileObjectStore, StagingAgainWhileASyncRunsKeepsTheNewestBytes) {
     std::thread committer([&] {
       while (!done.load()) ASSERT_OK(s->Sync());
     });
+    struct Join {  // a failed assertion below returns with the committer still running
+      std::atomic<bool>& done;
+      std::thread& t;
+      ~Join() {
+        done = true;
+        if (t.joinable()) t.join();
+      }
+    } join{done, committer};
     std::vector<std::byte> out(kBytes);
     for (int round = 0; round < 60; ++round) {
       for (int i = 0; i < kObjects; ++i) {
@@ -302,8 +312,40 @@ TEST(FileObjectStore, StagingAgainWhileASyncRunsKeepsTheNewestBytes) {
     const std::string n = "g" + std::to_string(i);
     EXPECT_EQ(Read(*s, n), Pattern(n, last[i], kBytes)) << n;
   }
-  for (const auto& e : std::filesystem::directory_iterator(p.path()))
-    EXPECT_EQ(e.path().extension().string().find(".new"), std::string::npos) << e.path();
+  for (const auto& e : std::filesystem::directory_iterator(p.path())) {
+    EXPECT_NE(e.path().extension(), ".new") << e.path();
+    EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+  }
+  EXPECT_EQ(s->staged_bytes(), 0u);
+}
+
+// staged_bytes(): the staged files' data, each rounded up to a block, as a versioned
+// training state's staging bound reads it (Note [state in place]).
+TEST(FileObjectStore, StagedBytesCountTheStagedFilesUntilTheyAreCommittedOrDropped) {
+  ScratchPath p("fos");
+  auto s = OpenOk(p.path());
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->staged_bytes(), 0u);
+  ASSERT_OK(s->PutStaged("a", Pattern("a", 0, 5000)));
+  ASSERT_OK(s->PutStaged("b", Pattern("b", 0, 4096)));
+  EXPECT_EQ(s->staged_bytes(), 8192u + 4096u);
+  ASSERT_OK(s->PutStaged("a", Pattern("a", 1, 100)));  // staged again: replaces its count
+  EXPECT_EQ(s->staged_bytes(), 4096u + 4096u);
+  ASSERT_OK(s->Put("b", Pattern("b", 1, 10), Durability::kDurable));  // supersedes
+  EXPECT_EQ(s->staged_bytes(), 4096u);
+  ASSERT_OK(s->Sync());
+  EXPECT_EQ(s->staged_bytes(), 0u);
+  ASSERT_OK(s->PutStaged("a", Pattern("a", 2, 9000)));
+  ASSERT_OK(s->PutStaged("c", Pattern("c", 0, 1)));
+  ASSERT_OK(s->SyncOnly(std::vector<std::string>{"c"}));
+  EXPECT_EQ(s->staged_bytes(), 12288u);
+  const std::vector<std::string> a{"a"};
+  ASSERT_OK(s->DropStaged(a));
+  EXPECT_EQ(s->staged_bytes(), 0u);
+  EXPECT_EQ(Read(*s, "a"), Pattern("a", 1, 100));  // the committed one again
+  ASSERT_OK(s->PutStaged("d", Pattern("d", 0, 10)));
+  ASSERT_OK(s->Delete("d"));
+  EXPECT_EQ(s->staged_bytes(), 0u);
 }
 
 // Fails the data writes (offset 0 of a file) while armed.

@@ -131,7 +131,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
             _dist.check_backend(self)
             _dist.check_same_model(self, dict(resume=bool(resume), overwrite=bool(overwrite),
                                               offload_gradients=offload_gradients,
-                                              commit_every=commit_every, staging=staging))
+                                              commit_every=commit_every))
         self._shards = []  # per parameter: (its group in the SDK's layout or None, begin, end)
         layout = []
         for i, n in enumerate(self._numels):
