@@ -52,9 +52,10 @@ class OffloadedAdamW(torch.optim.Optimizer):
         N-1 steps back); settle() and close() make every step durable. A new volume is
         made a version larger (docs/python.md, "Commit interval").
       staging: with every step durable, "bounded" (the default: a step's writes committed
-        in batches within a bound, the volume the state's size) or "step" (the whole step
-        staged and committed once, under the next forward and backward passes: faster where
-        the disk is the limit; a new volume is a version larger, as for commit_every).
+        in batches within a bound, the volume the state and the bound) or "step" (the
+        whole step staged and committed once, under the next forward and backward passes:
+        faster where the disk is the limit; a new volume is a version larger, as for
+        commit_every).
       write_back_depth: state parts a commit writes at once (default: the SDK's, 8; at
         most 256); for measuring a disk (bench/commit.py).
       io_threads: the store's threads that read state ahead and write it back (default:
