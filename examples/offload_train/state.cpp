@@ -59,18 +59,13 @@ absl::Status OpenFiles(const TrainOptions& o, OffloadState* s) {
   return absl::OkStatus();
 }
 
-// The state's options: in place (memascend Note [state in place]), but for data-parallel
-// ranks, which keep two versions and the previous step whole until their commit (Note
-// [bounded staging]) to resume at a step every rank holds.
+// The state's options (memascend VersionedTrainingStateOptions::ForTrainer): two versions
+// for data-parallel ranks, to resume at a step every rank holds.
 memascend::VersionedTrainingStateOptions StateOptions(const TrainOptions& o) {
-  memascend::VersionedTrainingStateOptions v;
+  memascend::VersionedTrainingStateOptions v = memascend::VersionedTrainingStateOptions::ForTrainer(
+      o.two_versions || (o.comm != nullptr && o.comm->size() > 1), o.commit_every,
+      o.stage_whole_step);
   v.record_name = "train.checkpoint";
-  if (o.two_versions || (o.comm != nullptr && o.comm->size() > 1)) {
-    v.in_place = false;
-    v.max_staged_bytes = 0;
-  }
-  v.commit_every = o.commit_every;  // memascend Note [commit interval]: staged unbounded
-  if (o.commit_every > 1 || o.stage_whole_step) v.max_staged_bytes = 0;
   return v;
 }
 

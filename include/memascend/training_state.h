@@ -373,6 +373,14 @@ struct VersionedTrainingStateOptions {
   // Note [commit interval]: every commit_every-th step is durable (in place only; above
   // 1, max_staged_bytes 0 or at least the state). In [1, 1'000'000].
   std::uint32_t commit_every = 1;
+
+  // A trainer's options (memascend-train's and memascend.torch's): in place, but for
+  // data-parallel ranks (`two_versions`: the previous step kept whole until their commit,
+  // Note [bounded staging]); staged unbounded under a commit interval, or with the whole
+  // step staged and committed once (`stage_whole_step`, Note [commit interval]). Other
+  // fields as default.
+  static VersionedTrainingStateOptions ForTrainer(bool two_versions, std::uint32_t commit_every,
+                                                  bool stage_whole_step);
 };
 
 // A training state in a TensorStore, in place or in two versions (Note [state in place],
@@ -417,6 +425,9 @@ class VersionedTrainingState final : public TrainingStateStorage {
   std::uint64_t durable_step() const noexcept;
   std::uint64_t deferred_steps() const noexcept;
   bool in_update() const noexcept;
+  // The options the state runs with: Open's, but in two versions where the volume already
+  // held this record so (an earlier release's state).
+  const VersionedTrainingStateOptions& options() const noexcept;
   absl::StatusOr<std::optional<CommitRecord>> Resume(std::uint64_t fingerprint) override;
   absl::StatusOr<std::optional<CommitRecord>> ResumeAtMost(std::uint64_t fingerprint,
                                                            std::uint64_t step) override;

@@ -292,21 +292,6 @@ std::function<absl::StatusOr<GradientCheck>(const GradientCheck&)> ReduceThrough
   };
 }
 
-// The state's options: in place, but for data-parallel ranks (two versions, the previous
-// step whole: Note [bounded staging]); staged unbounded under a commit interval or with a
-// whole step staged (Note [commit interval]).
-VersionedTrainingStateOptions StateOptions(bool data_parallel, std::uint32_t commit_every,
-                                           bool stage_whole_step) {
-  VersionedTrainingStateOptions vo;
-  if (data_parallel) {
-    vo.in_place = false;
-    vo.max_staged_bytes = 0;
-  }
-  vo.commit_every = commit_every;
-  if (commit_every > 1 || stage_whole_step) vo.max_staged_bytes = 0;
-  return vo;
-}
-
 class PyAdam {
  public:
   PyAdam(py::object store, const std::vector<std::pair<std::string, std::size_t>>& groups,
@@ -357,9 +342,8 @@ class PyAdam {
       py::gil_scoped_release nogil;
       threads_ = std::make_unique<KernelThreads>(threads);
       VersionedTrainingStateOptions vo =
-          StateOptions(data_parallel, commit_every, stage_whole_step);
+          VersionedTrainingStateOptions::ForTrainer(data_parallel, commit_every, stage_whole_step);
       vo.replace_existing = replace_existing;  // Note [state ownership]
-      max_staged_bytes_ = vo.max_staged_bytes;
       state_ = Take(VersionedTrainingState::Open(s, v, layout, vo));
       adam_ = Take(OffloadedAdam::Create(state_.get(), o, threads_.get()));
     }
@@ -438,8 +422,8 @@ class PyAdam {
     d["skipped_steps"] = a->scaler().skipped_steps();
     d["durable_step"] = state_->durable_step();  // Note [commit interval]
     d["deferred_steps"] = state_->deferred_steps();
-    d["max_staged_bytes"] =
-        max_staged_bytes_;  // 0: a version staged whole (Note [commit interval])
+    // 0: a version staged whole (Note [commit interval])
+    d["max_staged_bytes"] = state_->options().max_staged_bytes;
     const OffloadedAdam::Times& t = a->times();  // Note [step times]
     py::dict seconds;
     seconds["gradients"] = t.gradients;
@@ -457,7 +441,6 @@ class PyAdam {
   py::object store_obj_;
   PyStore* store_ = nullptr;
   std::unique_ptr<KernelThreads> threads_;
-  std::uint64_t max_staged_bytes_ = 0;
   std::unique_ptr<VersionedTrainingState> state_;
   std::unique_ptr<OffloadedAdam> adam_;
 };
@@ -892,7 +875,8 @@ PYBIND11_MODULE(_core, m) {
              bool stage_whole_step) {
             const StateLayout l = PyLayout(groups, param, grad, part, store_parameters);
             return VersionedTrainingState::VolumeBytes(  // Note [volume size]
-                l, StateOptions(data_parallel, commit_every, stage_whole_step));
+                l, VersionedTrainingStateOptions::ForTrainer(data_parallel, commit_every,
+                                                             stage_whole_step));
           },
           py::arg("groups"), py::arg("param_dtype"), py::arg("grad_dtype"),
           py::arg("part_elements"), py::arg("store_parameters") = std::nullopt,

@@ -1248,6 +1248,22 @@ absl::Status VersionedTrainingState::Persist() {
 
 std::uint64_t VersionedTrainingState::durable_step() const noexcept { return impl_->durable_step; }
 std::uint64_t VersionedTrainingState::deferred_steps() const noexcept { return impl_->deferred; }
+const VersionedTrainingStateOptions& VersionedTrainingState::options() const noexcept {
+  return impl_->options;
+}
+
+VersionedTrainingStateOptions VersionedTrainingStateOptions::ForTrainer(bool two_versions,
+                                                                        std::uint32_t commit_every,
+                                                                        bool stage_whole_step) {
+  VersionedTrainingStateOptions o;
+  if (two_versions) {
+    o.in_place = false;
+    o.max_staged_bytes = 0;
+  }
+  o.commit_every = commit_every;
+  if (commit_every > 1 || stage_whole_step) o.max_staged_bytes = 0;
+  return o;
+}
 
 std::optional<UnfinishedStep> VersionedTrainingState::Unfinished() const {
   return impl_->unfinished;

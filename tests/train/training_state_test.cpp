@@ -272,6 +272,7 @@ TEST(VersionedTrainingState, ATwoVersionVolumeStaysInTwoVersionsAndInPlaceStepsN
     ASSERT_TRUE(last.has_value());
     Expect(o.state.get(), StateKind::kMaster, 3.0f);
     EXPECT_OK(o.state->Tensor(StateKind::kMaster, 0, 0, 1).status());  // both versions
+    EXPECT_FALSE(o.state->options().in_place);  // the options it runs with, not those asked
     ASSERT_OK_AND_ASSIGN(TensorId v0, o.state->Tensor(StateKind::kMaster, 0, 0, 0));
     ASSERT_OK_AND_ASSIGN(TensorId v1, o.state->Tensor(StateKind::kMaster, 0, 0, 1));
     EXPECT_NE(v0, v1);
@@ -282,12 +283,35 @@ TEST(VersionedTrainingState, ATwoVersionVolumeStaysInTwoVersionsAndInPlaceStepsN
   ASSERT_OK_AND_ASSIGN(TensorId v0, o.state->Tensor(StateKind::kMaster, 0, 0, 0));
   ASSERT_OK_AND_ASSIGN(TensorId v1, o.state->Tensor(StateKind::kMaster, 0, 0, 1));
   EXPECT_EQ(v0, v1);  // one tensor: both versions name it
+  EXPECT_TRUE(o.state->options().in_place);
   EXPECT_THAT(o.state->Update(StateKind::kMaster, 0, 0),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("BeginUpdate")));
   EXPECT_THAT(o.state->Overwrite(StateKind::kParameters, 1, 0, true).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("BeginUpdate")));
   Fill(o.state.get(), StateKind::kMaster, 1.0f, false);  // outside a step: Initialize's way
   Expect(o.state.get(), StateKind::kMaster, 1.0f);
+}
+
+// A trainer's options: the staging bound kept only for a state in place, committed every
+// step, a step at a time in batches; every other field as default.
+TEST(VersionedTrainingStateOptions, ATrainersOptionsStageWholeWhereTheyMust) {
+  const VersionedTrainingStateOptions defaults;
+  const auto bounded = VersionedTrainingStateOptions::ForTrainer(false, 1, false);
+  EXPECT_TRUE(bounded.in_place);
+  EXPECT_EQ(bounded.max_staged_bytes, defaults.max_staged_bytes);
+  EXPECT_EQ(bounded.commit_every, 1u);
+  EXPECT_EQ(bounded.record_name, defaults.record_name);
+  EXPECT_FALSE(bounded.replace_existing);
+  const auto whole = VersionedTrainingStateOptions::ForTrainer(false, 1, true);
+  EXPECT_TRUE(whole.in_place);
+  EXPECT_EQ(whole.max_staged_bytes, 0u);
+  const auto interval = VersionedTrainingStateOptions::ForTrainer(false, 4, false);
+  EXPECT_TRUE(interval.in_place);
+  EXPECT_EQ(interval.max_staged_bytes, 0u);
+  EXPECT_EQ(interval.commit_every, 4u);
+  const auto ranks = VersionedTrainingStateOptions::ForTrainer(true, 1, false);
+  EXPECT_FALSE(ranks.in_place);
+  EXPECT_EQ(ranks.max_staged_bytes, 0u);
 }
 
 TEST(VersionedTrainingState, AnotherRunsOrAnotherLayoutsStateIsRefusedAndLeftAlone) {
