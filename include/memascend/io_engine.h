@@ -68,13 +68,23 @@ struct IoRequest {
 // before the request's ticket reports completion.
 using IoCallback = std::function<void(const absl::Status& status, std::size_t bytes)>;
 
+// What IoEngine::Flush makes durable: a file's data and what reading it back needs
+// (fdatasync(2)), or that and all its metadata, a directory's entries among them (fsync(2)).
+enum class FlushKind : std::uint8_t { kData, kAll };
+
 // Changes what the kernel returned, beneath the engine's checks (tests: EIO, ENOSPC,
-// short transfers). Called once per attempt with the bytes or -errno the attempt
-// produced; returns what the engine sees. Must be thread-safe.
+// short transfers, failed flushes). Adjust is called once per attempt with the bytes or
+// -errno the attempt produced; returns what the engine sees. AdjustFlush is called once
+// per IoEngine::Flush with 0 or -errno; by default it changes nothing. Must be thread-safe.
 class FaultInjector {
  public:
   virtual ~FaultInjector() = default;
   virtual std::int64_t Adjust(const IoRequest& attempt, std::int64_t result) = 0;
+  virtual int AdjustFlush(int fd, FlushKind kind, int result) {
+    (void)fd;
+    (void)kind;
+    return result;
+  }
 };
 
 namespace io_internal {
@@ -198,6 +208,13 @@ class IoEngine {
   std::vector<IoTicket> SubmitBatch(std::span<const IoRequest> requests);
 
   IoEngineStats stats() const;
+
+  // Note [flushes]: fdatasync(2) or fsync(2) of `fd` (any open file or directory, registered
+  // or not) on the calling thread, retried on EINTR, its result passed through the fault
+  // injector; an error names `what`. Not a request: no ticket, and it orders nothing
+  // against requests in flight (wait for the writes it should cover first). The stores'
+  // durability points go through it, so a test can fail each of them.
+  absl::Status Flush(int fd, FlushKind kind, std::string_view what) const;
 
  protected:
   struct FileInfo {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <vector>
 
 #include <absl/synchronization/mutex.h>
@@ -177,6 +178,19 @@ std::vector<IoTicket> IoEngine::SubmitInternal(std::span<const IoRequest> reques
   }
   if (!valid.empty()) Start(valid);
   return tickets;
+}
+
+absl::Status IoEngine::Flush(int fd, FlushKind kind, std::string_view what) const {
+  int rc;
+  do {
+    rc = kind == FlushKind::kData ? ::fdatasync(fd) : ::fsync(fd);
+  } while (rc != 0 && errno == EINTR);
+  int result = rc == 0 ? 0 : -errno;
+  if (options_.fault_injector != nullptr)
+    result = options_.fault_injector->AdjustFlush(fd, kind, result);
+  if (result == 0) return absl::OkStatus();
+  return absl::ErrnoToStatus(
+      -result, fmt::format("{}({})", kind == FlushKind::kData ? "fdatasync" : "fsync", what));
 }
 
 std::int64_t IoEngine::Adjust(const RequestState& state, std::int64_t result) const {

@@ -141,8 +141,8 @@ struct FileObjectStore::Impl {
   mutable absl::Mutex mu;
   std::map<std::string, Entry, std::less<>> objects ABSL_GUARDED_BY(mu);
   std::uint64_t staged_total ABSL_GUARDED_BY(mu) = 0;  // the staged files' data (staged_bytes)
-  // A commit's rename into NAME.obj, or a durable Put's, not yet followed by a flush of
-  // the directory that succeeded.
+  // A commit's rename into NAME.obj, a durable Put's or a durable Delete's, not yet followed by a
+  // flush of the directory that succeeded.
   bool dir_unsynced ABSL_GUARDED_BY(mu) = false;
 
   static std::uint64_t FileBytes(std::uint64_t size) {
@@ -168,10 +168,21 @@ struct FileObjectStore::Impl {
     return s;
   }
 
+  // A durable Put's or Delete's flush of the directory; a failure is returned and kept for
+  // the next Sync() to retry (the name's change happened; its durability is not known).
+  absl::Status FlushDirectoryOrKeepIt() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::Status s = SyncDir();
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu);
+      dir_unsynced = true;
+    }
+    return s;
+  }
+
   std::string Path(std::string_view name, const char* suffix) const {
     return fmt::format("{}/{}{}", dir, Escape(name), suffix);
   }
-  absl::Status SyncDir() const { return prim::Fsync(dir_fd.get()); }
+  absl::Status SyncDir() const { return engine->Flush(dir_fd.get(), FlushKind::kAll, dir); }
 
   static absl::Status CheckPut(std::string_view name, std::string_view metadata) {
     MEMASCEND_RETURN_IF_ERROR(storage::CheckObject(name, metadata));
@@ -202,7 +213,7 @@ struct FileObjectStore::Impl {
     if (s.ok() && !truncate_first &&
         ::ftruncate(fd.get(), static_cast<off_t>(at + trailer_bytes)) != 0)
       s = absl::ErrnoToStatus(errno, fmt::format("ftruncate({})", path));
-    if (s.ok() && sync) s = prim::Fsync(fd.get());
+    if (s.ok() && sync) s = engine->Flush(fd.get(), FlushKind::kAll, path);
     if (s.ok()) s = fd.Close();
     return s;
   }
@@ -255,6 +266,15 @@ absl::StatusOr<std::unique_ptr<FileObjectStore>> FileObjectStore::Open(
         "nothing was touched; give an empty or new directory",
         dir, entries.size(), entries.front(), entries.size() > 1 ? ", ..." : "", kMarker));
   }
+  // Every flush goes through the engine (Note [flushes]), the marker's first.
+  if (options.engine != nullptr) {
+    m.engine = options.engine;
+  } else {
+    IoEngineOptions eo;
+    eo.notice = [](std::string_view) {};
+    MEMASCEND_ASSIGN_OR_RETURN(m.own_engine, IoEngine::Create(eo));
+    m.engine = m.own_engine.get();
+  }
   m.lock_fd = prim::UniqueFd(::open(marker.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!m.lock_fd) return absl::ErrnoToStatus(errno, fmt::format("open({})", marker));
   if (!ours) MEMASCEND_RETURN_IF_ERROR(m.SyncDir());
@@ -279,14 +299,6 @@ absl::StatusOr<std::unique_ptr<FileObjectStore>> FileObjectStore::Open(
       }
       return absl::ErrnoToStatus(errno, fmt::format("open({}, O_DIRECT)", marker));
     }
-  }
-  if (options.engine != nullptr) {
-    m.engine = options.engine;
-  } else {
-    IoEngineOptions eo;
-    eo.notice = [](std::string_view) {};
-    MEMASCEND_ASSIGN_OR_RETURN(m.own_engine, IoEngine::Create(eo));
-    m.engine = m.own_engine.get();
   }
 
   // What an earlier open left: its durable objects stay; a .new (an uncommitted write) and
@@ -406,13 +418,7 @@ absl::Status FileObjectStore::Put(std::string_view name, std::span<const std::by
   no_commit.reset();
   // Renamed, the object is the new one whether or not the directory's flush succeeds; a
   // failed flush is returned (its durability is not known) and retried by the next Sync().
-  if (!durable) return absl::OkStatus();
-  s = m.SyncDir();
-  if (!s.ok()) {
-    absl::MutexLock lock(&m.mu);
-    m.dir_unsynced = true;
-  }
-  return s;
+  return durable ? m.FlushDirectoryOrKeepIt() : absl::OkStatus();
 }
 
 absl::Status FileObjectStore::PutStaged(std::string_view name, std::span<const std::byte> data,
@@ -503,7 +509,7 @@ absl::Status FileObjectStore::SyncStaged(const std::set<std::string_view>* only)
       if (err == ENOENT && !still_staged(name)) continue;  // a Delete since
       return absl::ErrnoToStatus(err, fmt::format("open({})", fresh));
     }
-    MEMASCEND_RETURN_IF_ERROR(prim::Fsync(fd.get()));
+    MEMASCEND_RETURN_IF_ERROR(m.engine->Flush(fd.get(), FlushKind::kAll, fresh));
   }
   for (const std::string& name : staged) {
     // Under the lock: a Get sees the staged file or the committed one, and looks again if
@@ -593,7 +599,7 @@ absl::Status FileObjectStore::Delete(std::string_view name) {
     m.Unstage(it->second);
     m.objects.erase(it);
   }
-  return durable ? m.SyncDir() : absl::OkStatus();
+  return durable ? m.FlushDirectoryOrKeepIt() : absl::OkStatus();
 }
 
 }  // namespace memascend

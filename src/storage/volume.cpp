@@ -208,7 +208,7 @@ struct Volume::Impl {
 
   // A failed flush leaves the device's contents unknown: nothing more is written.
   absl::Status SyncOrPoison() {
-    absl::Status s = target.Sync();
+    absl::Status s = engine->Flush(target.fd(), FlushKind::kData, target.path());
     if (!s.ok()) {
       absl::MutexLock lock(&mu);
       poisoned = absl::DataLossError(

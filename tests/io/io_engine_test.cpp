@@ -5,6 +5,8 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -222,6 +224,38 @@ TEST_P(IoEngineTest, FaultsSurfaceOnTheirOwnTicketsAndNothingElseIsLost) {
   EXPECT_EQ(s.failed, 2u);
   EXPECT_GE(s.resubmitted_short, 1u);
   EXPECT_EQ(s.retried, 5u);
+}
+
+// Note [flushes]: a flush of any descriptor, its kind and result seen by the injector,
+// an error naming the call and what was flushed; a bad descriptor is the kernel's EBADF.
+class FlushScript final : public FaultInjector {
+ public:
+  std::int64_t Adjust(const IoRequest&, std::int64_t result) override { return result; }
+  int AdjustFlush(int, FlushKind kind, int result) override {
+    kinds.push_back(kind);
+    results.push_back(result);
+    return fail_with != 0 ? -std::exchange(fail_with, 0) : result;
+  }
+  std::vector<FlushKind> kinds;
+  std::vector<int> results;
+  int fail_with = 0;
+};
+
+TEST_P(IoEngineTest, FlushesPassTheInjectorAndNameWhatFailed) {
+  TempFile file(kMiB, false);
+  ASSERT_TRUE(file.ok());
+  auto faults = std::make_shared<FlushScript>();
+  auto engine = MakeEngine(GetParam(), 8, faults);
+  EXPECT_OK(engine->Flush(file.fd(), FlushKind::kData, "the file"));
+  faults->fail_with = ENOSPC;
+  EXPECT_THAT(engine->Flush(file.fd(), FlushKind::kAll, "the file"),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("fsync(the file)")));
+  EXPECT_OK(engine->Flush(file.fd(), FlushKind::kAll, "the file"));  // once
+  EXPECT_THAT(engine->Flush(-1, FlushKind::kData, "nothing"),
+              StatusIs(absl::ErrnoToStatus(EBADF, "").code(), HasSubstr("fdatasync(nothing)")));
+  EXPECT_EQ(faults->kinds, (std::vector<FlushKind>{FlushKind::kData, FlushKind::kAll,
+                                                   FlushKind::kAll, FlushKind::kData}));
+  EXPECT_EQ(faults->results, (std::vector<int>{0, 0, 0, -EBADF}));
 }
 
 TEST_P(IoEngineTest, EndlessEagainBecomesUnavailable) {

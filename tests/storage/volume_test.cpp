@@ -642,6 +642,22 @@ class VolumeFaults final : public FaultInjector {
     if (a.op == IoOp::kRead && short_reads.load() && result > 4096) return 4096;
     return result;
   }
+  // Lets `pass_flushes` flushes through, then fails `fail_flushes` with EIO.
+  int AdjustFlush(int, FlushKind, int result) override {
+    ++flushes;
+    if (pass_flushes.load() > 0) {
+      --pass_flushes;
+      return result;
+    }
+    if (fail_flushes.load() > 0) {
+      --fail_flushes;
+      return -EIO;
+    }
+    return result;
+  }
+  std::atomic<int> flushes{0};
+  std::atomic<int> pass_flushes{0};
+  std::atomic<int> fail_flushes{0};
   std::atomic<std::uint64_t> journal_end{~0ull};
   std::atomic<int> fail_journal_writes{0};
   std::atomic<int> journal_errno{ENOSPC};
@@ -733,6 +749,54 @@ TEST(VolumeFaults, AFailedCommitThatLandedDoesNotComeBack) {
   ExpectContent(*v, "keep", 1, 200000);
   ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
   EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+}
+
+// A failed flush leaves what the device holds unknown: the put says so (kDataLoss), the
+// volume writes nothing more, and a reopen finds each object whole, at a version committed
+// before (the data's flush failed: the commit record was never written) or, where only the
+// record's own flush failed, at either version.
+TEST(VolumeFaults, AFailedFlushStopsTheVolumeAndAReopenFindsAWholeVersion) {
+  for (const int passed : {0, 1}) {  // the data's flush, or the commit record's
+    SCOPED_TRACE(passed == 0 ? "the data's flush failed" : "the record's flush failed");
+    ScratchPath p("vol");
+    FaultyVolume fv;
+    ASSERT_OK(fv.Start());
+    {
+      auto v = fv.Format(p.path());
+      ASSERT_NE(v, nullptr);
+      ASSERT_OK(v->Put("keep", Pattern("keep", 1, 200000), Durability::kDurable));
+      ASSERT_OK(v->PutStaged("staged", Pattern("staged", 1, 5000)));
+      const int before = fv.faults->flushes.load();
+      fv.faults->pass_flushes = passed;
+      fv.faults->fail_flushes = 1;
+      EXPECT_THAT(v->Put("keep", Pattern("keep", 2, 200000), Durability::kDurable),
+                  StatusIs(absl::StatusCode::kDataLoss,
+                           AllOf(HasSubstr("failed to flush"), HasSubstr("Input/output error"),
+                                 HasSubstr("reopen it"))));
+      EXPECT_EQ(fv.faults->flushes.load(), before + passed + 1);
+      // Nothing more is written, a flush included; what it holds in memory is still read.
+      EXPECT_THAT(v->Put("other", Pattern("other", 1, 100), Durability::kDurable),
+                  StatusIs(absl::StatusCode::kDataLoss, HasSubstr("failed to flush")));
+      EXPECT_THAT(v->PutStaged("other", Pattern("other", 1, 100)),
+                  StatusIs(absl::StatusCode::kDataLoss));
+      EXPECT_THAT(v->Sync(), StatusIs(absl::StatusCode::kDataLoss));
+      EXPECT_EQ(fv.faults->flushes.load(), before + passed + 1);
+      ExpectContent(*v, "staged", 1, 5000);
+    }
+    ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), fv.open));
+    if (passed == 0) {
+      ExpectContent(*v, "keep", 1, 200000);
+    } else {
+      std::vector<std::byte> out(200000);
+      ASSERT_OK(v->Get("keep", out).status());
+      EXPECT_TRUE(out == Pattern("keep", 1, 200000) || out == Pattern("keep", 2, 200000));
+    }
+    EXPECT_FALSE(v->Stat("staged").ok());  // never committed
+    EXPECT_FALSE(v->Stat("other").ok());
+    ASSERT_OK_AND_ASSIGN(FsckReport r, v->Fsck(true));
+    EXPECT_TRUE(r.clean) << (r.errors.empty() ? "" : r.errors[0]);
+    ASSERT_OK(v->Put("after", Pattern("after", 1, 100), Durability::kDurable));  // reopened
+  }
 }
 
 // Note [journal seals]: damage is never a clean end. A damaged last commit (its seal after
