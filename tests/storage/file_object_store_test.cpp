@@ -17,6 +17,7 @@
 namespace memascend {
 namespace {
 
+using ::memascend::testing::FaultyEngine;
 using ::memascend::testing::FlipByte;
 using ::memascend::testing::Pattern;
 using ::memascend::testing::ScratchPath;
@@ -364,10 +365,7 @@ class WriteFaults final : public FaultInjector {
 TEST(FileObjectStore, FailedWritesKeepTheOldObjectOrSayItIsLost) {
   ScratchPath p("fos");
   auto faults = std::make_shared<WriteFaults>();
-  IoEngineOptions eo;
-  eo.backend = IoBackendChoice::kThreadPool;
-  eo.fault_injector = faults;
-  ASSERT_OK_AND_ASSIGN(auto engine, IoEngine::Create(eo));
+  ASSERT_OK_AND_ASSIGN(auto engine, FaultyEngine(faults));
   FileObjectStoreOptions o;
   o.engine = engine.get();
   auto s = OpenOk(p.path(), o);
@@ -425,52 +423,40 @@ class FlushFaults final : public FaultInjector {
   std::atomic<int> fail_files{0};
 };
 
-struct FlushFaultStore {
-  std::shared_ptr<FlushFaults> faults = std::make_shared<FlushFaults>();
-  std::unique_ptr<IoEngine> engine;
-  FileObjectStoreOptions options;
-  absl::Status Start() {
-    IoEngineOptions eo;
-    eo.backend = IoBackendChoice::kThreadPool;
-    eo.fault_injector = faults;
-    MEMASCEND_ASSIGN_OR_RETURN(engine, IoEngine::Create(eo));
-    options.engine = engine.get();
-    return absl::OkStatus();
-  }
-};
-
 // A staged file whose flush fails is not committed: the Sync says so, the object stays
 // staged (a crash, or a reopen, finds the committed version), and the next Sync commits it.
 TEST(FileObjectStore, AStagedFileWhoseFlushFailsStaysStagedUntilASyncSucceeds) {
   ScratchPath p("fos");
-  FlushFaultStore f;
-  ASSERT_OK(f.Start());
+  auto faults = std::make_shared<FlushFaults>();
+  ASSERT_OK_AND_ASSIGN(auto engine, FaultyEngine(faults));
+  FileObjectStoreOptions o;
+  o.engine = engine.get();
   const auto eio = absl::ErrnoToStatus(EIO, "").code();
   {
-    auto s = OpenOk(p.path(), f.options);
+    auto s = OpenOk(p.path(), o);
     ASSERT_NE(s, nullptr);
     ASSERT_OK(s->Put("a", Pattern("a", 1, 10000), Durability::kDurable));
     ASSERT_OK(s->PutStaged("a", Pattern("a", 2, 10000)));
     ASSERT_OK(s->PutStaged("b", Pattern("b", 1, 5000)));
     const std::uint64_t staged = s->staged_bytes();
-    f.faults->fail_files = 1;
+    faults->fail_files = 1;
     EXPECT_THAT(s->Sync(), StatusIs(eio, HasSubstr("fsync(")));
     EXPECT_EQ(s->staged_bytes(), staged);  // nothing renamed
     EXPECT_EQ(Read(*s, "a"), Pattern("a", 2, 10000));
   }
   {
-    auto s = OpenOk(p.path(), f.options);  // as a crash would find it
+    auto s = OpenOk(p.path(), o);  // as a crash would find it
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(Read(*s, "a"), Pattern("a", 1, 10000));
     EXPECT_FALSE(s->Stat("b").ok());
     ASSERT_OK(s->PutStaged("a", Pattern("a", 3, 10000)));
     ASSERT_OK(s->PutStaged("b", Pattern("b", 3, 5000)));
-    f.faults->fail_files = 1;
+    faults->fail_files = 1;
     EXPECT_THAT(s->Sync(), StatusIs(eio));
     ASSERT_OK(s->Sync());
     EXPECT_EQ(s->staged_bytes(), 0u);
   }
-  auto s = OpenOk(p.path(), f.options);
+  auto s = OpenOk(p.path(), o);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(Read(*s, "a"), Pattern("a", 3, 10000));
   EXPECT_EQ(Read(*s, "b"), Pattern("b", 3, 5000));
@@ -481,38 +467,39 @@ TEST(FileObjectStore, AStagedFileWhoseFlushFailsStaysStagedUntilASyncSucceeds) {
 // next Sync, even one with nothing staged; once it succeeds, a Sync flushes nothing more.
 TEST(FileObjectStore, AFailedDirectoryFlushIsReturnedAndRetriedByTheNextSync) {
   ScratchPath p("fos");
-  FlushFaultStore f;
-  ASSERT_OK(f.Start());
+  auto faults = std::make_shared<FlushFaults>();
+  ASSERT_OK_AND_ASSIGN(auto engine, FaultyEngine(faults));
+  FileObjectStoreOptions o;
+  o.engine = engine.get();
   const auto eio = absl::ErrnoToStatus(EIO, "").code();
-  FlushFaults& faults = *f.faults;
   {
-    auto s = OpenOk(p.path(), f.options);
+    auto s = OpenOk(p.path(), o);
     ASSERT_NE(s, nullptr);
     const auto retried = [&] {
-      const int before = faults.dir_flushes.load();
+      const int before = faults->dir_flushes.load();
       EXPECT_OK(s->Sync());
-      EXPECT_EQ(faults.dir_flushes.load(), before + 1) << "the directory's flush, again";
+      EXPECT_EQ(faults->dir_flushes.load(), before + 1) << "the directory's flush, again";
       EXPECT_OK(s->Sync());
-      EXPECT_EQ(faults.dir_flushes.load(), before + 1) << "nothing left to flush";
+      EXPECT_EQ(faults->dir_flushes.load(), before + 1) << "nothing left to flush";
     };
     ASSERT_OK(s->PutStaged("a", Pattern("a", 1, 10000)));
-    faults.fail_dirs = 1;
+    faults->fail_dirs = 1;
     EXPECT_THAT(s->Sync(), StatusIs(eio, HasSubstr(p.path())));
     EXPECT_EQ(s->staged_bytes(), 0u);  // renamed: the object is the new one
     EXPECT_EQ(Read(*s, "a"), Pattern("a", 1, 10000));
     retried();
 
-    faults.fail_dirs = 1;
+    faults->fail_dirs = 1;
     EXPECT_THAT(s->Put("b", Pattern("b", 1, 3000), Durability::kDurable), StatusIs(eio));
     EXPECT_EQ(Read(*s, "b"), Pattern("b", 1, 3000));
     retried();
 
-    faults.fail_dirs = 1;
+    faults->fail_dirs = 1;
     EXPECT_THAT(s->Delete("b"), StatusIs(eio));
     EXPECT_FALSE(s->Stat("b").ok());
     retried();
   }
-  auto s = OpenOk(p.path(), f.options);
+  auto s = OpenOk(p.path(), o);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(Read(*s, "a"), Pattern("a", 1, 10000));
   EXPECT_FALSE(s->Stat("b").ok());

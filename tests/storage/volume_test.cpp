@@ -26,6 +26,7 @@ void ZeroBytes(const std::string& path, std::uint64_t offset, std::size_t n) {
   ::close(fd);
 }
 
+using ::memascend::testing::FaultyEngine;
 using ::memascend::testing::FlipByte;
 using ::memascend::testing::Pattern;
 using ::memascend::testing::ScratchPath;
@@ -674,10 +675,7 @@ struct FaultyVolume {
   VolumeOpenOptions open;
 
   absl::Status Start() {
-    IoEngineOptions eo;
-    eo.backend = IoBackendChoice::kThreadPool;
-    eo.fault_injector = faults;
-    MEMASCEND_ASSIGN_OR_RETURN(engine, IoEngine::Create(eo));
+    MEMASCEND_ASSIGN_OR_RETURN(engine, FaultyEngine(faults));
     open.engine = engine.get();
     return absl::OkStatus();
   }

@@ -6,14 +6,27 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include <memascend/io_engine.h>
+
 namespace memascend::testing {
+
+// A thread-pool engine whose every attempt and flush goes through `faults`.
+inline absl::StatusOr<std::unique_ptr<IoEngine>> FaultyEngine(
+    std::shared_ptr<FaultInjector> faults) {
+  IoEngineOptions eo;
+  eo.backend = IoBackendChoice::kThreadPool;
+  eo.fault_injector = std::move(faults);
+  return IoEngine::Create(eo);
+}
 
 // A path in the test temp dir, removed on destruction: a file, or a folder with what it
 // holds (tests that put a volume per rank in it), and the ZeRO baseline's swap folder
