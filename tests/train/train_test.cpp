@@ -706,16 +706,16 @@ TEST(Train, ABudgetBeyondTheMemlockLimitIsRefusedUpFront) {
   ::unlink("/tmp/memascend_memlock_refused.vol");
 }
 
-// A disk that starts failing at a random request: every write EIO, every write ENOSPC, or
-// every read short (the engine completes short transfers). The run stops with the error
-// (or, for short reads, trains on); the volume is fsck-clean; --resume without the fault
-// reaches the uninterrupted run's losses.
+// A disk that starts failing at a random request: every write EIO, every write ENOSPC,
+// every read short (the engine completes short transfers), or every flush EIO (`after`
+// then counts flushes). The run stops with the error (or, for short reads, trains on); the
+// volume is fsck-clean; --resume without the fault reaches the uninterrupted run's losses.
 class DyingDisk final : public memascend::FaultInjector {
  public:
-  enum class Kind { kWriteEio, kWriteEnospc, kShortReads };
+  enum class Kind { kWriteEio, kWriteEnospc, kShortReads, kFlushEio };
   DyingDisk(Kind kind, std::uint64_t after) : kind_(kind), after_(after) {}
   std::int64_t Adjust(const memascend::IoRequest& a, std::int64_t result) override {
-    if (seen_.fetch_add(1) < after_ || result <= 0) return result;
+    if (kind_ == Kind::kFlushEio || seen_.fetch_add(1) < after_ || result <= 0) return result;
     switch (kind_) {
       case Kind::kWriteEio:
         return a.op == memascend::IoOp::kWrite ? -EIO : result;
@@ -723,8 +723,14 @@ class DyingDisk final : public memascend::FaultInjector {
         return a.op == memascend::IoOp::kWrite ? -ENOSPC : result;
       case Kind::kShortReads:
         return a.op == memascend::IoOp::kRead && result > 4096 ? 4096 : result;
+      case Kind::kFlushEio:
+        break;
     }
     return result;
+  }
+  int AdjustFlush(int, memascend::FlushKind, int result) override {
+    if (kind_ != Kind::kFlushEio || seen_.fetch_add(1) < after_ || result != 0) return result;
+    return -EIO;
   }
 
  private:
@@ -741,13 +747,16 @@ TEST(Train, AFailingDiskStopsTheRunCleanlyAndResumeReachesTheSameLosses) {
   ASSERT_OK_AND_ASSIGN(TrainSummary whole, Train(ref, d.tokens, d.tok));
   std::mt19937 rng(3);
   int resumed_runs = 0;
-  for (auto kind :
-       {DyingDisk::Kind::kWriteEio, DyingDisk::Kind::kWriteEnospc, DyingDisk::Kind::kShortReads}) {
+  int resumed_after_a_flush = 0;
+  for (auto kind : {DyingDisk::Kind::kWriteEio, DyingDisk::Kind::kWriteEnospc,
+                    DyingDisk::Kind::kShortReads, DyingDisk::Kind::kFlushEio}) {
     for (int round = 0; round < 2; ++round) {
       ScratchPath path("train");
       TrainOptions o = Tiny(path.path());
       o.steps = 12;
-      o.fault_injector = std::make_shared<DyingDisk>(kind, 50 + rng() % 400);
+      const std::uint64_t after =
+          kind == DyingDisk::Kind::kFlushEio ? 2 + rng() % 24 : 50 + rng() % 400;
+      o.fault_injector = std::make_shared<DyingDisk>(kind, after);
       auto run = Train(o, d.tokens, d.tok);
       if (kind != DyingDisk::Kind::kShortReads) {
         ASSERT_FALSE(run.ok()) << "a run on a disk failing every write succeeded";
@@ -770,13 +779,15 @@ TEST(Train, AFailingDiskStopsTheRunCleanlyAndResumeReachesTheSameLosses) {
         continue;
       }
       ++resumed_runs;
+      if (kind == DyingDisk::Kind::kFlushEio) ++resumed_after_a_flush;
       for (std::size_t i = 0; i < resumed->losses.size(); ++i) {
         EXPECT_EQ(resumed->losses[i], whole.losses[resumed->first_step - 1 + i])
             << "kind " << static_cast<int>(kind) << " step " << resumed->first_step + i;
       }
     }
   }
-  EXPECT_GE(resumed_runs, 4) << "too few runs had committed a step before the fault";
+  EXPECT_GE(resumed_runs, 5) << "too few runs had committed a step before the fault";
+  EXPECT_GE(resumed_after_a_flush, 1) << "no failed flush came after a committed step";
 }
 
 // SIGKILL at random moments of a run (a forked child), then --resume: the resumed
@@ -961,7 +972,7 @@ TEST(DataParallel, AFailingRankStopsEveryRankAndResumeContinuesFromTheStepAllHol
     }
   }
   EXPECT_GE(faulted, 6) << "too few disks failed within the run";
-  EXPECT_GE(resumed_runs, 4) << "too few runs had committed a step before the fault";
+  EXPECT_GE(resumed_runs, 5) << "too few runs had committed a step before the fault";
 }
 
 TEST(DataParallel, WhatCannotBeSharedIsRefusedOnEveryRank) {
