@@ -216,7 +216,7 @@ const std::vector<Section>& Table() {
       {"Hugging Face models",
        {
            Path("--config", "FILE", "",
-                "a Hugging Face config.json (model_type llama): that model, random weights",
+                "a Hugging Face config.json (model_type llama or gpt2): that model, random weights",
                 [](CommandLine& c) { return &c.config_path; }),
            Path("--init-from", "DIR", "",
                 "a Hugging Face model directory (config.json, model.safetensors or "

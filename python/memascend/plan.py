@@ -6,7 +6,7 @@ import json as _json
 import os
 from typing import Any, Literal, Optional, Union
 
-from memascend import _core
+from memascend import _core, errors
 
 _DTYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
@@ -37,8 +37,9 @@ def plan(config: Union[str, "os.PathLike[str]", dict[str, Any], None] = None, *,
     ``io_write_bytes_per_step``, ``io_bytes_per_step``), and ``gpu``. How each figure is
     modelled: Note [plan model] in tools/sim/plan.h, and docs/python.md.
 
-    Raises InvalidArgumentError for a bad config or size, ResourceExhaustedError when the
-    least budget the run trains with does not fit the host limit.
+    Raises InvalidArgumentError for a config it cannot parse, a bad size or dtype, OSError
+    (FileNotFoundError...) for a config path it cannot open, ResourceExhaustedError when
+    the least budget the run trains with does not fit the host limit.
     """
     text = ""
     if isinstance(config, dict):
@@ -47,7 +48,7 @@ def plan(config: Union[str, "os.PathLike[str]", dict[str, Any], None] = None, *,
         with open(config, encoding="utf-8") as f:
             text = f.read()
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r}: fp16 or bf16")
+        raise errors.InvalidArgumentError(f"dtype {dtype!r}: fp16 or bf16")
     return _json.loads(_core.plan_json(
         config_json=text, params=params, layers=layers, hidden=hidden, heads=heads,
         vocab=vocab, seq=seq, batch=batch, dtype=_DTYPES[dtype], part_elements=part_elements,

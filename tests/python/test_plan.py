@@ -148,6 +148,10 @@ def test_plan_refusals(tmp_path: Path) -> None:
     import memascend
     with pytest.raises(memascend.InvalidArgumentError):
         memascend.plan({"model_type": "bert", "hidden_size": 8})
+    with pytest.raises(memascend.InvalidArgumentError, match="fp16 or bf16"):
+        memascend.plan(params=10**9, dtype="fp32")
+    with pytest.raises(FileNotFoundError):
+        memascend.plan(str(tmp_path / "no-such-config.json"))
     with pytest.raises(memascend.ResourceExhaustedError):
         memascend.plan(params=10**9, host_limit=64 << 20)
     r = subprocess.run([CLI, "plan", "--params", "1000", "--config", "x.json"],
