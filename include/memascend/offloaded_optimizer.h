@@ -271,7 +271,10 @@ class OffloadedAdam {
   // loss scaler's, such as PyTorch's GradScaler; the options' scaler then keeps scale 1).
   void BeginBackward(float gradient_scale = 0);
   // Part `part` of group g's gradient (its elements, scaled by loss_scale()), converted
-  // to the layout's gradient dtype, checked for overflow, added to the norm.
+  // to the layout's gradient dtype, checked for overflow, added to the norm. Every
+  // gradient entry below is kFailedPrecondition outside a backward pass (before
+  // BeginBackward, or after EndBackward until the next): its norm and overflow flag would
+  // be the last step's, and its scale the last step's scale.
   absl::Status SetGradient(std::size_t group, std::size_t part, TensorView gradient);
   // The same, for a caller that writes the gradient in place: `fill` gets the part's
   // stored gradient to write every element of.
@@ -370,6 +373,7 @@ class OffloadedAdam {
   float scale_ = 1;
   bool overflow_ = false;
   double sum_squares_ = 0;
+  bool in_backward_ = false;  // BeginBackward ran, EndBackward not yet
   // The update planned by EndBackward: its Adam step, lr factor and multiplier.
   struct Pending {
     AdamConfig adam;

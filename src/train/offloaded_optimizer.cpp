@@ -384,6 +384,7 @@ absl::Status OffloadedAdam::SetAdamStep(std::int64_t step) {
 // ---- the gradients ----------------------------------------------------------------------
 
 void OffloadedAdam::BeginBackward(float gradient_scale) {
+  in_backward_ = true;
   overflow_ = false;
   sum_squares_ = 0;
   scale_ = gradient_scale > 0 && std::isfinite(gradient_scale) ? gradient_scale : scaler_.scale();
@@ -423,6 +424,13 @@ absl::StatusOr<StateBuffer> OffloadedAdam::BeginGradient(std::size_t g, std::siz
   const StateLayout& l = layout();
   if (g >= l.groups.size() || part >= l.Parts(g))
     return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
+  if (!in_backward_) {
+    return absl::FailedPreconditionError(fmt::format(
+        "adam: a gradient (group {} part {}) outside a backward pass: call BeginBackward() "
+        "(OffloadedTraining::BeginStep()) first each step, or its norm, overflow check and "
+        "scale would be the last step's",
+        g, part));
+  }
   return storage_->Overwrite(StateKind::kGradient, g, part, false);
 }
 
@@ -472,6 +480,7 @@ absl::StatusOr<StepPlan> OffloadedAdam::EndBackward(double lr_factor) {
     return absl::FailedPreconditionError("adam: the previous step's update has not run");
   if (!(lr_factor >= 0) || !std::isfinite(lr_factor))
     return absl::InvalidArgumentError(fmt::format("adam: lr factor {}", lr_factor));
+  in_backward_ = false;  // the next step's gradients need a BeginBackward of their own
   if (storage_->ChecksOverflowAfterBackward()) {
     MEMASCEND_ASSIGN_OR_RETURN(overflow_, storage_->CheckOverflow());
   }

@@ -654,14 +654,21 @@ TEST(OffloadedAdam, MisuseIsRefusedWithAReason) {
   std::vector<float> w(10);
   EXPECT_THAT(adam->Initialize(0, w), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(adam->Initialize(7, w), StatusIs(absl::StatusCode::kOutOfRange));
+  std::vector<float> g1(100000);
+  // A gradient outside a backward pass: its norm and overflow flag would be the last
+  // step's. Refused before BeginBackward and again after EndBackward.
+  EXPECT_THAT(adam->SetGradient(1, 0, {g1.data(), g1.size(), DType::kF32}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("BeginBackward()")));
+  adam->BeginBackward();
   EXPECT_THAT(adam->SetGradient(1, 0, {w.data(), w.size(), DType::kF32}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("100000 elements")));
   EXPECT_THAT(adam->SetGradient(1, 5, {w.data(), w.size(), DType::kF32}),
               StatusIs(absl::StatusCode::kOutOfRange));
   EXPECT_THAT(adam->UpdateGroup(0), StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(adam->EndBackward(-1), StatusIs(absl::StatusCode::kInvalidArgument));
-  adam->BeginBackward();
   ASSERT_OK(adam->EndBackward().status());
+  EXPECT_THAT(adam->SetGradient(1, 0, {g1.data(), g1.size(), DType::kF32}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("outside a backward")));
   EXPECT_THAT(adam->UpdateGroup(1),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("out of order")));
   EXPECT_THAT(adam->EndBackward(), StatusIs(absl::StatusCode::kFailedPrecondition));
