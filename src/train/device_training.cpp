@@ -568,10 +568,11 @@ struct DeviceGradients::Impl {
     Part taken = std::move(pending.front());
     pending.pop_front();
     inflight_bytes -= taken.bytes;
-    if (!taken.done->Ready()) {
-      ++stats.waits;
-      MEMASCEND_RETURN_IF_ERROR(taken.done->Wait());
-    }
+    if (!taken.done->Ready()) ++stats.waits;
+    // Always waited on: an event whose stream failed reads as done (Ready() says only that
+    // nothing is left to wait for), and Wait() returns the copy's error, so a failed
+    // copy's bytes never reach the norm, the update or a commit.
+    MEMASCEND_RETURN_IF_ERROR(taken.done->Wait());
     MEMASCEND_RETURN_IF_ERROR(adam->EndGradient(taken.g, taken.part, std::move(taken.buffer)));
     return true;
   }

@@ -51,6 +51,24 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class CheckpointedGPT(GPT):
+    """GPT with each block under torch's non-reentrant checkpoint (as transformers'
+    gradient_checkpointing_enable), which from torch 2.1 stops a recomputation once it has
+    what it needs; `on_input_grad` is called when the first block's backward is done."""
+    on_input_grad = None
+
+    def forward(self, idx, targets):
+        from torch.utils.checkpoint import checkpoint
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        if x.requires_grad and self.on_input_grad is not None:
+            x.register_hook(lambda g: self.on_input_grad())
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        logits = self.head(self.ln(x))
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+
+
 def make(seed=0, **kw):
     torch.manual_seed(seed)
     return GPT(**kw)

@@ -652,33 +652,15 @@ def test_a_root_load_that_fails_leaves_no_saved_tensor_hooks(tmp_path, monkeypat
     opt.close()
 
 
-class _CheckpointedGPT(gpt.GPT):
-    """gpt.GPT with each block under torch's non-reentrant checkpoint (as transformers'
-    gradient_checkpointing_enable), which from torch 2.1 stops a recomputation once it has
-    what it needs; `on_input_grad` is called when the first block's backward is done."""
-    on_input_grad = None
-
-    def forward(self, idx, targets):
-        from torch.utils.checkpoint import checkpoint
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        if x.requires_grad and self.on_input_grad is not None:
-            x.register_hook(lambda g: self.on_input_grad())
-        for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False)
-        logits = self.head(self.ln(x))
-        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
-                                                 targets.reshape(-1))
-
-
 @pytest.mark.parametrize("units", [None, gpt.Block], ids=["modules", "blocks"])
 def test_a_stopped_recomputation_lets_go_of_its_loads(tmp_path, units):
     """Note [stopped recomputation]: under checkpointing, every block's parameters are let
     go once the blocks' backward is done, not held to the end of the pass (with a block
     loaded whole, a stopped recomputation used to keep every layer), and the model trains
     as the same checkpointed model under torch.optim.AdamW."""
-    ref_model, ref_losses = reference(4, _CheckpointedGPT)
+    ref_model, ref_losses = reference(4, gpt.CheckpointedGPT)
     torch.manual_seed(0)
-    model = _CheckpointedGPT()
+    model = gpt.CheckpointedGPT()
     opt = offloaded(tmp_path, model, host_budget=4 << 20)
     offload = mt.offload_parameters(model, opt, units=units)
     index = {id(p): i for i, p in enumerate(opt._params)}
@@ -689,6 +671,35 @@ def test_a_stopped_recomputation_lets_go_of_its_loads(tmp_path, units):
     losses = train(model, opt, steps=4)
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
     assert held == [[]] * 4, held
+    offload.remove()
+    opt.close()
+
+
+def test_a_recomputation_holds_its_loads_until_each_modules_backward(tmp_path):
+    """Note [recomputed parameters]: the recomputation of a checkpointed block saves its
+    modules' parameters for their backward, later in the pass; on a GPU those are views of
+    device blocks, so each is held from the recomputation until its module's backward is
+    done (released after the recomputation, a block could be evicted and refilled with
+    another group's bytes first). Checked when the block's last module's backward is done:
+    its first module, recomputed before it and not yet through its backward, is held."""
+    ref_model, ref_losses = reference(3, gpt.CheckpointedGPT)
+    torch.manual_seed(0)
+    model = gpt.CheckpointedGPT()
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt)
+    index = {id(p): i for i, p in enumerate(opt._params)}
+    first = {id(b.out): index[id(b.qkv.weight)] for b in model.blocks}
+    held = []
+    post_backward = offload._post_backward
+
+    def recording(m):
+        post_backward(m)
+        if id(m) in first:
+            held.append(offload._count.get(first[id(m)], 0))
+    offload._post_backward = recording
+    losses = train(model, opt, steps=3)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert held == [1] * (3 * len(model.blocks)), held
     offload.remove()
     opt.close()
 

@@ -100,20 +100,17 @@ class ParameterOffload:
                 OFFLOADED[id(p)] = (self, i)
                 self._release(p, i)
         # Note [optimizer overlap]: with every parameter loaded through these hooks, each
-        # step's update runs in the next forward pass, group by group, just before a group is
-        # loaded: on a GPU the CPU's update overlaps the GPU's forward.
+        # step's update runs in the next forward pass, just before each group's load.
         optimizer._defer_updates(len(covered) == len(optimizer._params))
 
-    # -- Note [device views]: on a GPU a use of a module sets its parameters' data to a
-    # tensor over the SDK's device block (device_tensor: torch.as_tensor through
-    # __cuda_array_interface__, then two views); a release, to an empty tensor. Under
-    # accumulation or checkpointing a group is used three times a micro-batch, mostly
-    # found where it was, and at batch 1 the H200 computes a module faster than the hooks
-    # run (docs/gpu.md, "The third lease"). So a group's tensor is kept with its address
-    # and set again while the SDK returns that address (a group that moved gets a new
-    # one), and releases share one empty tensor per dtype and device. Both are made outside
-    # inference mode (`p.data = t` gives p t's dispatch keys: one made in an evaluation
-    # pass would fail a later backward). They own nothing; remove() forgets them.
+    # -- Note [device views]: on a GPU a use sets a parameter's data to a tensor over its
+    # SDK device block (device_tensor, through __cuda_array_interface__); a release, to an
+    # empty tensor. A group is used three times a micro-batch under accumulation or
+    # checkpointing, mostly where it was, and the H200 computes a module at batch 1 faster
+    # than the hooks run (docs/gpu.md, "The third lease"): so a group's tensor is kept with
+    # its address and set again while the SDK returns that address, and releases share
+    # one empty tensor per dtype and device. Both are made outside inference mode (`p.data
+    # = t` gives p t's dispatch keys). They own nothing; remove() forgets them.
     def _use_device(self, device_budget, read_ahead):
         """The device budget: by default room for the largest module twice (in use, and
         the next) plus the read-ahead, which is twice the largest module."""
@@ -262,11 +259,9 @@ class ParameterOffload:
         if k is None:
             return
         # Not a parameter whose planned update already ran (Note [optimizer overlap]; a
-        # tied one, as GPT-2's head, used again after its update, or one updated ahead of
-        # its use in a forward pass out of the parameters' order): a prefetch reads the
-        # committed version, whose block the update handed to the next one, so it would
-        # read stale master weights back from the volume and keep them resident beside
-        # the new ones, which the fetch reads (issue 43: 96 MiB on the 100m benchmark).
+        # tied one used again after its update, or one updated ahead of its use): a
+        # prefetch would read stale master weights back from the volume and keep them
+        # resident beside the new ones (issue 43: 96 MiB on the 100m benchmark).
         opt = self._opt
         updated = opt._next_update if opt._pending_update else 0
         for d in range(1, self._window + 1):
@@ -312,10 +307,14 @@ class ParameterOffload:
 
     def _post_forward(self, m, inputs, output):
         self._span("fwd", id(m), "recompute" if self._backward else "fwd")
-        if self._recomputing.get(id(m)):
-            self._recomputing[id(m)] -= 1
-        for p, i in self._params_of[id(m)]:
-            self._release(p, i)
+        # Note [recomputed parameters]: a recomputation saves the parameters as they are
+        # (on a GPU, views of device blocks) for the module's backward, later in the pass;
+        # released here, a block could be refilled with another group's bytes first. So
+        # they are held until _post_backward (or the pass's end): the budget holds a whole
+        # checkpointed region's parameters (a unit's, with `units`).
+        if not self._recomputing.get(id(m)):
+            for p, i in self._params_of[id(m)]:
+                self._release(p, i)
         if torch.is_grad_enabled():
             return wrap(output, lambda ts: OnBackward.apply(lambda: self._pre_backward(m), *ts))
         return None
@@ -323,9 +322,7 @@ class ParameterOffload:
     # -- backward
     def _pre_backward(self, m):
         self._backward = True
-        if not self._callback_queued:
-            self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        self._queue_end()
         self._prefetch(m, -1)
         for p, i in self._params_of[id(m)]:
             self._fetch(p, i)
@@ -335,9 +332,9 @@ class ParameterOffload:
         self._span("bwd", id(m), "bwd")
         # Note [stopped recomputation]: torch >= 2.1's non-reentrant checkpoint stops its
         # recomputation once it has the tensors it needs (an exception through the forward),
-        # so a module's forward hook may never see the end of a recomputed forward: its
-        # loads are let go here, once its backward is done (a unit, a decoder layer, was
-        # otherwise held to the end of the pass).
+        # so a module's forward hook may never see the end of a recomputed forward. Its
+        # recomputations' loads, ended or not (Note [recomputed parameters]), are let go
+        # here with its backward's own, once its backward is done.
         for _ in range(self._recomputing.pop(id(m), 0) + 1):
             for p, i in self._params_of[id(m)]:
                 self._release(p, i)
@@ -362,6 +359,11 @@ class ParameterOffload:
         begin = self._marks.pop((kind, key), None)
         if begin is not None:
             self._trace.compute(f"{label} {self._names.get(key, '?')}", begin, self._trace.now())
+
+    def _queue_end(self):  # _end_backward at the end of the backward pass under way
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self):  # what loads next is a forward pass's, root called or not
         self._callback_queued = self._backward = False
@@ -400,9 +402,7 @@ class ParameterOffload:
         p = self._opt._params[i]
         if self._count.get(i, 0) == 0:
             self._fetch(p, i)
-            if not self._callback_queued:
-                self._callback_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+            self._queue_end()
         return p
 
     def remove(self) -> None:
