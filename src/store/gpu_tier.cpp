@@ -1,5 +1,9 @@
 // The tensor store's GPU tier (Note [gpu tier]) (store/tensor_store_impl.h).
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "store/tensor_store_impl.h"
 #include "util/units.h"
 
@@ -53,10 +57,14 @@ absl::Status TensorStore::Impl::GpuToHostLocked(Tensor& t) {
     }
   }
   ++t.pins;
+  // The work of the leases that dirtied the block ends first, on whatever stream they
+  // queued it (Note [gpu tier]); with nothing left queued on the block, the copy goes on
+  // the legacy default stream (no stream of a past call, which may be gone by now).
+  WaitGpuWorkLocked(t);
   mu.Unlock();
   absl::Status s = prim::CopyAsync(t.block.data(), t.gpu, t.spec.bytes,
-                                   prim::CopyDirection::kDeviceToHost, t.gpu_stream);
-  if (s.ok()) s = prim::SynchronizeStream(t.gpu_stream);
+                                   prim::CopyDirection::kDeviceToHost, CudaStreamView{});
+  if (s.ok()) s = prim::SynchronizeStream(CudaStreamView{});
   mu.Lock();
   --t.pins;
   t.last_use = ++tick;
@@ -105,23 +113,32 @@ absl::Status TensorStore::Impl::FreeGpuBlockLocked(Tensor& t) {
   return absl::OkStatus();
 }
 
+void TensorStore::Impl::WaitGpuWorkLocked(Tensor& t) {
+  std::vector<std::shared_ptr<prim::CudaEvent>> events = t.GpuEvents();
+  if (events.empty()) return;
+  // Note [store locking]: the waits (asleep: Note [blocking events]) and the events'
+  // destruction without mu.
+  mu.Unlock();
+  for (const auto& e : events) (void)e->Synchronize();
+  mu.Lock();
+  // Done: forgotten, but for leases released meanwhile (their events are not among these).
+  std::erase_if(t.gpu_uses, [&](const std::shared_ptr<prim::CudaEvent>& e) {
+    return std::find(events.begin(), events.end(), e) != events.end();
+  });
+  mu.Unlock();
+  events.clear();
+  mu.Lock();
+}
+
 // Frees the device block of an unleased `t` (claimed by the caller), copying it back
-// first if dirty and waiting for the work queued on it.
+// first if dirty and waiting for the work queued on it: the copy in (a prefetch never
+// leased may still be copying) and every released lease's.
 absl::Status TensorStore::Impl::DropGpuLocked(Tensor& t) {
   if (t.gpu == nullptr) return absl::OkStatus();
   MEMASCEND_RETURN_IF_ERROR(GpuToHostLocked(t));
   if (t.gpu_pins > 0 || t.gpu == nullptr) return absl::OkStatus();  // leased meanwhile
-  std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
-  if (idle != nullptr) {
-    // Note [store locking]: event queries (and the event's destruction) without mu.
-    mu.Unlock();
-    // Asleep until that work is done (Note [blocking events]); its error, if any, is its
-    // stream's holder's to see, as a query's would have been.
-    (void)idle->Synchronize();
-    idle.reset();
-    mu.Lock();
-    if (t.gpu_pins > 0) return absl::OkStatus();
-  }
+  WaitGpuWorkLocked(t);
+  if (t.gpu_pins > 0 || t.gpu == nullptr) return absl::OkStatus();
   MEMASCEND_RETURN_IF_ERROR(FreeGpuBlockLocked(t));
   ++counters.gpu_evictions;
   return absl::OkStatus();
@@ -174,26 +191,42 @@ absl::Status TensorStore::Impl::GpuResidentLocked(Tensor& t, CudaStreamView stre
 
 absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamView stream) {
   if (t.gpu != nullptr && t.gpu_valid) {
-    // Resident: the caller's stream waits for the copy in (a no-op on its own stream).
-    // The tensor is claimed (gpu_busy), so its event stays while mu is released.
-    if (t.gpu_ready == nullptr) return absl::OkStatus();
-    std::shared_ptr<prim::CudaEvent> ready = t.gpu_ready;
+    // Resident: the caller's stream waits for the copy in and for the work of the leases
+    // released before (a lease's writes this one reads, or its reads before this one's
+    // writes), each a no-op on its own stream; the completed ones are forgotten.
+    std::vector<std::shared_ptr<prim::CudaEvent>> events = t.GpuEvents();
+    if (events.empty()) return absl::OkStatus();
     mu.Unlock();
-    absl::Status s = ready->MakeStreamWait(stream);
-    ready.reset();
+    absl::Status s;
+    std::vector<std::shared_ptr<prim::CudaEvent>> done;
+    for (const auto& e : events) {
+      if (e->Ready()) {
+        done.push_back(e);
+      } else if (s.ok()) {
+        s = e->MakeStreamWait(stream);
+      }
+    }
+    mu.Lock();
+    std::erase_if(t.gpu_uses, [&](const std::shared_ptr<prim::CudaEvent>& e) {
+      return std::find(done.begin(), done.end(), e) != done.end();
+    });
+    mu.Unlock();  // the events' destruction without mu (Note [store locking])
+    events.clear();
+    done.clear();
     mu.Lock();
     return s;
   }
   if (t.gpu == nullptr) MEMASCEND_RETURN_IF_ERROR(AllocateGpuLocked(t));
   MEMASCEND_RETURN_IF_ERROR(HostResidentLocked(t, nullptr));
+  // The block may still be read by earlier leases' work (a stale copy), and the host
+  // block by an earlier copy out: all precede this copy on `stream`. Taken under mu.
+  std::vector<std::shared_ptr<prim::CudaEvent>> before = t.GpuEvents();
   mu.Unlock();
   absl::Status s;
   auto event = prim::CudaEvent::Create();
   s = event.status();
-  // The block may still be read by the last lease's work (a stale copy), and the
-  // host block by an earlier copy out: both precede this copy on `stream`.
-  if (s.ok() && t.gpu_idle != nullptr) s = t.gpu_idle->MakeStreamWait(stream);
-  if (s.ok() && t.gpu_ready != nullptr) s = t.gpu_ready->MakeStreamWait(stream);
+  for (const auto& e : before)
+    if (s.ok()) s = e->MakeStreamWait(stream);
   if (s.ok()) {
     s = prim::CopyAsync(t.gpu, t.block.data(), t.spec.bytes, prim::CopyDirection::kHostToDevice,
                         stream);
@@ -205,15 +238,19 @@ absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamVi
   if (!s.ok()) return s;
   auto ready = std::make_shared<prim::CudaEvent>(*std::move(event));
   std::shared_ptr<prim::CudaEvent> old = std::exchange(t.gpu_ready, ready);
-  t.gpu_stream = stream;
+  // The new copy's event comes after every event it waited for: those are covered by it.
+  std::erase_if(t.gpu_uses, [&](const std::shared_ptr<prim::CudaEvent>& e) {
+    return std::find(before.begin(), before.end(), e) != before.end();
+  });
   t.gpu_valid = true;
   t.gpu_dirty = false;
   counters.bytes_to_gpu += t.spec.bytes;
   // Note [reuse fences]: the host block goes back to the pool only after the copy.
   t.block.SetReuseFence(prim::EventFence(std::move(ready)));
-  if (old != nullptr) {  // its cudaEventDestroy without mu; the tensor is claimed
+  if (old != nullptr || !before.empty()) {  // their cudaEventDestroy without mu (claimed)
     mu.Unlock();
     old.reset();
+    before.clear();
     mu.Lock();
   }
   return absl::OkStatus();

@@ -107,6 +107,19 @@ absl::Status TensorStore::Close() {
   }
   std::unique_ptr<store::DevicePool> device_pool;  // its cudaFree runs without mu
   {
+    // The copies into the device read pinned blocks, and leases' work uses device blocks:
+    // both end before the pools unmap and free them (asleep, mu released).
+    std::vector<std::shared_ptr<prim::CudaEvent>> events;
+    {
+      absl::MutexLock lock(&impl_->mu);
+      for (const auto& t : impl_->tensors) {
+        std::vector<std::shared_ptr<prim::CudaEvent>> e = t->GpuEvents();
+        events.insert(events.end(), e.begin(), e.end());
+      }
+    }
+    for (const auto& e : events) (void)e->Synchronize();
+  }
+  {
     absl::MutexLock lock(&impl_->mu);
     impl_->tensors.clear();  // blocks back to the pools before they go
     impl_->pool.reset();
@@ -556,19 +569,13 @@ absl::Status TensorStore::Discard(TensorId id) {
     return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
   t.wanted = false;
   if (t.gpu != nullptr) {
-    // The work of the last device lease ends before the block is reused: waited for with
-    // the tensor claimed and mu released (Note [store locking]).
-    std::shared_ptr<prim::CudaEvent> idle = std::move(t.gpu_idle);
-    if (idle != nullptr) {
-      m.ClaimGpuLocked(t);
-      m.mu.Unlock();
-      (void)idle->Synchronize();  // asleep (Note [blocking events]); errors: the holder's
-      idle.reset();
-      m.mu.Lock();
-      m.UnclaimGpuLocked(t);
-      if (t.pins > 0 || t.gpu_pins > 0)
-        return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
-    }
+    // The copy in and the device leases' work end before the block is reused: waited for
+    // with the tensor claimed and mu released (Note [store locking]).
+    m.ClaimGpuLocked(t);
+    m.WaitGpuWorkLocked(t);
+    m.UnclaimGpuLocked(t);
+    if (t.pins > 0 || t.gpu_pins > 0)
+      return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
     if (t.gpu != nullptr) MEMASCEND_RETURN_IF_ERROR(m.FreeGpuBlockLocked(t));
   }
   if (t.state == Impl::State::kResident) {
@@ -638,11 +645,12 @@ void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept 
       (void)prim::SynchronizeStream(stream);  // no event: wait for the work here instead
     }
   }
-  std::shared_ptr<prim::CudaEvent> old;  // destroyed after mu is released
   absl::MutexLock lock(&impl_->mu);
   Impl::Tensor& t = *impl_->tensors[id];
   if (tier == Tier::kGpu) {
-    old = std::exchange(t.gpu_idle, std::move(idle));
+    // Kept beside the other leases' (Note [gpu tier]): a later lease on another stream,
+    // or the block's reuse, waits for all of them.
+    if (idle != nullptr) t.gpu_uses.push_back(std::move(idle));
     --t.gpu_pins;
     t.gpu_last_use = ++impl_->tick;
   } else {

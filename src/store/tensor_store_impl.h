@@ -77,9 +77,18 @@ struct TensorStore::Impl {
     bool gpu_busy = false;     // a thread is copying to or from the device, mu released
     int gpu_pins = 0;
     std::uint64_t gpu_last_use = 0;
-    CudaStreamView gpu_stream;                   // of the last copy in or dirty lease
     std::shared_ptr<prim::CudaEvent> gpu_ready;  // the last copy into the device block
-    std::shared_ptr<prim::CudaEvent> gpu_idle;   // work of the last lease on the block
+    // Note [gpu tier]: the release events of the device leases whose work may still run
+    // (each recorded on its holder's stream); pruned of completed ones by the next GPU
+    // acquire, waited for (and cleared) before the block is copied back or reused.
+    std::vector<std::shared_ptr<prim::CudaEvent>> gpu_uses;
+    // Every event the device block's work may still be behind: the copy in and the
+    // released leases' (taken under mu, waited for without it).
+    std::vector<std::shared_ptr<prim::CudaEvent>> GpuEvents() const {
+      std::vector<std::shared_ptr<prim::CudaEvent>> events = gpu_uses;
+      if (gpu_ready != nullptr) events.push_back(gpu_ready);
+      return events;
+    }
   };
 
   // A prefetch job: the tensor, the tier and (for the GPU) the stream.
@@ -179,6 +188,11 @@ struct TensorStore::Impl {
 
   // Gives the device block back to the pool; the device copy is gone.
   absl::Status FreeGpuBlockLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Waits, asleep and with mu released, for every copy and lease's work that may still
+  // run on t's device block (Tensor::GpuEvents); the caller has claimed `t` (gpu_busy).
+  // Their errors are their streams' holders' to see, as a query's would have been.
+  void WaitGpuWorkLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Frees the device block of an unleased `t` (claimed by the caller), copying it back
   // first if dirty and waiting for the work queued on it.

@@ -183,6 +183,15 @@ struct DeviceParameters::Impl {
     }
   }
 
+  // A failed copy or record: the copies queued before it still read `f`'s host blocks,
+  // which go back to the store when `f` goes, so the copy stream's work ends first; `s`.
+  absl::Status Drained(absl::Status s, const InFlight& f) {
+    if (f.hold.empty()) return s;
+    if (auto e = engine->Record(o.copy_stream, false); e.ok() && (*e)->Wait().ok()) return s;
+    (void)prim::SynchronizeStream(o.copy_stream);
+    return s;
+  }
+
   // Queues the copies of group g's stored parameters to `to` on the copy stream (after
   // `after`, if given, and after the last uses of reused memory). The event after them.
   absl::StatusOr<std::shared_ptr<CopyEvent>> CopyGroupLocked(std::size_t g, std::byte* to,
@@ -218,13 +227,18 @@ struct DeviceParameters::Impl {
           bytes += ready[end].bytes;  // offsets follow too: the parts are in order
           ++end;
         }
-        MEMASCEND_RETURN_IF_ERROR(engine->Copy(to + first.offset, first.buffer.data, bytes,
-                                               prim::CopyDirection::kHostToDevice, copy));
+        if (absl::Status s = engine->Copy(to + first.offset, first.buffer.data, bytes,
+                                          prim::CopyDirection::kHostToDevice, copy);
+            !s.ok()) {
+          return Drained(s, f);
+        }
         ++stats.copies;
         for (; k < end; ++k) f.hold.push_back(std::move(ready[k].buffer));
       }
       ready.clear();
-      MEMASCEND_ASSIGN_OR_RETURN(f.done, engine->Record(copy, true));
+      absl::StatusOr<std::shared_ptr<CopyEvent>> after_copies = engine->Record(copy, true);
+      if (!after_copies.ok()) return Drained(after_copies.status(), f);
+      f.done = *std::move(after_copies);
       done = f.done;
       inflight.push_back(std::move(f));
       return absl::OkStatus();
@@ -472,9 +486,9 @@ absl::StatusOr<DeviceView> DeviceParameters::Acquire(std::size_t group, CudaStre
     ++m.stats.misses;
     MEMASCEND_RETURN_IF_ERROR(m.LoadLocked(group, /*drop_read_ahead=*/true));
   }
-  ++s.leases;
   s.used = ++m.tick;
   MEMASCEND_RETURN_IF_ERROR(m.engine->MakeWait(compute, *s.ready));
+  ++s.leases;  // only once granted: a failed acquire leaves no lease to release
   m.ReadAheadLocked();
   return DeviceView{s.block, m.layout().groups[group].elements, m.layout().param_dtype};
 }

@@ -112,7 +112,7 @@ class ActivationOffload:
         self._live = weakref.WeakValueDictionary()  # a saved GPU tensor's id -> its _Saved
         self._order = []  # this forward's saves on a GPU, in order (the backward reads back)
         self._pending = None  # on a GPU: leases until their copies complete
-        self._side = None     # on a GPU: the stream of the copies out
+        self._side = {}       # on a GPU: each device's stream of the copies out
         self._host_event = None  # on a GPU: memascend.torch.cuda.host_event
         self._to_free = []    # slots let go while a copy of theirs was in flight
 
@@ -122,7 +122,8 @@ class ActivationOffload:
             from memascend.torch.cuda import PendingLeases, host_event
             self._pending = PendingLeases()
             self._host_event = host_event
-            self._side = torch.cuda.Stream(device)
+        if device not in self._side:  # a stream of the tensor's device: its copy runs there
+            self._side[device] = torch.cuda.Stream(device)
         return self._pending
 
     def _reap(self):
@@ -146,7 +147,7 @@ class ActivationOffload:
         src = t.detach()
         if not src.is_contiguous():
             src = src.contiguous()
-        side = self._side
+        side = self._side[t.device]
         side.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(side):
             torch.frombuffer(lease, dtype=torch.uint8).copy_(src.view(-1).view(torch.uint8),
