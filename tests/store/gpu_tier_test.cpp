@@ -283,6 +283,60 @@ TEST(GpuTier, AnEvictionWaitsAsleepForTheVictimsLastWork) {
   EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
   EXPECT_GE(store->stats().gpu_evictions, 2u);
 }
+// Every released device lease's work counts, whatever its stream (Note [gpu tier]): a
+// lease on another stream sees an earlier lease's writes still queued at its release, and
+// a copy back (Flush) waits for the writes of a dirty lease released before a clean one
+// (the store kept the last release's event alone, and copied back on the stream of the
+// copy in, which had not waited for them).
+TEST(GpuTier, EveryReleasedLeasesWorkIsWaitedForWhateverItsStream) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ScratchPath path("gpu");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 2 * kMiB;
+  o.gpu_budget_bytes = 2 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("w", 256 * kKiB)));
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
+    const auto p = Pattern("w", 1, host.size());
+    std::memcpy(host.data(), p.data(), p.size());
+    host.MarkDirty();
+  }
+  Stream in, a, b;
+  { ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, in.view())); }
+  ASSERT_EQ(cudaStreamSynchronize(in.s), cudaSuccess);
+  std::vector<std::vector<std::byte>> sources;  // alive until their copies are done
+  // Queued on `s` behind 400 ms of other work, and not waited for: the lease's release
+  // comes while the write is still on its way.
+  const auto write_later = [&](const TensorLease& dev, std::uint64_t version, const Stream& s) {
+    sources.push_back(Pattern("w", version, dev.size()));
+    testing::HoldStream(s.s, 400);
+    ASSERT_EQ(
+        cudaMemcpyAsync(dev.data(), sources.back().data(), dev.size(), cudaMemcpyHostToDevice, s.s),
+        cudaSuccess);
+  };
+  {  // A lease on `a` writes; a lease on `b` finds its bytes.
+    ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, a.view()));
+    write_later(dev, 2, a);
+    dev.MarkDirty();
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, b.view()));
+    EXPECT_EQ(FromDevice(dev, b), Pattern("w", 2, dev.size()));
+  }
+  {  // A dirty lease on `a` still writing, then a clean one: the copy back has the write.
+    ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, a.view()));
+    write_later(dev, 3, a);
+    dev.MarkDirty();
+  }
+  { ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, in.view())); }
+  ASSERT_OK(store->Flush());
+  ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
+  const auto p = Pattern("w", 3, host.size());
+  EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
 #endif  // MEMASCEND_HAVE_CUDA
 
 }  // namespace
