@@ -61,13 +61,15 @@
 // never called per tensor) and carves it best-fit. The copy from the pinned host block
 // is queued on the caller's stream: work the caller queues on that stream after Acquire
 // sees the bytes; another stream is made to wait for the copy's event. The host block
-// goes back to the pool only after that event completes. A GPU lease marked dirty makes
-// the device copy the newest: WriteBack, Flush, Evict and a host Acquire first copy it
-// back (synchronising the stream of the lease that dirtied it). A host lease marked
-// dirty makes the device copy stale: the next GPU Acquire copies again. Device blocks
-// are evicted least recently used first; evicting one waits for the work queued on the
-// stream of its last lease before the block is reused. Without a device, or with a zero
-// GPU budget, the GPU tier reports kFailedPrecondition and everything else works.
+// goes back to the pool only after that event completes. A released GPU lease leaves an
+// event on its stream: a later GPU lease's stream waits for those not yet complete (it
+// sees earlier leases' writes, and writes after their reads), and nothing reuses or
+// copies back the block before all of them and the copy in have completed. A GPU lease
+// marked dirty makes the device copy the newest: WriteBack, Flush, Evict and a host
+// Acquire first copy it back, after that work. A host lease marked dirty makes the
+// device copy stale: the next GPU Acquire copies again. Device blocks are evicted least
+// recently used first. Without a device, or with a zero GPU budget, the GPU tier reports
+// kFailedPrecondition and everything else works.
 //
 // Thread-safety: every method may be called from any thread. Several leases of one
 // tensor may be held at once (readers coordinate their writes themselves).
