@@ -59,7 +59,9 @@ absl::Status TensorStore::Impl::GpuToHostLocked(Tensor& t) {
   ++t.pins;
   // The work of the leases that dirtied the block ends first, on whatever stream they
   // queued it (Note [gpu tier]); with nothing left queued on the block, the copy goes on
-  // the legacy default stream (no stream of a past call, which may be gone by now).
+  // the legacy default stream (no stream of a past call, which may be gone by now). That
+  // stream also waits for the device's blocking streams: a copy back is a synchronous,
+  // rare step (an eviction of a dirty device copy, a flush), not the hot path.
   WaitGpuWorkLocked(t);
   mu.Unlock();
   absl::Status s = prim::CopyAsync(t.block.data(), t.gpu, t.spec.bytes,

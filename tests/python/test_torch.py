@@ -704,6 +704,40 @@ def test_a_recomputation_holds_its_loads_until_each_modules_backward(tmp_path):
     opt.close()
 
 
+def test_a_backward_pass_that_raised_lets_go_of_its_loads_at_the_next_forward(tmp_path):
+    """A backward pass that raises never reaches its end (torch runs no final callback):
+    the loads its recomputations held, and the pass's state, are let go when the next
+    forward pass begins, which then loads and releases as any; training goes on."""
+    torch.manual_seed(0)
+    model = gpt.CheckpointedGPT()
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt)
+    index = {id(p): i for i, p in enumerate(opt._params)}
+    qkv = index[id(model.blocks[0].qkv.weight)]
+    post_backward = offload._post_backward
+
+    def failing(m):
+        post_backward(m)
+        if m is model.blocks[0].out:
+            raise RuntimeError("a failure in the backward pass")
+    offload._post_backward = failing
+    x, y = gpt.batch(0)
+    with pytest.raises(RuntimeError, match="a failure in the backward pass"):
+        model(x, y).backward()
+    assert offload._count.get(qkv, 0) > 0  # recomputed, its backward never came
+    offload._post_backward = post_backward
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        model(x, y)
+    assert all(c == 0 for c in offload._count.values()), offload._count
+    assert not offload._callback_queued and not offload._recomputing
+    losses = train(model, opt, steps=2)
+    assert all(loss == loss for loss in losses)
+    assert all(c == 0 for c in offload._count.values()), offload._count
+    offload.remove()
+    opt.close()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_parameters_in_use_are_views_of_the_store(tmp_path, dtype):
     # Note [parameter views]: no tensor of torch's heap per fetch, the same values.

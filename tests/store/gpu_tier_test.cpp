@@ -139,9 +139,11 @@ TEST(GpuTier, WithoutADeviceOrBudgetItReportsAndTheHostTierWorks) {
 }
 
 #if MEMASCEND_HAVE_CUDA
+// Non-blocking, as PyTorch's streams are: no implicit ordering with the legacy default
+// stream, so only the store's own event waits order the work.
 struct Stream {
   cudaStream_t s = nullptr;
-  Stream() { EXPECT_EQ(cudaStreamCreate(&s), cudaSuccess); }
+  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
   ~Stream() { cudaStreamDestroy(s); }
   CudaStreamView view() const { return CudaStreamView(s); }
 };

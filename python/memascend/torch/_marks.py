@@ -1,6 +1,8 @@
 """The autograd hooks' helpers of offload_parameters(): marks in the graph that call back
-when the backward pass reaches a module's outputs or inputs."""
+when the backward pass reaches a module's outputs or inputs, and the modules' units."""
 import torch
+
+from memascend import errors
 
 
 class OnBackward(torch.autograd.Function):
@@ -61,3 +63,30 @@ def _rebuild(x, replacement):
             x[k] = _rebuild(x[k], replacement)
         return x
     return x
+
+
+def in_backward():  # a backward pass runs on this thread (torch >= 2.0; else unknown)
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
+def outside_units(module, units):
+    """ids of the modules reached from `module` without passing below a unit."""
+    found, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        if id(m) not in found:
+            found.add(id(m))
+            todo.extend(() if units and isinstance(m, units) else m.children())
+    return found
+
+
+def unit_types(units):
+    """offload_parameters' `units` as a tuple of classes (empty: none)."""
+    if units is None:
+        return ()
+    found = tuple(units) if isinstance(units, (tuple, list)) else (units,)
+    if not all(isinstance(u, type) and issubclass(u, torch.nn.Module) for u in found):
+        raise errors.InvalidArgumentError(
+            f"units must be torch.nn.Module classes (a class or a tuple of them), not {units!r}")
+    return found

@@ -13,7 +13,7 @@ import torch
 from memascend import errors
 from memascend.torch import activations as _activations
 from memascend.torch._common import OFFLOADED
-from memascend.torch._marks import OnBackward, wrap
+from memascend.torch._marks import OnBackward, in_backward, outside_units, unit_types, wrap
 
 if TYPE_CHECKING:
     from memascend.torch.optimizer import OffloadedAdamW
@@ -41,11 +41,11 @@ class ParameterOffload:
         index = {id(p): i for i, p in enumerate(optimizer._params)}
         self._modules = []   # modules with parameters of their own, offloaded
         self._params_of = {}  # id(module) -> [(param, index)]
-        units = _unit_types(units)
+        units = unit_types(units)
         inside = set()  # ids of the modules below a unit: its hooks load their parameters
         # ...unless also used outside any unit (an instance a unit shares with its model,
         # which module.modules() yields once, inside the first unit): then it has hooks too.
-        outside = _outside_units(module, units)
+        outside = outside_units(module, units)
         for m in module.modules():
             if id(m) in inside and id(m) not in outside:
                 continue
@@ -273,6 +273,8 @@ class ParameterOffload:
 
     # -- forward
     def _root_begins(self, module, inputs):
+        if self._callback_queued and not in_backward():
+            self._end_backward()  # a backward pass that raised never reached its end
         self._backward = False
 
     def _root_pre_forward(self, module, inputs):
@@ -298,6 +300,9 @@ class ParameterOffload:
         self._prefetch(m, +1)
         for p, i in self._params_of[id(m)]:
             self._fetch(p, i)
+        if not self._backward and in_backward():  # reached before any module's backward
+            self._backward = True
+            self._queue_end()
         if self._backward:  # a recomputation (checkpointing), which may stop early
             self._recomputing[id(m)] = self._recomputing.get(id(m), 0) + 1
         self._mark("fwd", m)
@@ -312,7 +317,7 @@ class ParameterOffload:
         # released here, a block could be refilled with another group's bytes first. So
         # they are held until _post_backward (or the pass's end): the budget holds a whole
         # checkpointed region's parameters (a unit's, with `units`).
-        if not self._recomputing.get(id(m)):
+        if not (self._backward and self._recomputing.get(id(m))):
             for p, i in self._params_of[id(m)]:
                 self._release(p, i)
         if torch.is_grad_enabled():
@@ -463,28 +468,6 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     must hold a unit.
     """
     return ParameterOffload(module, optimizer, window, device_budget, read_ahead, units)
-
-
-def _outside_units(module, units):
-    """ids of the modules reached from `module` without passing below a unit."""
-    found, todo = set(), [module]
-    while todo:
-        m = todo.pop()
-        if id(m) not in found:
-            found.add(id(m))
-            todo.extend(() if units and isinstance(m, units) else m.children())
-    return found
-
-
-def _unit_types(units):
-    """offload_parameters' `units` as a tuple of classes (empty: none)."""
-    if units is None:
-        return ()
-    found = tuple(units) if isinstance(units, (tuple, list)) else (units,)
-    if not all(isinstance(u, type) and issubclass(u, torch.nn.Module) for u in found):
-        raise errors.InvalidArgumentError(
-            f"units must be torch.nn.Module classes (a class or a tuple of them), not {units!r}")
-    return found
 
 
 _EMPTY = {}  # (dtype, device) -> the empty tensor a released parameter holds
