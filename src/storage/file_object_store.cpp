@@ -160,12 +160,7 @@ struct FileObjectStore::Impl {
       if (!dir_unsynced) return absl::OkStatus();
       dir_unsynced = false;
     }
-    absl::Status s = SyncDir();
-    if (!s.ok()) {
-      absl::MutexLock lock(&mu);
-      dir_unsynced = true;
-    }
-    return s;
+    return FlushDirectoryOrKeepIt();
   }
 
   // A durable Put's or Delete's flush of the directory; a failure is returned and kept for

@@ -115,6 +115,13 @@ absl::Status TensorStore::Impl::FreeGpuBlockLocked(Tensor& t) {
   return absl::OkStatus();
 }
 
+void TensorStore::Impl::ForgetGpuUsesLocked(
+    Tensor& t, const std::vector<std::shared_ptr<prim::CudaEvent>>& done) {
+  std::erase_if(t.gpu_uses, [&](const std::shared_ptr<prim::CudaEvent>& e) {
+    return std::find(done.begin(), done.end(), e) != done.end();
+  });
+}
+
 void TensorStore::Impl::WaitGpuWorkLocked(Tensor& t) {
   std::vector<std::shared_ptr<prim::CudaEvent>> events = t.GpuEvents();
   if (events.empty()) return;
@@ -124,9 +131,7 @@ void TensorStore::Impl::WaitGpuWorkLocked(Tensor& t) {
   for (const auto& e : events) (void)e->Synchronize();
   mu.Lock();
   // Done: forgotten, but for leases released meanwhile (their events are not among these).
-  std::erase_if(t.gpu_uses, [&](const std::shared_ptr<prim::CudaEvent>& e) {
-    return std::find(events.begin(), events.end(), e) != events.end();
-  });
+  ForgetGpuUsesLocked(t, events);
   mu.Unlock();
   events.clear();
   mu.Lock();
@@ -209,9 +214,7 @@ absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamVi
       }
     }
     mu.Lock();
-    std::erase_if(t.gpu_uses, [&](const std::shared_ptr<prim::CudaEvent>& e) {
-      return std::find(done.begin(), done.end(), e) != done.end();
-    });
+    ForgetGpuUsesLocked(t, done);
     mu.Unlock();  // the events' destruction without mu (Note [store locking])
     events.clear();
     done.clear();
@@ -241,9 +244,7 @@ absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamVi
   auto ready = std::make_shared<prim::CudaEvent>(*std::move(event));
   std::shared_ptr<prim::CudaEvent> old = std::exchange(t.gpu_ready, ready);
   // The new copy's event comes after every event it waited for: those are covered by it.
-  std::erase_if(t.gpu_uses, [&](const std::shared_ptr<prim::CudaEvent>& e) {
-    return std::find(before.begin(), before.end(), e) != before.end();
-  });
+  ForgetGpuUsesLocked(t, before);
   t.gpu_valid = true;
   t.gpu_dirty = false;
   counters.bytes_to_gpu += t.spec.bytes;

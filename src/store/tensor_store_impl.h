@@ -193,6 +193,10 @@ struct TensorStore::Impl {
   // run on t's device block (Tensor::GpuEvents); the caller has claimed `t` (gpu_busy).
   // Their errors are their streams' holders' to see, as a query's would have been.
   void WaitGpuWorkLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Drops `done` (complete, or covered by a later event) from t.gpu_uses; events released
+  // meanwhile stay. The caller still holds `done`, so none is destroyed under mu.
+  static void ForgetGpuUsesLocked(Tensor& t,
+                                  const std::vector<std::shared_ptr<prim::CudaEvent>>& done);
 
   // Frees the device block of an unleased `t` (claimed by the caller), copying it back
   // first if dirty and waiting for the work queued on it.

@@ -109,6 +109,14 @@ TensorSpec Spec(std::string name, std::size_t bytes) {
   return testing::Spec(std::move(name), bytes, DType::kF32, {static_cast<std::int64_t>(bytes / 4)});
 }
 
+// Writes Pattern(name, version) into the tensor through a host lease, marked dirty.
+void FillOnHost(TensorStore& store, TensorId id, const std::string& name, std::uint64_t version) {
+  ASSERT_OK_AND_ASSIGN(TensorLease host, store.Acquire(id));
+  const auto p = Pattern(name, version, host.size());
+  std::memcpy(host.data(), p.data(), p.size());
+  host.MarkDirty();
+}
+
 TEST(GpuTier, WithoutADeviceOrBudgetItReportsAndTheHostTierWorks) {
   ScratchPath path("gpu");
   auto volume = MakeVolume(path.path());
@@ -176,10 +184,7 @@ TEST(GpuTier, RoundTripsThroughTheDeviceAndEvictsUnderItsBudget) {
   for (int i = 0; i < 4; ++i) {
     ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("g" + std::to_string(i), kMiB)));
     ids.push_back(id);
-    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
-    const auto p = Pattern("g" + std::to_string(i), 1, host.size());
-    std::memcpy(host.data(), p.data(), p.size());
-    host.MarkDirty();
+    FillOnHost(*store, id, "g" + std::to_string(i), 1);
   }
   for (int round = 1; round <= 3; ++round) {
     for (int i = 0; i < 4; ++i) {
@@ -217,12 +222,7 @@ TEST(GpuTier, PrefetchQueuesTheCopyAndAHostWriteMakesTheDeviceCopyStale) {
   o.gpu_budget_bytes = 2 * kMiB;
   ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
   ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("p", 256 * kKiB)));
-  {
-    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
-    const auto p = Pattern("p", 1, host.size());
-    std::memcpy(host.data(), p.data(), p.size());
-    host.MarkDirty();
-  }
+  FillOnHost(*store, id, "p", 1);
   Stream s;
   ASSERT_OK(store->Prefetch(id, Tier::kGpu, s.view()).Wait());
   {
@@ -230,12 +230,7 @@ TEST(GpuTier, PrefetchQueuesTheCopyAndAHostWriteMakesTheDeviceCopyStale) {
     EXPECT_EQ(FromDevice(dev, s), Pattern("p", 1, dev.size()));
   }
   EXPECT_EQ(store->stats().prefetch_hits, 1u);
-  {
-    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
-    const auto p = Pattern("p", 2, host.size());
-    std::memcpy(host.data(), p.data(), p.size());
-    host.MarkDirty();
-  }
+  FillOnHost(*store, id, "p", 2);
   ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, s.view()));
   EXPECT_EQ(FromDevice(dev, s), Pattern("p", 2, dev.size()));
   // Everything on the device is leased: a second tensor that does not fit is refused.
@@ -258,10 +253,7 @@ TEST(GpuTier, AnEvictionWaitsAsleepForTheVictimsLastWork) {
   TensorId ids[2];
   for (int i = 0; i < 2; ++i) {
     ASSERT_OK_AND_ASSIGN(ids[i], store->Register(Spec("e" + std::to_string(i), kMiB)));
-    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(ids[i]));
-    const auto p = Pattern("e" + std::to_string(i), 1, host.size());
-    std::memcpy(host.data(), p.data(), p.size());
-    host.MarkDirty();
+    FillOnHost(*store, ids[i], "e" + std::to_string(i), 1);
   }
   Stream a, b;
   for (const bool dirty : {false, true}) {
@@ -285,6 +277,7 @@ TEST(GpuTier, AnEvictionWaitsAsleepForTheVictimsLastWork) {
   EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
   EXPECT_GE(store->stats().gpu_evictions, 2u);
 }
+
 // Every released device lease's work counts, whatever its stream (Note [gpu tier]): a
 // lease on another stream sees an earlier lease's writes still queued at its release, and
 // a copy back (Flush) waits for the writes of a dirty lease released before a clean one
@@ -299,12 +292,7 @@ TEST(GpuTier, EveryReleasedLeasesWorkIsWaitedForWhateverItsStream) {
   o.gpu_budget_bytes = 2 * kMiB;
   ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
   ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("w", 256 * kKiB)));
-  {
-    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(id));
-    const auto p = Pattern("w", 1, host.size());
-    std::memcpy(host.data(), p.data(), p.size());
-    host.MarkDirty();
-  }
+  FillOnHost(*store, id, "w", 1);
   Stream in, a, b;
   { ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(id, Tier::kGpu, in.view())); }
   ASSERT_EQ(cudaStreamSynchronize(in.s), cudaSuccess);
