@@ -109,14 +109,6 @@ TensorSpec Spec(std::string name, std::size_t bytes) {
   return testing::Spec(std::move(name), bytes, DType::kF32, {static_cast<std::int64_t>(bytes / 4)});
 }
 
-// Writes Pattern(name, version) into the tensor through a host lease, marked dirty.
-void FillOnHost(TensorStore& store, TensorId id, const std::string& name, std::uint64_t version) {
-  ASSERT_OK_AND_ASSIGN(TensorLease host, store.Acquire(id));
-  const auto p = Pattern(name, version, host.size());
-  std::memcpy(host.data(), p.data(), p.size());
-  host.MarkDirty();
-}
-
 TEST(GpuTier, WithoutADeviceOrBudgetItReportsAndTheHostTierWorks) {
   ScratchPath path("gpu");
   auto volume = MakeVolume(path.path());
@@ -147,6 +139,14 @@ TEST(GpuTier, WithoutADeviceOrBudgetItReportsAndTheHostTierWorks) {
 }
 
 #if MEMASCEND_HAVE_CUDA
+// Writes Pattern(name, version) into the tensor through a host lease, marked dirty.
+void FillOnHost(TensorStore& store, TensorId id, const std::string& name, std::uint64_t version) {
+  ASSERT_OK_AND_ASSIGN(TensorLease host, store.Acquire(id));
+  const auto p = Pattern(name, version, host.size());
+  std::memcpy(host.data(), p.data(), p.size());
+  host.MarkDirty();
+}
+
 // Non-blocking, as PyTorch's streams are: no implicit ordering with the legacy default
 // stream, so only the store's own event waits order the work.
 struct Stream {
