@@ -69,15 +69,17 @@ absl::Status Run::Gather(std::size_t g, void* data, std::size_t element_bytes) {
   return comm_->AllGather(data, element_bytes, counts, offsets);
 }
 
-// The group's 16-bit parameters, at the front of the fp32 buffer `out` (this rank's
+// The group's 16-bit parameters, at the front of the fp32 buffer `to` (this rank's
 // shard at its place), gathered from every rank, then widened to fp32 in place: element
 // i's 16 bits lie at bytes [2i, 2i + 2), below its fp32 at [4i, 4i + 4), so converting
 // from the back, a run [a, b) with b - a <= a at a time, never overwrites what is still
 // to be read.
-absl::Status Run::GatherParameters(std::size_t g, float* out) {
+absl::Status Run::GatherParameters(std::size_t g, MutableTensorView to) {
   const DType d = adam_->layout().param_dtype;
-  auto* bytes = reinterpret_cast<std::byte*>(out);
+  auto* bytes = static_cast<std::byte*>(to.data);
   MEMASCEND_RETURN_IF_ERROR(Gather(g, bytes, memascend::SizeOf(d)));
+  if (to.dtype == d) return absl::OkStatus();  // the tied embeddings (Note [tied head])
+  auto* out = static_cast<float*>(to.data);
   std::size_t b = GroupParams(c_, g);
   while (b > 1) {
     const std::size_t a = (b + 1) / 2;
@@ -93,16 +95,17 @@ absl::Status Run::GatherParameters(std::size_t g, float* out) {
   return absl::OkStatus();
 }
 
-// This rank's group for group g, and where its shard's 16-bit parameters go in the fp32
-// buffer `f` (GatherParameters); nullopt where it holds none of the group.
-std::optional<std::pair<std::size_t, MutableTensorView>> Run::Shard16(std::size_t g, float* f) {
+// This rank's group for group g, and where its shard's 16-bit parameters go in `out`
+// (GatherParameters); nullopt where it holds none of the group.
+std::optional<std::pair<std::size_t, MutableTensorView>> Run::Shard16(std::size_t g,
+                                                                      MutableTensorView out) {
   const auto local = shard_->local[g];
   if (!local.has_value()) return std::nullopt;
   const DType d = adam_->layout().param_dtype;
   const auto [b, e] = shard_->range[g];
   return std::pair{
       *local,
-      MutableTensorView{reinterpret_cast<std::byte*>(f) + b * memascend::SizeOf(d), e - b, d}};
+      MutableTensorView{static_cast<std::byte*>(out.data) + b * memascend::SizeOf(d), e - b, d}};
 }
 
 // Note [data parallel]: each part of the whole group's fp32 gradient (this rank's rows'),

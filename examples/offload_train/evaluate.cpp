@@ -17,7 +17,9 @@ using memascend::DType;
 // Group g's fp32 master weights, in its working buffer (valid until the next call).
 // With several ranks, a collective: each reads its shard, and all are gathered.
 absl::StatusOr<const float*> Run::Master(std::size_t g) {
-  float* w = Working(g);
+  const bool embed = g == 0 && tied_;  // not in the working buffer (Note [tied head])
+  if (embed && master_embed_.size() == 0) master_embed_ = FloatBuffer(GroupParams(c_, 0));
+  float* w = embed ? master_embed_.data() : wf_.data();
   if (shard_ == nullptr) {
     MEMASCEND_RETURN_IF_ERROR(
         adam_->ReadState(memascend::StateKind::kMaster, g, {w, GroupParams(c_, g), DType::kF32}));
@@ -79,14 +81,14 @@ absl::StatusOr<std::pair<double, std::uint64_t>> Run::Evaluate(
         const std::size_t n = fill(lo + chunk + p);
         float* kept = streams.data() + p * stream;
         if (g == 0) {
-          net_->Embed(w, inputs.data());
+          net_->Embed(MatrixRows<float>(w), inputs.data());
         } else {
           net_->SetResidual(kept);
           if (g + 1 < groups) {
             net_->Block(g - 1, w);
           } else {
-            net_->Head(w, tied_ ? we_.data() : nullptr, targets.data(), 1.0f,
-                       /*backward=*/false);
+            net_->Head(w, MatrixRows<float>(tied_ ? master_embed_.data() : nullptr), targets.data(),
+                       1.0f, /*backward=*/false);
             const float* rows = net_->RowLosses();
             for (std::size_t r = 0; r < n * seq; ++r) sum += static_cast<double>(rows[r]);
             continue;
@@ -113,14 +115,13 @@ absl::StatusOr<std::int32_t> Run::NextToken(Network& model, const std::vector<st
   const std::size_t n = std::min(ctx.size(), c_.seq);
   std::copy(ctx.end() - static_cast<std::ptrdiff_t>(n), ctx.end(), window.begin());
   for (std::size_t g = 0; g < groups; ++g) {
-    MEMASCEND_RETURN_IF_ERROR(LoadInto(g, {Working(g), GroupParams(c_, g), DType::kF32}, nullptr));
+    MEMASCEND_RETURN_IF_ERROR(LoadInto(g, Working(g), nullptr));
     if (g == 0) {
-      model.Embed(Working(0), window.data());
+      model.Embed(EmbedRows(), window.data());
     } else if (g + 1 < groups) {
       model.Block(g - 1, wf_.data());
     } else {
-      model.Head(wf_.data(), tied_ ? we_.data() : nullptr, window.data(), 1.0f,
-                 /*backward=*/false);
+      model.Head(wf_.data(), HeadRows(), window.data(), 1.0f, /*backward=*/false);
     }
   }
   const float* logits = model.Logits(0, n - 1);

@@ -36,9 +36,10 @@ std::uint64_t ModelStateBytes(const ModelConfig& c, DType dtype) {
 
 std::uint64_t WorkingMemoryBytes(const ModelConfig& c, std::size_t batch,
                                  bool checkpoint_activations) {
-  // The trainer's working buffers (Run: wf_, we_, df_), fp32.
-  std::uint64_t floats =
-      WorkingParams(c) + (TiedHead(c) ? GroupParams(c, 0) : 0) + GradientScratchParams(c);
+  // The trainer's working buffers (Run: wf_, df_ and wr_ in fp32, we_ in 16 bits: Note
+  // [tied head]).
+  std::uint64_t floats = WorkingParams(c) + GradientScratchParams(c) +
+                         (TiedHead(c) ? GroupParams(c, 0) / 2 + TiedChunkRows(c) * c.channels : 0);
   // The network's activations (model.cpp, llama.cpp: what their constructors allocate).
   const std::uint64_t rows = batch * c.seq;
   const std::uint64_t kept = checkpoint_activations ? 1 : c.layers;

@@ -85,12 +85,20 @@ std::size_t LlamaGroupParams(const HfConfig& c, std::size_t group) {
 }
 
 void InitLlamaGroup(const HfConfig& c, std::size_t group, std::uint64_t seed, float* params) {
+  InitLlamaGroupRange(c, group, seed, 0, LlamaGroupParams(c, group), params);
+}
+
+void InitLlamaGroupRange(const HfConfig& c, std::size_t group, std::uint64_t seed,
+                         std::size_t begin, std::size_t end, float* params) {
   SplitMix rng{seed * 0x100000001b3ull + group + 1};
   for (const Slice& s : LlamaGroupLayout(c, group)) {
     const bool gain = s.name.find("norm") != std::string::npos;
-    float* p = params + s.offset;
-    for (std::size_t i = 0; i < s.count; ++i)
-      p[i] = gain ? 1.0f : static_cast<float>(rng.Normal() * 0.02);
+    if (s.offset >= end) break;
+    const std::size_t last = s.offset + s.count;
+    const std::size_t lo = std::max(begin, s.offset), hi = std::min(end, last);
+    if (!gain) rng.Skip(2 * (std::min(lo, last) - s.offset));  // the draws before the range
+    for (std::size_t k = lo; k < hi; ++k)
+      params[k - begin] = gain ? 1.0f : static_cast<float>(rng.Normal() * 0.02);
   }
 }
 
@@ -139,11 +147,12 @@ Llama<T>::Llama(const HfConfig& config, std::size_t batch, std::size_t seq,
 }
 
 template <typename T>
-void Llama<T>::Embed(const T* embed, const std::int32_t* tokens) {
+void Llama<T>::Embed(const MatrixRows<T>& embed, const std::int32_t* tokens) {
   tokens_.assign(tokens, tokens + rows_);
   const std::size_t ch = c_.hidden;
   for (std::size_t r = 0; r < rows_; ++r) {
-    const T* e = embed + static_cast<std::size_t>(tokens[r]) * ch;
+    const std::size_t t = static_cast<std::size_t>(tokens[r]);
+    const T* e = embed.Rows(t, t + 1, ch);
     std::copy(e, e + ch, x_.data() + r * ch);
   }
 }
@@ -193,22 +202,25 @@ void Llama<T>::Forward(std::size_t layer, const T* params, const T* input, T* ou
 }
 
 template <typename T>
-double Llama<T>::Head(const T* head, const T* embed, const std::int32_t* targets, T grad_scale,
-                      bool backward) {
+double Llama<T>::Head(const T* head, const MatrixRows<T>& embed, const std::int32_t* targets,
+                      T grad_scale, bool backward) {
   const std::size_t ch = c_.hidden;
   const T* norm_w = head;
-  const T* out_w = c_.tie_embeddings ? embed : head + ch;
+  const MatrixRows<T> out_w = c_.tie_embeddings ? embed : MatrixRows<T>(head + ch);
+  const auto rows_of = [&](std::size_t b, std::size_t e) { return out_w.Rows(b, e, ch); };
+  const std::size_t chunk = out_w.Chunk(c_.vocab);
   ops::RmsNormForward(normed_.data(), norm_rstd_.data(), x_.data(), norm_w, rows_, ch, c_.norm_eps,
                       threads_);
-  ops::MatmulForward(logits_.data(), normed_.data(), out_w, static_cast<const T*>(nullptr), rows_,
-                     ch, c_.vocab, threads_, blas_);
+  ops::VocabForward(logits_.data(), normed_.data(), rows_of, chunk, rows_, ch, c_.vocab, threads_,
+                    blas_);
   const double loss =
       ops::CrossEntropy(backward ? logits_.data() : static_cast<T*>(nullptr), logits_.data(),
                         targets, rows_, c_.vocab, grad_scale, threads_, row_loss_.data());
   if (!backward) return loss;
   T* dnormed = scratch_a_.data();
   std::fill(dnormed, dnormed + rows_ * ch, T(0));
-  ops::MatmulBackwardInput(dnormed, logits_.data(), out_w, rows_, ch, c_.vocab, threads_, blas_);
+  ops::VocabBackwardInput(dnormed, logits_.data(), rows_of, chunk, rows_, ch, c_.vocab, threads_,
+                          blas_);
   std::vector<T> dx(rows_ * ch, T(0));
   std::fill(dnorm_w_.begin(), dnorm_w_.end(), T(0));
   ops::RmsNormBackward(dx.data(), dnorm_w_.data(), dnormed, x_.data(), norm_w, norm_rstd_.data(),

@@ -43,6 +43,9 @@ std::size_t LlamaGroupParams(const HfConfig& c, std::size_t group);
 // The initialisation of transformers' LlamaPreTrainedModel: N(0, initializer_range = 0.02)
 // weights, unit RMSNorm gains. Deterministic in (seed, group).
 void InitLlamaGroup(const HfConfig& c, std::size_t group, std::uint64_t seed, float* params);
+// Elements [begin, end) of the same into params[0, end - begin) (InitGroupRange).
+void InitLlamaGroupRange(const HfConfig& c, std::size_t group, std::uint64_t seed,
+                         std::size_t begin, std::size_t end, float* params);
 
 template <typename T>
 class Llama {
@@ -50,7 +53,7 @@ class Llama {
   Llama(const HfConfig& config, std::size_t batch, std::size_t seq,
         memascend::KernelThreads* threads, bool blas = false, bool checkpoint = false);
 
-  void Embed(const T* embed, const std::int32_t* tokens);
+  void Embed(const MatrixRows<T>& embed, const std::int32_t* tokens);
   void Block(std::size_t layer, const T* params);
   // The residual stream ([batch * seq, hidden]): the next block's input during the
   // forward pass.
@@ -59,7 +62,7 @@ class Llama {
   // Layer `layer`'s activations again from its input (checkpointed models).
   void Recompute(std::size_t layer, const T* params, const T* input);
   // `embed` is the embedding matrix, read only when the embeddings are tied.
-  double Head(const T* head, const T* embed, const std::int32_t* targets, T grad_scale,
+  double Head(const T* head, const MatrixRows<T>& embed, const std::int32_t* targets, T grad_scale,
               bool backward);
   void HeadGradient(T* out, std::size_t begin, std::size_t end) const;
   void BlockBackward(std::size_t layer, const T* params, T* dparams);

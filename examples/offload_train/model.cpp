@@ -196,17 +196,25 @@ std::size_t TotalParams(const ModelConfig& c) {
 }
 
 void InitGroup(const ModelConfig& c, std::size_t group, std::uint64_t seed, float* params) {
-  if (IsLlama(c)) return InitLlamaGroup(*c.hf, group, seed, params);
+  InitGroupRange(c, group, seed, 0, GroupParams(c, group), params);
+}
+
+void InitGroupRange(const ModelConfig& c, std::size_t group, std::uint64_t seed, std::size_t begin,
+                    std::size_t end, float* params) {
+  if (IsLlama(c)) return InitLlamaGroupRange(*c.hf, group, seed, begin, end, params);
   SplitMix rng{seed * 0x100000001b3ull + group + 1};
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   for (const Slice& s : GroupLayout(c, group)) {
+    if (s.offset >= end) break;
     const std::string& n = s.name;
-    float* p = params + s.offset;
     const bool gain = n == "ln1.w" || n == "ln2.w" || n == "lnf.w";
     const bool bias = n.size() > 2 && n.compare(n.size() - 2, 2, ".b") == 0;
     const double std_dev = (n == "attn.proj.w" || n == "mlp.proj.w") ? residual_std : 0.02;
-    for (std::size_t i = 0; i < s.count; ++i) {
-      p[i] = gain ? 1.0f : bias ? 0.0f : static_cast<float>(rng.Normal() * std_dev);
+    const std::size_t last = s.offset + s.count;
+    const std::size_t lo = std::max(begin, s.offset), hi = std::min(end, last);
+    if (!gain && !bias) rng.Skip(2 * (std::min(lo, last) - s.offset));  // the draws before
+    for (std::size_t k = lo; k < hi; ++k) {
+      params[k - begin] = gain ? 1.0f : bias ? 0.0f : static_cast<float>(rng.Normal() * std_dev);
     }
   }
 }
@@ -249,10 +257,25 @@ Gpt<T>::Gpt(const ModelConfig& config, memascend::KernelThreads* threads, bool b
 }
 
 template <typename T>
-void Gpt<T>::Embed(const T* params, const std::int32_t* tokens) {
+void Gpt<T>::Embed(const MatrixRows<T>& params, const std::int32_t* tokens) {
   tokens_.assign(tokens, tokens + rows_);
-  ops::EmbeddingForward(x_.data(), tokens, params, params + c_.vocab * c_.channels, rows_, c_.seq,
-                        c_.channels);
+  const std::size_t ch = c_.channels;
+  if (params.data != nullptr) {
+    ops::EmbeddingForward(x_.data(), tokens, params.data, params.data + c_.vocab * ch, rows_,
+                          c_.seq, ch);
+    return;
+  }
+  // A row at a time: each token's, then each position's added (EmbeddingForward's sums).
+  for (std::size_t r = 0; r < rows_; ++r) {
+    const std::size_t t = static_cast<std::size_t>(tokens[r]);
+    const T* te = params.Rows(t, t + 1, ch);
+    std::copy(te, te + ch, x_.data() + r * ch);
+  }
+  for (std::size_t r = 0; r < rows_; ++r) {
+    const std::size_t p = c_.vocab + r % c_.seq;
+    const T* pe = params.Rows(p, p + 1, ch);
+    for (std::size_t k = 0; k < ch; ++k) x_[r * ch + k] += pe[k];
+  }
 }
 
 template <typename T>
@@ -292,16 +315,18 @@ void Gpt<T>::Forward(std::size_t layer, const T* params, const T* input, T* outp
 }
 
 template <typename T>
-double Gpt<T>::Head(const T* params, const T* embed, const std::int32_t* targets, T grad_scale,
-                    bool backward) {
+double Gpt<T>::Head(const T* params, const MatrixRows<T>& embed, const std::int32_t* targets,
+                    T grad_scale, bool backward) {
   const std::size_t ch = c_.channels;
   const T* lnf_w = params;
   const T* lnf_b = params + ch;
-  const T* lm = TiedHead(c_) ? embed : params + 2 * ch;
+  const MatrixRows<T> lm = TiedHead(c_) ? embed : MatrixRows<T>(params + 2 * ch);
+  const auto rows_of = [&](std::size_t b, std::size_t e) { return lm.Rows(b, e, ch); };
+  const std::size_t chunk = lm.Chunk(c_.vocab);
   ops::LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), x_.data(), lnf_w, lnf_b,
                         rows_, ch, threads_);
-  ops::MatmulForward(logits_.data(), lnf_.data(), lm, static_cast<const T*>(nullptr), rows_, ch,
-                     c_.vocab, threads_, blas_);
+  ops::VocabForward(logits_.data(), lnf_.data(), rows_of, chunk, rows_, ch, c_.vocab, threads_,
+                    blas_);
   // With `backward`, the logits become their gradient in place (row by row, each read
   // whole before it is written).
   const double loss =
@@ -310,7 +335,8 @@ double Gpt<T>::Head(const T* params, const T* embed, const std::int32_t* targets
   if (!backward) return loss;
   std::vector<T>& dlnf = scratch_c_;
   std::fill(dlnf.begin(), dlnf.end(), T(0));
-  ops::MatmulBackwardInput(dlnf.data(), logits_.data(), lm, rows_, ch, c_.vocab, threads_, blas_);
+  ops::VocabBackwardInput(dlnf.data(), logits_.data(), rows_of, chunk, rows_, ch, c_.vocab,
+                          threads_, blas_);
   std::vector<T> dx(rows_ * ch, T(0));
   std::fill(dlnf_wb_.begin(), dlnf_wb_.end(), T(0));
   ops::LayerNormBackward(dx.data(), dlnf_wb_.data(), dlnf_wb_.data() + ch, dlnf.data(), x_.data(),

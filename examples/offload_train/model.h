@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -80,6 +81,31 @@ class SliceList {
   std::size_t end_ = 0;
 };
 
+// A row-major matrix of `cols` columns, read a range of rows at a time: either whole in
+// memory (`data`), or made at most `chunk` rows at a time by `read`, whose result is valid
+// until its next call (the trainer's tied embeddings, kept in 16 bits and widened as
+// read: Note [tied head] in run.h). A model reads each range once before the next.
+template <typename T>
+struct MatrixRows {
+  using Read = std::function<const T*(std::size_t begin, std::size_t end)>;
+  MatrixRows(const T* whole = nullptr) : data(whole) {}  // NOLINT: a whole matrix converts
+  MatrixRows(Read r, std::size_t most) : read(std::move(r)), chunk(most) {}
+
+  // Rows [begin, end) (end - begin <= Chunk(end)).
+  const T* Rows(std::size_t begin, std::size_t end, std::size_t cols) const {
+    return data != nullptr ? data + begin * cols : read(begin, end);
+  }
+  // The most rows one Rows() may give, of a matrix of `rows`.
+  std::size_t Chunk(std::size_t rows) const {
+    return data != nullptr ? rows : std::min(rows, chunk);
+  }
+  bool empty() const { return data == nullptr && !read; }
+
+  const T* data = nullptr;
+  Read read;
+  std::size_t chunk = 0;
+};
+
 // The trainer's groups, for either architecture: group 0 the embeddings, groups
 // 1..layers the blocks, group layers + 1 the head.
 GroupKind KindOfGroup(std::size_t layers, std::size_t group);
@@ -95,6 +121,10 @@ std::size_t TotalParams(const ModelConfig& c);
 // by 1/sqrt(2L)), unit layer-norm gains, zero biases; a Hugging Face architecture's own
 // (InitLlamaGroup). Deterministic in (seed, group).
 void InitGroup(const ModelConfig& c, std::size_t group, std::uint64_t seed, float* params);
+// Elements [begin, end) of the same into params[0, end - begin), with their bits in the
+// whole group's: a group made part by part (Run::Init) never needs a copy of it whole.
+void InitGroupRange(const ModelConfig& c, std::size_t group, std::uint64_t seed, std::size_t begin,
+                    std::size_t end, float* params);
 
 template <typename T>
 class Gpt {
@@ -113,13 +143,14 @@ class Gpt {
   // parameters are used once): it leaves the gradient of the residual stream for
   // BlockBackward, and the head's own gradient, scaled by grad_scale, for HeadGradient.
   // Returns the mean loss. `tokens` and `targets` are [batch * seq].
-  void Embed(const T* params, const std::int32_t* tokens);
+  // `params`: the embeddings' group ([wte; wpe], vocab + positions rows of channels).
+  void Embed(const MatrixRows<T>& params, const std::int32_t* tokens);
   void Block(std::size_t layer, const T* params);
   const T* Residual() const { return x_.data(); }  // the next block's input, going forward
   void SetResidual(const T* stream) { std::copy(stream, stream + x_.size(), x_.begin()); }
   void Recompute(std::size_t layer, const T* params, const T* input);
-  double Head(const T* params, const T* embed, const std::int32_t* targets, T grad_scale,
-              bool backward);
+  double Head(const T* params, const MatrixRows<T>& embed, const std::int32_t* targets,
+              T grad_scale, bool backward);
   // Elements [begin, end) of the head's flat gradient into out[0, end - begin), after Head
   // with `backward` and before the next Head. Range by range, the bits of the whole.
   void HeadGradient(T* out, std::size_t begin, std::size_t end) const;

@@ -13,10 +13,12 @@ class ModelNetwork final : public Network {
  public:
   template <typename... Args>
   explicit ModelNetwork(Args&&... args) : m_(std::forward<Args>(args)...) {}
-  void Embed(const float* embed, const std::int32_t* tokens) override { m_.Embed(embed, tokens); }
+  void Embed(const MatrixRows<float>& embed, const std::int32_t* tokens) override {
+    m_.Embed(embed, tokens);
+  }
   void Block(std::size_t layer, const float* params) override { m_.Block(layer, params); }
-  double Head(const float* head, const float* embed, const std::int32_t* targets, float grad_scale,
-              bool backward) override {
+  double Head(const float* head, const MatrixRows<float>& embed, const std::int32_t* targets,
+              float grad_scale, bool backward) override {
     return m_.Head(head, embed, targets, grad_scale, backward);
   }
   void HeadGradient(float* out, std::size_t begin, std::size_t end) const override {

@@ -5,9 +5,9 @@
 // A pass: Embed, Block for each layer in order, Head (which with `backward` starts the
 // backward pass), HeadGradient, then BlockBackward in reverse, then EmbedGradient. With a
 // tied head (TiedHead()), Head multiplies by the embedding matrix, which the caller passes
-// again. With checkpointed activations (NetworkOptions::checkpoint) the caller keeps each
-// block's input (Residual() before its Block) and hands it to Recompute() before that
-// block's BlockBackward.
+// again, whole or read a range of rows at a time (MatrixRows). With checkpointed activations
+// (NetworkOptions::checkpoint) the caller keeps each block's input (Residual() before its Block)
+// and hands it to Recompute() before that block's BlockBackward.
 //
 // Thread-safety: one thread drives a network; the KernelThreads parallelise inside it.
 // Lifetime: the threads outlive the network.
@@ -32,11 +32,11 @@ struct NetworkOptions {
 class Network {
  public:
   virtual ~Network() = default;
-  virtual void Embed(const float* embed, const std::int32_t* tokens) = 0;
+  virtual void Embed(const MatrixRows<float>& embed, const std::int32_t* tokens) = 0;
   virtual void Block(std::size_t layer, const float* params) = 0;
   // `embed` is read only with a tied head.
-  virtual double Head(const float* head, const float* embed, const std::int32_t* targets,
-                      float grad_scale, bool backward) = 0;
+  virtual double Head(const float* head, const MatrixRows<float>& embed,
+                      const std::int32_t* targets, float grad_scale, bool backward) = 0;
   virtual void HeadGradient(float* out, std::size_t begin, std::size_t end) const = 0;
   virtual void BlockBackward(std::size_t layer, const float* params, float* dparams) = 0;
   virtual void EmbedGradient(float* out, std::size_t begin, std::size_t end) const = 0;

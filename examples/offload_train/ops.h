@@ -140,20 +140,23 @@ void LayerNormBackward(T* din, T* dw, T* db, const T* dout, const T* in, const T
   });
 }
 
-// out[rows, o] = in[rows, i] . w[o, i] + b[o] (b may be null).
+// out[rows, o] = in[rows, i] . w[o, i] + b[o] (b may be null); out's rows `ld_out` apart
+// (0: out_f), so that a product can fill a range of another's columns.
 template <typename T>
 constexpr bool kBlasType = std::is_same_v<T, float>;
 
 template <typename T>
 void MatmulForward(T* out, const T* in, const T* w, const T* b, std::size_t rows, std::size_t in_f,
-                   std::size_t out_f, memascend::KernelThreads* threads, bool use_blas = false) {
+                   std::size_t out_f, memascend::KernelThreads* threads, bool use_blas = false,
+                   std::size_t ld_out = 0) {
+  const std::size_t ld = ld_out != 0 ? ld_out : out_f;
   if constexpr (kBlasType<T>) {
     if (use_blas) {
-      blas::Gemm(false, true, rows, out_f, in_f, in, in_f, w, in_f, 0.0f, out, out_f);
+      blas::Gemm(false, true, rows, out_f, in_f, in, in_f, w, in_f, 0.0f, out, ld);
       if (b == nullptr) return;
       ParallelRange(threads, rows, 8, [&](std::size_t r0, std::size_t r1) {
         for (std::size_t r = r0; r < r1; ++r)
-          for (std::size_t o = 0; o < out_f; ++o) out[r * out_f + o] += b[o];
+          for (std::size_t o = 0; o < out_f; ++o) out[r * ld + o] += b[o];
       });
       return;
     }
@@ -162,19 +165,22 @@ void MatmulForward(T* out, const T* in, const T* w, const T* b, std::size_t rows
     for (std::size_t r = r0; r < r1; ++r) {
       const T* x = in + r * in_f;
       for (std::size_t o = 0; o < out_f; ++o)
-        out[r * out_f + o] = Dot(x, w + o * in_f, in_f) + (b != nullptr ? b[o] : T(0));
+        out[r * ld + o] = Dot(x, w + o * in_f, in_f) + (b != nullptr ? b[o] : T(0));
     }
   });
 }
 
-// din += dout . w.
+// din += dout . w; dout's rows `ld_dout` apart (0: out_f). Without the BLAS each element
+// sums over o in order, so products over consecutive ranges of o, made in order, give
+// the bits of one over the whole.
 template <typename T>
 void MatmulBackwardInput(T* din, const T* dout, const T* w, std::size_t rows, std::size_t in_f,
                          std::size_t out_f, memascend::KernelThreads* threads,
-                         bool use_blas = false) {
+                         bool use_blas = false, std::size_t ld_dout = 0) {
+  const std::size_t ld = ld_dout != 0 ? ld_dout : out_f;
   if constexpr (kBlasType<T>) {
     if (use_blas) {
-      blas::Gemm(false, false, rows, in_f, out_f, dout, out_f, w, in_f, 1.0f, din, in_f);
+      blas::Gemm(false, false, rows, in_f, out_f, dout, ld, w, in_f, 1.0f, din, in_f);
       return;
     }
   }
@@ -182,12 +188,39 @@ void MatmulBackwardInput(T* din, const T* dout, const T* w, std::size_t rows, st
     for (std::size_t r = r0; r < r1; ++r) {
       T* dx = din + r * in_f;
       for (std::size_t o = 0; o < out_f; ++o) {
-        const T d = dout[r * out_f + o];
+        const T d = dout[r * ld + o];
         const T* wo = w + o * in_f;
         for (std::size_t i = 0; i < in_f; ++i) dx[i] += d * wo[i];
       }
     }
   });
+}
+
+// The output head's product with a [vocab, in_f] matrix read `chunk` rows at a time
+// (`rows_of(begin, end)` gives rows [begin, end), valid until its next call): logits[rows,
+// vocab] = in . w^T. Without the BLAS, the bits of one product.
+template <typename T, typename RowsOf>
+void VocabForward(T* logits, const T* in, const RowsOf& rows_of, std::size_t chunk,
+                  std::size_t rows, std::size_t in_f, std::size_t vocab,
+                  memascend::KernelThreads* threads, bool use_blas) {
+  for (std::size_t v = 0; v < vocab; v += chunk) {
+    const std::size_t e = std::min(vocab, v + chunk);
+    MatmulForward(logits + v, in, rows_of(v, e), static_cast<const T*>(nullptr), rows, in_f, e - v,
+                  threads, use_blas, vocab);
+  }
+}
+
+// din += dlogits . w, w read as VocabForward reads it, its ranges in order (without the
+// BLAS, the bits of one product: MatmulBackwardInput).
+template <typename T, typename RowsOf>
+void VocabBackwardInput(T* din, const T* dlogits, const RowsOf& rows_of, std::size_t chunk,
+                        std::size_t rows, std::size_t in_f, std::size_t vocab,
+                        memascend::KernelThreads* threads, bool use_blas) {
+  for (std::size_t v = 0; v < vocab; v += chunk) {
+    const std::size_t e = std::min(vocab, v + chunk);
+    MatmulBackwardInput(din, dlogits + v, rows_of(v, e), rows, in_f, e - v, threads, use_blas,
+                        vocab);
+  }
 }
 
 // dw[k - begin] += (dout^T . in) at flat index k of [out_f, in_f], for k in [begin, end): a

@@ -46,6 +46,10 @@ std::size_t GradientScratchParams(const ModelConfig& c);
 // The largest group in the working buffer: with a tied head the embeddings have their own
 // (Note [tied head]).
 std::size_t WorkingParams(const ModelConfig& c);
+// The tied embeddings' rows widened at a time (Note [tied head]): at most this many bytes of
+// fp32, and TiedChunkRows of them.
+constexpr std::size_t kTiedChunkBytes = std::size_t{16} << 20;
+std::size_t TiedChunkRows(const ModelConfig& c);
 
 // Note [data parallel] (data_parallel.cpp): the ranks' refusals, the newest step every rank
 // holds on --resume, this rank's rows of a batch, every rank's figures to rank 0.
@@ -74,7 +78,16 @@ class FloatBuffer {
 // Note [tied head]: a tied head multiplies by the embedding matrix, which the forward pass
 // loaded (or took from the update) first. It stays in a buffer of its own until the head
 // has run, rather than being read (or rounded from the master weights) again: the blocks
-// between use the working buffer, sized to the largest of the other groups.
+// between use the working buffer, sized to the largest of the other groups. That buffer
+// holds the embeddings in their stored 16 bits, not in fp32: the embedding and the head
+// widen what they read a chunk of rows at a time (MatrixRows, kTiedChunkBytes), which
+// gives the fp32 values a whole widened copy would (widening is exact) and, without the
+// BLAS, the bits of whole products (ops::VocabForward). At Llama-3.2-1B's shapes the
+// fp32 copy was 1 GiB of the step's ordinary memory; the 16-bit one is half of that, and
+// the chunk 16 MiB. Nothing makes the group whole in fp32 on the training path: Init makes
+// it a part at a time (InitGroupRange, OffloadedAdam::InitializePart). Only the master
+// weights read for --eval, --export and sampling are whole in fp32 (Master()), in a
+// buffer made at the first such read.
 
 // Each block's input between its forward and backward passes, for checkpointed
 // activations: scratch tensors in the tensor store (pinned under its budget, on the volume
@@ -210,8 +223,16 @@ class Run {
   // each (data_parallel.cpp).
   void InitShards();
 
-  // Where group g's fp32 parameters go (Note [tied head]).
-  float* Working(std::size_t g) { return g == 0 && tied_ ? we_.data() : wf_.data(); }
+  // Where group g's parameters go: the embeddings with a tied head in we_ in their
+  // stored dtype, every other group in wf_ in fp32 (Note [tied head]).
+  memascend::MutableTensorView Working(std::size_t g) {
+    if (g == 0 && tied_) return {we_.get(), GroupParams(c_, 0), param_dtype_};
+    return {wf_.data(), GroupParams(c_, g), memascend::DType::kF32};
+  }
+  // The embeddings as Embed and Head read them: the tied ones from we_, widened a chunk at
+  // a time into wr_; otherwise group 0 whole in wf_ (for Head: none, its own matrix).
+  MatrixRows<float> EmbedRows();
+  MatrixRows<float> HeadRows() { return tied_ ? EmbedRows() : MatrixRows<float>(); }
 
   // ---- Note [data parallel]: each rank's shard, gathered
 
@@ -224,12 +245,13 @@ class Run {
   // i's 16 bits lie at bytes [2i, 2i + 2), below its fp32 at [4i, 4i + 4), so converting
   // from the back, a run [a, b) with b - a <= a at a time, never overwrites what is still
   // to be read.
-  absl::Status GatherParameters(std::size_t g, float* out);
+  // `out` in the stored dtype (the tied embeddings, Note [tied head]) is only gathered.
+  absl::Status GatherParameters(std::size_t g, memascend::MutableTensorView out);
 
-  // This rank's group for group g, and where its shard's 16-bit parameters go in the fp32
-  // buffer `f` (GatherParameters); nullopt where it holds none of the group.
-  std::optional<std::pair<std::size_t, memascend::MutableTensorView>> Shard16(std::size_t g,
-                                                                              float* f);
+  // This rank's group for group g, and where its shard's 16-bit parameters go in `out`
+  // (GatherParameters); nullopt where it holds none of the group.
+  std::optional<std::pair<std::size_t, memascend::MutableTensorView>> Shard16(
+      std::size_t g, memascend::MutableTensorView out);
 
   // Group g's parameters into `out` (fp32): loaded (through `stream`, if given, which
   // prefetches the next groups), or with several ranks, this rank's shard loaded and every
@@ -289,11 +311,14 @@ class Run {
   std::vector<std::size_t> global_;  // per group of this rank's layout: the model's group
   memascend::ParameterStream forward_, backward_;
   std::unique_ptr<Network> net_;
-  ActivationStash* stash_;  // null: activations not checkpointed
-  FloatBuffer wf_;          // one group's parameters in fp32
-  FloatBuffer we_;          // the embeddings', with a tied head (Note [tied head])
-  FloatBuffer df_;          // a gradient in fp32 (Note [gradient parts])
-  FloatBuffer block_in_;    // a checkpointed block's input
+  ActivationStash* stash_;           // null: activations not checkpointed
+  FloatBuffer wf_;                   // one group's parameters in fp32
+  memascend::DType param_dtype_;     // the stored parameters'
+  std::unique_ptr<std::byte[]> we_;  // the embeddings, 16-bit, with a tied head (Note [tied head])
+  FloatBuffer wr_;                   // a chunk of we_'s rows, widened
+  FloatBuffer master_embed_;         // Master(0) with a tied head, made at its first call
+  FloatBuffer df_;                   // a gradient in fp32 (Note [gradient parts])
+  FloatBuffer block_in_;             // a checkpointed block's input
   PhaseSeconds phases_;
   std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
   std::uint64_t step_ = 0;               // the last step committed

@@ -16,8 +16,10 @@ struct SplitMix {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
+  // As if Next() were called n times (its state is a counter).
+  void Skip(std::uint64_t n) { state += n * 0x9e3779b97f4a7c15ull; }
   double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-  double Normal() {  // Box-Muller
+  double Normal() {  // Box-Muller: two draws
     const double u1 = std::max(Uniform(), 1e-300), u2 = Uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }

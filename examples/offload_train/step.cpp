@@ -39,6 +39,10 @@ std::size_t WorkingParams(const ModelConfig& c) {
   return n;
 }
 
+std::size_t TiedChunkRows(const ModelConfig& c) {
+  return std::max<std::size_t>(1, kTiedChunkBytes / (sizeof(float) * c.channels));
+}
+
 // `o.model.batch` is this rank's share of the batch; `shard` (with `comm`) this rank's
 // of the whole layout `whole` (Note [data parallel]); null for one process.
 Run::Run(const TrainOptions& o, OffloadedAdam* adam, memascend::KernelThreads* threads,
@@ -58,7 +62,11 @@ Run::Run(const TrainOptions& o, OffloadedAdam* adam, memascend::KernelThreads* t
       backward_(adam, 1, GroupCount(o.model) - 1, o.window),
       stash_(stash),
       wf_(WorkingParams(o.model)),
-      we_(tied_ ? GroupParams(o.model, 0) : 0),
+      param_dtype_(adam->layout().param_dtype),
+      we_(tied_ ? new std::byte[GroupParams(o.model, 0) * memascend::SizeOf(param_dtype_)]
+                : nullptr),
+      wr_(tied_ ? TiedChunkRows(o.model) * o.model.channels : 0),
+      master_embed_(0),
       df_(std::max(GradientScratchParams(o.model),
                    whole != nullptr ? whole->MaxPartElements() : std::size_t{0})),
       block_in_(stash != nullptr ? o.model.batch * o.model.seq * o.model.channels : 0) {
@@ -69,6 +77,8 @@ Run::Run(const TrainOptions& o, OffloadedAdam* adam, memascend::KernelThreads* t
 // by group in the checkpoint's dtype (an import holds one group in that dtype).
 absl::Status Run::Init(const memascend::SafetensorsCheckpoint* ckpt) {
   std::vector<std::byte> raw;
+  std::vector<float> part;
+  const StateLayout& l = adam_->layout();
   for (std::size_t g = 0; g < GroupCount(c_); ++g) {
     const std::size_t n = GroupParams(c_, g);
     // Note [data parallel]: every rank makes (or reads) the group, and keeps its shard.
@@ -84,12 +94,18 @@ absl::Status Run::Init(const memascend::SafetensorsCheckpoint* ckpt) {
       MEMASCEND_RETURN_IF_ERROR(
           adam_->InitializeFrom(*local, {raw.data() + begin * memascend::SizeOf(d), count, d}));
     } else {
-      float* w = Working(g);
-      InitGroup(c_, g, o_.seed, w);
-      MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(*local, {w + begin, count}));
+      // A part at a time: no group is made whole (Note [tied head]).
+      for (std::size_t p = 0; p < l.Parts(*local); ++p) {
+        const auto [pb, pe] = l.PartRange(*local, p);
+        part.resize(pe - pb);
+        InitGroupRange(c_, g, o_.seed, begin + pb, begin + pe, part.data());
+        MEMASCEND_RETURN_IF_ERROR(
+            adam_->InitializePart(*local, p, {part.data(), part.size(), DType::kF32}));
+      }
     }
   }
   raw = {};
+  part = {};
   step_ = 0;
   return adam_->Commit(0, identity_);
 }
@@ -118,7 +134,7 @@ absl::Status Run::Step(const std::vector<std::int32_t>& inputs,
   // Forward, streaming the working parameters (or taking them from the update).
   double loss = 0;
   for (std::size_t g = 0; g < groups; ++g) {
-    const MutableTensorView working{Working(g), GroupParams(c_, g), DType::kF32};
+    const MutableTensorView working = Working(g);
     if (update) {
       // The new parameters go to the working copy as each part is updated.
       MEMASCEND_RETURN_IF_ERROR(UpdateInto(g, working));
@@ -141,13 +157,12 @@ absl::Status Run::Step(const std::vector<std::int32_t>& inputs,
     }
     if (!update) MEMASCEND_RETURN_IF_ERROR(LoadInto(g, working, nullptr));
     if (g == 0) {
-      net_->Embed(Working(0), inputs.data());
+      net_->Embed(EmbedRows(), inputs.data());
     } else if (g < head) {
       if (stash_ != nullptr) MEMASCEND_RETURN_IF_ERROR(stash_->Put(g - 1, net_->Residual()));
       net_->Block(g - 1, wf_.data());
     } else {
-      loss = net_->Head(wf_.data(), tied_ ? we_.data() : nullptr, targets.data(), grad_scale,
-                        /*backward=*/true);
+      loss = net_->Head(wf_.data(), HeadRows(), targets.data(), grad_scale, /*backward=*/true);
       if (comm_ != nullptr) {
         double all[] = {loss};
         MEMASCEND_RETURN_IF_ERROR(comm_->AllReduceSum(all));
@@ -223,6 +238,21 @@ absl::Status Run::Finish(const CommitFn& on_commit) {
   return absl::OkStatus();
 }
 
+MatrixRows<float> Run::EmbedRows() {
+  if (!tied_) return MatrixRows<float>(wf_.data());
+  const std::size_t ch = c_.channels, bytes = memascend::SizeOf(param_dtype_);
+  return MatrixRows<float>(
+      [this, ch, bytes](std::size_t begin, std::size_t end) {
+        const std::size_t n = (end - begin) * ch;
+        // Equal counts: the conversion cannot fail.
+        memascend::Convert({we_.get() + begin * ch * bytes, n, param_dtype_},
+                           {wr_.data(), n, DType::kF32}, {threads_})
+            .IgnoreError();
+        return static_cast<const float*>(wr_.data());
+      },
+      wr_.size() / ch);
+}
+
 // Group g's parameters into `out` (fp32): loaded (through `stream`, if given, which
 // prefetches the next groups), or with several ranks, this rank's shard loaded and every
 // rank's gathered.
@@ -232,20 +262,18 @@ absl::Status Run::LoadInto(std::size_t g, MutableTensorView out, ParameterStream
                              : adam_->LoadParameters(g, out);
   }
   if (stream != nullptr) PrefetchAfter(*stream, g, ParameterStream::Direction::kReverse);
-  auto* f = static_cast<float*>(out.data);
-  if (const auto mine = Shard16(g, f))
+  if (const auto mine = Shard16(g, out))
     MEMASCEND_RETURN_IF_ERROR(adam_->LoadParameters(mine->first, mine->second));
-  return GatherParameters(g, f);
+  return GatherParameters(g, out);
 }
 
 // The previous step's update of group g, its new parameters into `out` (fp32); with
 // several ranks, this rank's shard updated and every rank's gathered.
 absl::Status Run::UpdateInto(std::size_t g, MutableTensorView out) {
   if (shard_ == nullptr) return adam_->UpdateGroup(g, out);
-  auto* f = static_cast<float*>(out.data);
-  if (const auto mine = Shard16(g, f))
+  if (const auto mine = Shard16(g, out))
     MEMASCEND_RETURN_IF_ERROR(adam_->UpdateGroup(mine->first, mine->second));
-  return GatherParameters(g, f);
+  return GatherParameters(g, out);
 }
 
 // Prefetches the window after group g in `direction`: one process's stream, or this

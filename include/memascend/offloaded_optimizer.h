@@ -226,6 +226,11 @@ class OffloadedAdam {
   absl::Status Initialize(std::size_t group, std::span<const float> weights);
   // The same from weights of any dtype (converted part by part: no fp32 copy of the group).
   absl::Status InitializeFrom(std::size_t group, TensorView weights);
+  // The same for part `part` of group g alone (`weights`: its elements, any dtype), for a
+  // caller that makes or reads a group a part at a time (a group larger than the memory
+  // it may take). Every part of every group, before the first Commit. kOutOfRange for
+  // a group or part that does not exist, kInvalidArgument for a wrong element count.
+  absl::Status InitializePart(std::size_t group, std::size_t part, TensorView weights);
   // The last committed step's record, its scaler and Adam step restored; nullopt for a
   // state never committed. kFailedPrecondition for another run's state. A step a crash
   // tore in a state updated in place (Note [state in place] in training_state.h) is

@@ -160,21 +160,39 @@ absl::Status OffloadedAdam::InitializeFrom(std::size_t g, TensorView weights) {
   const std::size_t in_bytes = SizeOf(weights.dtype);
   for (std::size_t part = 0; part < l.Parts(g); ++part) {
     const auto [begin, end] = l.PartRange(g, part);
-    const std::size_t n = end - begin;
-    const TensorView from{static_cast<const std::byte*>(weights.data) + begin * in_bytes, n,
-                          weights.dtype};
-    if (l.Stored(StateKind::kParameters, g)) {
-      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer param,
-                                 storage_->Overwrite(StateKind::kParameters, g, part, false));
-      MEMASCEND_RETURN_IF_ERROR(Convert(from, {param.data, n, l.param_dtype}, K()));
-    }
-    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master,
-                               storage_->Overwrite(StateKind::kMaster, g, part, false));
-    MEMASCEND_RETURN_IF_ERROR(Convert(from, {master.data, n, DType::kF32}, K()));
-    for (StateKind k : {StateKind::kExpAvg, StateKind::kExpAvgSq}) {
-      MEMASCEND_ASSIGN_OR_RETURN(StateBuffer st, storage_->Overwrite(k, g, part, false));
-      std::memset(st.data, 0, st.bytes);
-    }
+    MEMASCEND_RETURN_IF_ERROR(
+        InitializePart(g, part,
+                       {static_cast<const std::byte*>(weights.data) + begin * in_bytes, end - begin,
+                        weights.dtype}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadedAdam::InitializePart(std::size_t g, std::size_t part, TensorView from) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size()) return absl::OutOfRangeError(fmt::format("adam: no group {}", g));
+  if (part >= l.Parts(g)) {
+    return absl::OutOfRangeError(fmt::format("adam: group '{}' has {} parts, not a part {}",
+                                             l.groups[g].name, l.Parts(g), part));
+  }
+  const auto [begin, end] = l.PartRange(g, part);
+  const std::size_t n = end - begin;
+  if (from.elements != n) {
+    return absl::InvalidArgumentError(
+        fmt::format("adam: part {} of group '{}' has {} elements, not {}", part, l.groups[g].name,
+                    n, from.elements));
+  }
+  if (l.Stored(StateKind::kParameters, g)) {
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer param,
+                               storage_->Overwrite(StateKind::kParameters, g, part, false));
+    MEMASCEND_RETURN_IF_ERROR(Convert(from, {param.data, n, l.param_dtype}, K()));
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(StateBuffer master,
+                             storage_->Overwrite(StateKind::kMaster, g, part, false));
+  MEMASCEND_RETURN_IF_ERROR(Convert(from, {master.data, n, DType::kF32}, K()));
+  for (StateKind k : {StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+    MEMASCEND_ASSIGN_OR_RETURN(StateBuffer st, storage_->Overwrite(k, g, part, false));
+    std::memset(st.data, 0, st.bytes);
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "blas.h"
@@ -519,6 +520,89 @@ TEST(Network, RecomputedBlocksGiveTheBitsOfKeptActivations) {
   }
 }
 
+// The trainer keeps tied embeddings in 16 bits and hands them to Embed and Head a chunk of
+// rows at a time (MatrixRows; Note [tied head] in run.h). On the exact path that gives the
+// bits of the whole matrix: the loss, the logits and every gradient; through the BLAS the
+// products are split, so the same to rounding. Chunks of 1 row, 4 rows and more rows than
+// the vocabulary; Llama and GPT-2 (whose embeddings' group holds the positions' rows
+// too).
+TEST(Network, TiedEmbeddingsReadAChunkAtATimeGiveTheWholeMatrixsResults) {
+  HfConfig llama = SmallLlama(29, 16, 4, 2, 4, 24);
+  llama.tie_embeddings = true;
+  HfConfig gpt2 = llama;
+  gpt2.arch = Arch::kGpt2;
+  gpt2.kv_heads = gpt2.heads = 2;
+  gpt2.head_dim = 8;
+  gpt2.intermediate = 64;
+  gpt2.max_positions = 16;
+  memascend::KernelThreads threads(2);
+  for (const ModelConfig& c : {ForHf(llama, 2, 7), ForHf(gpt2, 2, 7)}) {
+    ASSERT_TRUE(TiedHead(c));
+    const std::size_t groups = GroupCount(c), head = groups - 1, rows = c.batch * c.seq;
+    std::vector<std::vector<float>> params(groups);
+    for (std::size_t g = 0; g < groups; ++g) {
+      params[g].resize(GroupParams(c, g));
+      InitGroup(c, g, 5, params[g].data());
+    }
+    std::vector<std::int32_t> tokens, targets;
+    CheckTokens(rows, c.vocab, &tokens, &targets);
+    for (const bool blas : {false, true}) {
+      if (blas && !blas::Available()) continue;
+      // chunk 0: the whole matrix.
+      auto run = [&](std::size_t chunk, double* loss, std::size_t* reads) {
+        const std::unique_ptr<Network> m = MakeNetwork(c, {blas, false}, &threads);
+        std::vector<float> buffer(chunk * c.channels);
+        MatrixRows<float> embed(params[0].data());
+        if (chunk > 0) {
+          embed = MatrixRows<float>(
+              [&](std::size_t b, std::size_t e) {
+                EXPECT_LE(e - b, chunk);
+                ++*reads;
+                std::fill(buffer.begin(), buffer.end(), NAN);  // what the last read left
+                std::copy(params[0].begin() + static_cast<std::ptrdiff_t>(b * c.channels),
+                          params[0].begin() + static_cast<std::ptrdiff_t>(e * c.channels),
+                          buffer.begin());
+                return static_cast<const float*>(buffer.data());
+              },
+              chunk);
+        }
+        std::vector<std::vector<float>> grads(groups);
+        for (std::size_t g = 0; g < groups; ++g) grads[g].assign(params[g].size(), 0.0f);
+        m->Embed(embed, tokens.data());
+        for (std::size_t l = 0; l < c.layers; ++l) m->Block(l, params[l + 1].data());
+        *loss = m->Head(params[head].data(), embed, targets.data(), 8.0f, true);
+        m->HeadGradient(grads[head].data(), 0, grads[head].size());
+        for (std::size_t l = c.layers; l-- > 0;)
+          m->BlockBackward(l, params[l + 1].data(), grads[l + 1].data());
+        m->EmbedGradient(grads[0].data(), 0, grads[0].size());
+        return grads;
+      };
+      double whole_loss = 0;
+      std::size_t none = 0;
+      const auto whole = run(0, &whole_loss, &none);
+      for (const std::size_t chunk : {1u, 4u, 64u}) {
+        double loss = 0;
+        std::size_t reads = 0;
+        const auto chunked = run(chunk, &loss, &reads);
+        EXPECT_GT(reads, 2 * ((c.vocab + chunk - 1) / chunk) - 1) << "Embed's rows and Head's";
+        const std::string what = fmt::format("{} chunk {} blas {}", ArchName(c), chunk, blas);
+        if (!blas) {
+          EXPECT_EQ(loss, whole_loss) << what;
+          for (std::size_t g = 0; g < groups; ++g) EXPECT_EQ(chunked[g], whole[g]) << what;
+          continue;
+        }
+        EXPECT_NEAR(loss, whole_loss, 1e-5 * std::abs(whole_loss)) << what;
+        for (std::size_t g = 0; g < groups; ++g) {
+          for (std::size_t k = 0; k < whole[g].size(); ++k) {
+            ASSERT_NEAR(chunked[g][k], whole[g][k], 1e-4f * (1.0f + std::abs(whole[g][k])))
+                << what << " group " << g << " [" << k << "]";
+          }
+        }
+      }
+    }
+  }
+}
+
 // Through the BLAS too (blas.h: fixed tiles of rows, so the vocabulary spans several).
 void CheckRanges(bool blas) {
   const ModelConfig c{
@@ -646,6 +730,26 @@ TEST(Model, LayoutAndInitialisation) {
   ModelConfig bad = c;
   bad.heads = 3;
   EXPECT_FALSE(Validate(bad).ok());
+}
+
+// A group made a range at a time (Run::Init, a part at a time) has the bits of the group
+// made whole: ranges inside a slice, across slices, and over gains and biases that draw
+// nothing, for both architectures.
+TEST(Model, AnInitialisationMadeRangeByRangeIsTheWholeOne) {
+  HfConfig llama = SmallLlama(29, 16, 4, 2, 4, 24);
+  for (const ModelConfig& c : {ModelConfig{}, ForHf(llama, 2, 7)}) {
+    for (std::size_t g = 0; g < GroupCount(c); ++g) {
+      const std::size_t n = GroupParams(c, g);
+      std::vector<float> whole(n);
+      InitGroup(c, g, 11, whole.data());
+      for (const std::size_t step : {std::size_t{1}, std::size_t{97}, n / 3 + 1}) {
+        std::vector<float> ranged(n, NAN);
+        for (std::size_t b = 0; b < n; b += step)
+          InitGroupRange(c, g, 11, b, std::min(n, b + step), ranged.data() + b);
+        ASSERT_EQ(ranged, whole) << ArchName(c) << " group " << g << " step " << step;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -600,6 +600,28 @@ TEST(OffloadedAdam, TheOverflowCheckInTheNormsPassFindsWhatASeparatePassFinds) {
   }
 }
 
+// A group made a part at a time (a trainer that never holds it whole) starts the run
+// the whole group's Initialize would: parameters (stored and derived), master weights and
+// moments, through a step.
+TEST(OffloadedAdam, InitializingPartByPartIsInitializingWhole) {
+  const StateLayout l = Layout(/*derive_first=*/true);
+  Offloaded off(l);
+  KernelThreads threads(2);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  Reference ref(l, Options());
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    for (std::size_t p = l.Parts(g); p-- > 0;) {  // in any order
+      const auto [b, e] = l.PartRange(g, p);
+      ASSERT_OK(adam->InitializePart(g, p, {ref.master[g].data() + b, e - b, DType::kF32}));
+    }
+  }
+  ASSERT_OK(adam->Commit(0));
+  ExpectState(off.state.get(), ref);
+  ASSERT_OK(RunSteps(adam.get(), 1, 1));
+  ref.Step(1, 1, 1024.0f);
+  ExpectState(off.state.get(), ref);
+}
+
 TEST(OffloadedAdam, DerivedParametersAreTheRoundedMasterWeights) {
   const StateLayout l = Layout(/*derive_first=*/true);
   Offloaded off(l);
@@ -654,6 +676,12 @@ TEST(OffloadedAdam, MisuseIsRefusedWithAReason) {
   std::vector<float> w(10);
   EXPECT_THAT(adam->Initialize(0, w), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(adam->Initialize(7, w), StatusIs(absl::StatusCode::kOutOfRange));
+  const TensorView w10{w.data(), w.size(), DType::kF32};
+  EXPECT_THAT(adam->InitializePart(0, 0, w10),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not 10")));
+  EXPECT_THAT(adam->InitializePart(0, 3, w10),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("has 3 parts")));
+  EXPECT_THAT(adam->InitializePart(7, 0, w10), StatusIs(absl::StatusCode::kOutOfRange));
   std::vector<float> g1(100000);
   // A gradient outside a backward pass: its norm and overflow flag would be the last
   // step's. Refused before BeginBackward and again after EndBackward.
