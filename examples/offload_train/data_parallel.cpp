@@ -8,7 +8,8 @@
 // 16-bit parameters are sharded too, as ZeRO-3 and ZeRO-Infinity do). A step:
 //   - each group's parameters: each rank loads (or, with the update overlapped, updates)
 //     its shard in the 16-bit dtype, every rank's shard is all-gathered in place at the
-//     front of the fp32 working buffer, which is then widened in place (no second buffer);
+//     front of the fp32 working buffer, which is then widened in place (no second buffer;
+//     tied embeddings stay in 16 bits, Note [tied head] in run.h);
 //     the blocks are gathered again for the backward pass;
 //   - each part's fp32 gradient (the loss scaled by scale / N, so the sum is the global
 //     mean's) is reduced to the part's owner, which stores it;
@@ -69,11 +70,10 @@ absl::Status Run::Gather(std::size_t g, void* data, std::size_t element_bytes) {
   return comm_->AllGather(data, element_bytes, counts, offsets);
 }
 
-// The group's 16-bit parameters, at the front of the fp32 buffer `to` (this rank's
-// shard at its place), gathered from every rank, then widened to fp32 in place: element
-// i's 16 bits lie at bytes [2i, 2i + 2), below its fp32 at [4i, 4i + 4), so converting
-// from the back, a run [a, b) with b - a <= a at a time, never overwrites what is still
-// to be read.
+// The group's 16-bit parameters, at the front of `to` (this rank's shard at its place),
+// gathered from every rank; then, where `to` is fp32, widened in place: element i's 16
+// bits lie at bytes [2i, 2i + 2), below its fp32 at [4i, 4i + 4), so converting from the
+// back, a run [a, b) with b - a <= a at a time, never overwrites what is still to be read.
 absl::Status Run::GatherParameters(std::size_t g, MutableTensorView to) {
   const DType d = adam_->layout().param_dtype;
   auto* bytes = static_cast<std::byte*>(to.data);

@@ -14,11 +14,16 @@ namespace offload_train {
 
 using memascend::DType;
 
-// Group g's fp32 master weights, in its working buffer (valid until the next call).
+// Group g's fp32 master weights, in its working buffer (the tied embeddings' in a buffer of
+// their own, which replaces their 16 bits: Note [tied head]), valid until the next call
+// for a group in the same buffer.
 // With several ranks, a collective: each reads its shard, and all are gathered.
 absl::StatusOr<const float*> Run::Master(std::size_t g) {
   const bool embed = g == 0 && tied_;  // not in the working buffer (Note [tied head])
-  if (embed && master_embed_.size() == 0) master_embed_ = FloatBuffer(GroupParams(c_, 0));
+  if (embed && master_embed_.size() == 0) {
+    we_.reset();  // made again by the next Working(0)
+    master_embed_ = FloatBuffer(GroupParams(c_, 0));
+  }
   float* w = embed ? master_embed_.data() : wf_.data();
   if (shard_ == nullptr) {
     MEMASCEND_RETURN_IF_ERROR(

@@ -89,9 +89,10 @@ template <typename T>
 struct MatrixRows {
   using Read = std::function<const T*(std::size_t begin, std::size_t end)>;
   MatrixRows(const T* whole = nullptr) : data(whole) {}  // NOLINT: a whole matrix converts
-  MatrixRows(Read r, std::size_t most) : read(std::move(r)), chunk(most) {}
+  MatrixRows(Read r, std::size_t most)
+      : read(std::move(r)), chunk(std::max<std::size_t>(most, 1)) {}
 
-  // Rows [begin, end) (end - begin <= Chunk(end)).
+  // Rows [begin, end), end - begin at most `chunk` when read.
   const T* Rows(std::size_t begin, std::size_t end, std::size_t cols) const {
     return data != nullptr ? data + begin * cols : read(begin, end);
   }
@@ -99,7 +100,6 @@ struct MatrixRows {
   std::size_t Chunk(std::size_t rows) const {
     return data != nullptr ? rows : std::min(rows, chunk);
   }
-  bool empty() const { return data == nullptr && !read; }
 
   const T* data = nullptr;
   Read read;

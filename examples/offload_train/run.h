@@ -46,10 +46,9 @@ std::size_t GradientScratchParams(const ModelConfig& c);
 // The largest group in the working buffer: with a tied head the embeddings have their own
 // (Note [tied head]).
 std::size_t WorkingParams(const ModelConfig& c);
-// The tied embeddings' rows widened at a time (Note [tied head]): at most this many bytes of
-// fp32, and TiedChunkRows of them.
-constexpr std::size_t kTiedChunkBytes = std::size_t{16} << 20;
-std::size_t TiedChunkRows(const ModelConfig& c);
+// The tied embeddings' rows widened at a time (Note [tied head]): at most `chunk_bytes` of
+// fp32, and no more rows than the embeddings' group has.
+std::size_t TiedChunkRows(const ModelConfig& c, std::size_t chunk_bytes = kTiedChunkBytes);
 
 // Note [data parallel] (data_parallel.cpp): the ranks' refusals, the newest step every rank
 // holds on --resume, this rank's rows of a batch, every rank's figures to rank 0.
@@ -84,10 +83,12 @@ class FloatBuffer {
 // gives the fp32 values a whole widened copy would (widening is exact) and, without the
 // BLAS, the bits of whole products (ops::VocabForward). At Llama-3.2-1B's shapes the
 // fp32 copy was 1 GiB of the step's ordinary memory; the 16-bit one is half of that, and
-// the chunk 16 MiB. Nothing makes the group whole in fp32 on the training path: Init makes
-// it a part at a time (InitGroupRange, OffloadedAdam::InitializePart). Only the master
-// weights read for --eval, --export and sampling are whole in fp32 (Master()), in a
-// buffer made at the first such read.
+// the chunk at most 16 MiB. MemAscend's policy never makes the group whole in fp32 on the
+// training path: Init makes it a part at a time (InitGroupRange,
+// OffloadedAdam::InitializePart; ZeRO-Infinity's parts are whole groups). The master
+// weights read for --eval and --export are whole in fp32 (Master()); their buffer and we_
+// are made when used and never held together, so such a read costs what the fp32 copy
+// did and training half of it.
 
 // Each block's input between its forward and backward passes, for checkpointed
 // activations: scratch tensors in the tensor store (pinned under its budget, on the volume
@@ -182,7 +183,9 @@ class Run {
            (stash_ != nullptr ? stash_->MemoryBytes() : 0);
   }
 
-  // Group g's fp32 master weights, in its working buffer (valid until the next call).
+  // Group g's fp32 master weights, in its working buffer (the tied embeddings' in a buffer
+  // of their own: Note [tied head]), valid until the next call for a group in the same
+  // buffer.
   // With several ranks, a collective: each reads its shard, and all are gathered.
   absl::StatusOr<const float*> Master(std::size_t g);
 
@@ -226,8 +229,12 @@ class Run {
   // Where group g's parameters go: the embeddings with a tied head in we_ in their
   // stored dtype, every other group in wf_ in fp32 (Note [tied head]).
   memascend::MutableTensorView Working(std::size_t g) {
-    if (g == 0 && tied_) return {we_.get(), GroupParams(c_, 0), param_dtype_};
-    return {wf_.data(), GroupParams(c_, g), memascend::DType::kF32};
+    if (g != 0 || !tied_) return {wf_.data(), GroupParams(c_, g), memascend::DType::kF32};
+    if (we_ == nullptr) {  // made (again) after a Master(0): Note [tied head]
+      master_embed_ = FloatBuffer(0);
+      we_.reset(new std::byte[GroupParams(c_, 0) * memascend::SizeOf(param_dtype_)]);
+    }
+    return {we_.get(), GroupParams(c_, 0), param_dtype_};
   }
   // The embeddings as Embed and Head read them: the tied ones from we_, widened a chunk at
   // a time into wr_; otherwise group 0 whole in wf_ (for Head: none, its own matrix).
@@ -240,12 +247,11 @@ class Run {
   // (which holds the group's elements of that size, this rank's at their place).
   absl::Status Gather(std::size_t g, void* data, std::size_t element_bytes);
 
-  // The group's 16-bit parameters, at the front of the fp32 buffer `out` (this rank's
-  // shard at its place), gathered from every rank, then widened to fp32 in place: element
-  // i's 16 bits lie at bytes [2i, 2i + 2), below its fp32 at [4i, 4i + 4), so converting
-  // from the back, a run [a, b) with b - a <= a at a time, never overwrites what is still
-  // to be read.
-  // `out` in the stored dtype (the tied embeddings, Note [tied head]) is only gathered.
+  // The group's 16-bit parameters, at the front of `out` (this rank's shard at its place),
+  // gathered from every rank; then, where `out` is fp32, widened in place: element i's 16
+  // bits lie at bytes [2i, 2i + 2), below its fp32 at [4i, 4i + 4), so converting from the
+  // back, a run [a, b) with b - a <= a at a time, never overwrites what is still to be
+  // read. (`out` in the stored dtype: the tied embeddings, Note [tied head].)
   absl::Status GatherParameters(std::size_t g, memascend::MutableTensorView out);
 
   // This rank's group for group g, and where its shard's 16-bit parameters go in `out`
@@ -253,13 +259,13 @@ class Run {
   std::optional<std::pair<std::size_t, memascend::MutableTensorView>> Shard16(
       std::size_t g, memascend::MutableTensorView out);
 
-  // Group g's parameters into `out` (fp32): loaded (through `stream`, if given, which
+  // Group g's parameters into `out` (Working(g)): loaded (through `stream`, if given, which
   // prefetches the next groups), or with several ranks, this rank's shard loaded and every
   // rank's gathered.
   absl::Status LoadInto(std::size_t g, memascend::MutableTensorView out,
                         memascend::ParameterStream* stream);
 
-  // The previous step's update of group g, its new parameters into `out` (fp32); with
+  // The previous step's update of group g, its new parameters into `out` (Working(g)); with
   // several ranks, this rank's shard updated and every rank's gathered.
   absl::Status UpdateInto(std::size_t g, memascend::MutableTensorView out);
 
@@ -311,14 +317,17 @@ class Run {
   std::vector<std::size_t> global_;  // per group of this rank's layout: the model's group
   memascend::ParameterStream forward_, backward_;
   std::unique_ptr<Network> net_;
-  ActivationStash* stash_;           // null: activations not checkpointed
-  FloatBuffer wf_;                   // one group's parameters in fp32
-  memascend::DType param_dtype_;     // the stored parameters'
-  std::unique_ptr<std::byte[]> we_;  // the embeddings, 16-bit, with a tied head (Note [tied head])
-  FloatBuffer wr_;                   // a chunk of we_'s rows, widened
-  FloatBuffer master_embed_;         // Master(0) with a tied head, made at its first call
-  FloatBuffer df_;                   // a gradient in fp32 (Note [gradient parts])
-  FloatBuffer block_in_;             // a checkpointed block's input
+  ActivationStash* stash_;        // null: activations not checkpointed
+  FloatBuffer wf_;                // one group's parameters in fp32
+  memascend::DType param_dtype_;  // the stored parameters'
+  // With a tied head (Note [tied head]): the embeddings in 16 bits, a chunk of their rows
+  // widened, and their master weights for Master(0); we_ and master_embed_ are made when
+  // used, never both at once.
+  std::unique_ptr<std::byte[]> we_;
+  FloatBuffer wr_;
+  FloatBuffer master_embed_;
+  FloatBuffer df_;        // a gradient in fp32 (Note [gradient parts])
+  FloatBuffer block_in_;  // a checkpointed block's input
   PhaseSeconds phases_;
   std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
   std::uint64_t step_ = 0;               // the last step committed

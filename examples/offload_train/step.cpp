@@ -39,8 +39,9 @@ std::size_t WorkingParams(const ModelConfig& c) {
   return n;
 }
 
-std::size_t TiedChunkRows(const ModelConfig& c) {
-  return std::max<std::size_t>(1, kTiedChunkBytes / (sizeof(float) * c.channels));
+std::size_t TiedChunkRows(const ModelConfig& c, std::size_t chunk_bytes) {
+  const std::size_t rows = GroupParams(c, 0) / c.channels;  // with GPT-2's positions
+  return std::clamp<std::size_t>(chunk_bytes / (sizeof(float) * c.channels), 1, rows);
 }
 
 // `o.model.batch` is this rank's share of the batch; `shard` (with `comm`) this rank's
@@ -63,9 +64,7 @@ Run::Run(const TrainOptions& o, OffloadedAdam* adam, memascend::KernelThreads* t
       stash_(stash),
       wf_(WorkingParams(o.model)),
       param_dtype_(adam->layout().param_dtype),
-      we_(tied_ ? new std::byte[GroupParams(o.model, 0) * memascend::SizeOf(param_dtype_)]
-                : nullptr),
-      wr_(tied_ ? TiedChunkRows(o.model) * o.model.channels : 0),
+      wr_(tied_ ? TiedChunkRows(o.model, o.tied_chunk_bytes) * o.model.channels : 0),
       master_embed_(0),
       df_(std::max(GradientScratchParams(o.model),
                    whole != nullptr ? whole->MaxPartElements() : std::size_t{0})),
@@ -94,7 +93,7 @@ absl::Status Run::Init(const memascend::SafetensorsCheckpoint* ckpt) {
       MEMASCEND_RETURN_IF_ERROR(
           adam_->InitializeFrom(*local, {raw.data() + begin * memascend::SizeOf(d), count, d}));
     } else {
-      // A part at a time: no group is made whole (Note [tied head]).
+      // A part at a time (Note [tied head]).
       for (std::size_t p = 0; p < l.Parts(*local); ++p) {
         const auto [pb, pe] = l.PartRange(*local, p);
         part.resize(pe - pb);
@@ -105,7 +104,6 @@ absl::Status Run::Init(const memascend::SafetensorsCheckpoint* ckpt) {
     }
   }
   raw = {};
-  part = {};
   step_ = 0;
   return adam_->Commit(0, identity_);
 }
@@ -238,6 +236,7 @@ absl::Status Run::Finish(const CommitFn& on_commit) {
   return absl::OkStatus();
 }
 
+// Valid while Working(0) is: until a Master(0).
 MatrixRows<float> Run::EmbedRows() {
   if (!tied_) return MatrixRows<float>(wf_.data());
   const std::size_t ch = c_.channels, bytes = memascend::SizeOf(param_dtype_);
@@ -253,7 +252,7 @@ MatrixRows<float> Run::EmbedRows() {
       wr_.size() / ch);
 }
 
-// Group g's parameters into `out` (fp32): loaded (through `stream`, if given, which
+// Group g's parameters into `out` (Working(g)): loaded (through `stream`, if given, which
 // prefetches the next groups), or with several ranks, this rank's shard loaded and every
 // rank's gathered.
 absl::Status Run::LoadInto(std::size_t g, MutableTensorView out, ParameterStream* stream) {
@@ -267,7 +266,7 @@ absl::Status Run::LoadInto(std::size_t g, MutableTensorView out, ParameterStream
   return GatherParameters(g, out);
 }
 
-// The previous step's update of group g, its new parameters into `out` (fp32); with
+// The previous step's update of group g, its new parameters into `out` (Working(g)); with
 // several ranks, this rank's shard updated and every rank's gathered.
 absl::Status Run::UpdateInto(std::size_t g, MutableTensorView out) {
   if (shard_ == nullptr) return adam_->UpdateGroup(g, out);

@@ -97,6 +97,10 @@ struct ZeroOptions {
 // DeepSpeed's defaults under `release`'s rules.
 ZeroOptions ZeroDefaults(ZeroRelease release);
 
+// Note [tied head] (run.h): the tied embeddings' rows widened at a time, at most this many
+// bytes of fp32 (TrainOptions::tied_chunk_bytes).
+constexpr std::size_t kTiedChunkBytes = std::size_t{16} << 20;
+
 struct TrainOptions {
   ModelConfig model;  // the demo's GPT, or a Hugging Face model (ModelConfig::hf)
   // A Hugging Face model directory whose weights the run starts from (model.hf must be its
@@ -123,6 +127,9 @@ struct TrainOptions {
   // MemAscend: every tensor is stored in parts of this many elements (Note [parts]; a
   // multiple of 2^16, the sum of squares' task size, so results do not depend on it).
   std::size_t optimizer_chunk = 1u << 20;
+  // The tied embeddings are widened from 16 bits at most this many bytes of fp32 at a
+  // time (Note [tied head] in run.h); a test sets it small to cut them into many chunks.
+  std::size_t tied_chunk_bytes = kTiedChunkBytes;
   std::size_t steps = 200;  // total, counting the steps of a run resumed from
   std::uint64_t seed = 1;
   float lr = 3e-3f;
@@ -264,11 +271,14 @@ std::size_t MinimumHostBudget(const ModelConfig& c, memascend::DType dtype,
 // what the machine leaves beyond WorkingMemoryBytes(), at least the minimum.
 absl::StatusOr<memascend::HostBudget> ChooseTrainHostBudget(const TrainOptions& o, int world = 1,
                                                             int rank = 0);
-// The run's ordinary (not pinned) memory, estimated from the model: the fp32 working
-// buffers of a group's parameters and gradient, the activations of `batch` sequences
-// (a block's input per layer with checkpoint_activations), and 256 MiB of heap.
+// The run's ordinary (not pinned) memory, estimated from the model: the working buffers
+// of a group's parameters (fp32; tied embeddings in 16 bits and a chunk of them widened,
+// Note [tied head] in run.h) and gradient, the activations of `batch` sequences (a
+// block's input per layer with checkpoint_activations), and 256 MiB of heap. With
+// `reads_masters` (--eval, --export) the tied embeddings' master weights whole in fp32,
+// which replace their 16 bits while read.
 std::uint64_t WorkingMemoryBytes(const ModelConfig& c, std::size_t batch,
-                                 bool checkpoint_activations);
+                                 bool checkpoint_activations, bool reads_masters = false);
 std::size_t OptimizerParts(const ModelConfig& c, std::size_t group, std::size_t optimizer_chunk);
 // The most a MemAscend run's store can hold: every stored tensor in both versions (in
 // 64 KiB units). A larger --host-budget is capped to it.

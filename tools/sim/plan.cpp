@@ -58,9 +58,10 @@ std::uint64_t Sum(const Tensors& t) {
   return n;
 }
 
-// memascend-train's WorkingMemoryBytes (trainer.cpp) without its heap allowance: the fp32
-// working buffers (the largest group's parameters, a tied head's embeddings, a block's
-// gradient) and the activations of the batch. Returns {buffers, activations} in floats.
+// memascend-train's WorkingMemoryBytes (host_budget.cpp) without its heap allowance: the
+// working buffers (the largest group's parameters in fp32, a tied head's embeddings in 16
+// bits and 16 MiB of them widened, a block's gradient in fp32) and the activations of the
+// batch. Returns {buffers, activations} in floats.
 std::pair<std::uint64_t, std::uint64_t> WorkingFloats(const PlanRequest& r,
                                                       const std::vector<std::uint64_t>& groups) {
   const PlanModel& m = r.model;
@@ -69,7 +70,15 @@ std::pair<std::uint64_t, std::uint64_t> WorkingFloats(const PlanRequest& r,
   for (std::size_t g = tied ? 1 : 0; g < groups.size(); ++g) work = std::max(work, groups[g]);
   for (std::size_t g = 1; g + 1 < groups.size(); ++g) scratch = std::max(scratch, groups[g]);
   if (m.arch == PlanArch::kParams) scratch = work;
-  const std::uint64_t buffers = work + (tied ? groups[0] : 0) + scratch;
+  // The tied embeddings: 16 bits (half a float) each, and a chunk of rows widened
+  // (kTiedChunkBytes in the trainer).
+  const std::uint64_t embed_rows = groups[0] / std::max<std::uint64_t>(m.hidden, 1);
+  const std::uint64_t chunk =
+      std::clamp<std::uint64_t>(
+          (std::uint64_t{16} << 20) / (4 * std::max<std::uint64_t>(m.hidden, 1)), 1,
+          std::max<std::uint64_t>(embed_rows, 1)) *
+      m.hidden;
+  const std::uint64_t buffers = work + (tied ? groups[0] / 2 + chunk : 0) + scratch;
   const std::uint64_t rows = r.batch * r.seq;
   const std::uint64_t kept = r.checkpoint_activations ? 1 : m.layers;
   const std::uint64_t ch = m.hidden, attention = r.batch * m.heads * r.seq * r.seq;
