@@ -470,6 +470,16 @@ void CheckLlamaGradients(bool tied) {
 TEST(Gradients, LlamaWholeModelEveryGroupUntied) { CheckLlamaGradients(false); }
 TEST(Gradients, LlamaWholeModelEveryGroupTied) { CheckLlamaGradients(true); }
 
+// Every group's initial parameters.
+std::vector<std::vector<float>> InitialParams(const ModelConfig& c, std::uint64_t seed) {
+  std::vector<std::vector<float>> params(GroupCount(c));
+  for (std::size_t g = 0; g < params.size(); ++g) {
+    params[g].resize(GroupParams(c, g));
+    InitGroup(c, g, seed, params[g].data());
+  }
+  return params;
+}
+
 // Checkpointed activations: each block's input kept by the caller and the block
 // recomputed before its backward pass give the bits of the model that kept everything,
 // for both architectures, on the exact path and (where built) the BLAS one.
@@ -481,11 +491,7 @@ TEST(Network, RecomputedBlocksGiveTheBitsOfKeptActivations) {
   memascend::KernelThreads threads(2);
   for (const ModelConfig& c : {ForHf(llama, 2, 7), gpt}) {
     const std::size_t groups = GroupCount(c), head = groups - 1, rows = c.batch * c.seq;
-    std::vector<std::vector<float>> params(groups);
-    for (std::size_t g = 0; g < groups; ++g) {
-      params[g].resize(GroupParams(c, g));
-      InitGroup(c, g, 5, params[g].data());
-    }
+    const std::vector<std::vector<float>> params = InitialParams(c, 5);
     std::vector<std::int32_t> tokens, targets;
     CheckTokens(rows, c.vocab, &tokens, &targets);
     for (const bool blas : {false, true}) {
@@ -539,11 +545,7 @@ TEST(Network, TiedEmbeddingsReadAChunkAtATimeGiveTheWholeMatrixsResults) {
   for (const ModelConfig& c : {ForHf(llama, 2, 7), ForHf(gpt2, 2, 7)}) {
     ASSERT_TRUE(TiedHead(c));
     const std::size_t groups = GroupCount(c), head = groups - 1, rows = c.batch * c.seq;
-    std::vector<std::vector<float>> params(groups);
-    for (std::size_t g = 0; g < groups; ++g) {
-      params[g].resize(GroupParams(c, g));
-      InitGroup(c, g, 5, params[g].data());
-    }
+    const std::vector<std::vector<float>> params = InitialParams(c, 5);
     std::vector<std::int32_t> tokens, targets;
     CheckTokens(rows, c.vocab, &tokens, &targets);
     for (const bool blas : {false, true}) {

@@ -73,6 +73,22 @@ TrainOptions Tiny(const std::string& volume) {
   return o;
 }
 
+// A Llama of Tiny()'s sizes, its embeddings tied to its head.
+HfConfig TinyTiedLlama() {
+  HfConfig hf;
+  hf.arch = Arch::kLlama;
+  hf.vocab = 256;
+  hf.hidden = 32;
+  hf.layers = 2;
+  hf.heads = 4;
+  hf.kv_heads = 2;
+  hf.head_dim = 8;
+  hf.intermediate = 64;
+  hf.max_positions = 64;
+  hf.tie_embeddings = true;
+  return hf;
+}
+
 struct Data {
   Tokenizer tok;
   std::vector<std::int32_t> tokens;
@@ -92,17 +108,7 @@ Data MakeData(std::size_t vocab) {
 // activation gives the same losses bit for bit, and the model learns.
 TEST(Train, LlamaCheckpointedAndOffloadedMatchesTheInMemoryRun) {
   const Data d = MakeData(256);
-  HfConfig hf;
-  hf.arch = Arch::kLlama;
-  hf.vocab = 256;
-  hf.hidden = 32;
-  hf.layers = 2;
-  hf.heads = 4;
-  hf.kv_heads = 2;
-  hf.head_dim = 8;
-  hf.intermediate = 64;
-  hf.max_positions = 64;
-  hf.tie_embeddings = true;
+  const HfConfig hf = TinyTiedLlama();
   ScratchPath path("train_llama");
   TrainOptions o = Tiny(path.path());
   o.model = ForHf(hf, 4, 16);
@@ -126,17 +132,7 @@ TEST(Train, LlamaCheckpointedAndOffloadedMatchesTheInMemoryRun) {
 // weights replace the 16 bits, which sampling then makes again.
 TEST(Train, TiedEmbeddingsWidenedAFewRowsAtATimeTrainAsInOneChunk) {
   const Data d = MakeData(256);
-  HfConfig hf;
-  hf.arch = Arch::kLlama;
-  hf.vocab = 256;
-  hf.hidden = 32;
-  hf.layers = 2;
-  hf.heads = 4;
-  hf.kv_heads = 2;
-  hf.head_dim = 8;
-  hf.intermediate = 64;
-  hf.max_positions = 64;
-  hf.tie_embeddings = true;
+  const HfConfig hf = TinyTiedLlama();
   std::vector<TrainSummary> runs;
   for (const std::size_t chunk_bytes : {kTiedChunkBytes, std::size_t{3 * 32 * 4}}) {
     ScratchPath path("train_tied_chunks");
