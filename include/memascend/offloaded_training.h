@@ -35,7 +35,7 @@
 // - a volume holding a committed state with neither `resume` nor `overwrite`
 //   (kFailedPrecondition naming its step), and one of another run (`run_id`) on resume;
 // - `resume` with `overwrite`, bad hyper-parameters (kInvalidArgument); a new state and
-//   no `initial_weights` (kInvalidArgument).
+//   neither `initial_weights` nor `initial_weights_part`, or both (kInvalidArgument).
 //
 // Note [one budget]: the pinned host budget (given, or chosen from the machine) is the
 // only figure of memory: the update holds MinimumHostBudget() of it at once, and the rest
@@ -116,6 +116,11 @@ struct OffloadedTrainingOptions {
   bool overwrite = false;
   // A new state's fp32 weights of group g (its elements), called once per group by Open.
   std::function<absl::Status(std::size_t group, std::span<float> weights)> initial_weights;
+  // Or (not both) elements [begin, begin + weights.size()) of group g, called for each
+  // stored part (Note [parts] in training_state.h) in order: no group is ever whole in
+  // memory (a 128256 x 4096 embedding is 2 GiB of fp32).
+  std::function<absl::Status(std::size_t group, std::size_t begin, std::span<float> weights)>
+      initial_weights_part;
 
   int threads = 0;  // CPU threads of the update; 0: every core
 };

@@ -71,6 +71,11 @@ absl::Status OffloadedTraining::Start(const OffloadedTrainingOptions& o) {
   }
   if (o.volume_path.empty())
     return absl::InvalidArgumentError("offloaded training: no volume_path");
+  if (o.initial_weights && o.initial_weights_part) {
+    return absl::InvalidArgumentError(
+        "offloaded training: initial_weights and initial_weights_part exclude each other "
+        "(a group whole, or a part at a time)");
+  }
   MEMASCEND_ASSIGN_OR_RETURN(layout_, LayoutOf(o));
 
   // Note [open checks]: the budget first, before anything is opened.
@@ -179,17 +184,26 @@ absl::Status OffloadedTraining::Start(const OffloadedTrainingOptions& o) {
       return absl::OkStatus();
     }
   }
-  if (!o.initial_weights) {
+  if (!o.initial_weights && !o.initial_weights_part) {
     return absl::InvalidArgumentError(fmt::format(
         "offloaded training: volume '{}' holds no committed state to resume, and a new one "
-        "needs its weights: set initial_weights",
+        "needs its weights: set initial_weights (or initial_weights_part)",
         o.volume_path));
   }
   std::vector<float> w;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    w.assign(layout_.groups[g].elements, 0.0f);
-    MEMASCEND_RETURN_IF_ERROR(o.initial_weights(g, std::span<float>(w)));
-    MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(g, w));
+    if (o.initial_weights) {
+      w.assign(layout_.groups[g].elements, 0.0f);
+      MEMASCEND_RETURN_IF_ERROR(o.initial_weights(g, std::span<float>(w)));
+      MEMASCEND_RETURN_IF_ERROR(adam_->Initialize(g, w));
+      continue;
+    }
+    for (std::size_t p = 0; p < layout_.Parts(g); ++p) {
+      const auto [begin, end] = layout_.PartRange(g, p);
+      w.assign(end - begin, 0.0f);
+      MEMASCEND_RETURN_IF_ERROR(o.initial_weights_part(g, begin, std::span<float>(w)));
+      MEMASCEND_RETURN_IF_ERROR(adam_->InitializePart(g, p, {w.data(), w.size(), DType::kF32}));
+    }
   }
   MEMASCEND_RETURN_IF_ERROR(adam_->Commit(0));
   step_ = 0;

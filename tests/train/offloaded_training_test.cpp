@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <sys/types.h>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -309,6 +310,50 @@ TEST(OffloadedTraining, ANewStateNeedsItsWeights) {
   EXPECT_THAT(OffloadedTraining::Open(o).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("initial_weights")));
   EXPECT_FALSE(prim::PathExists(path.path()));
+}
+
+// Weights given a part at a time (no group whole in memory) start the state whole ones
+// would: every part asked for once, in order, and the same bits through a step. Both
+// ways at once are refused before anything is made.
+TEST(OffloadedTraining, WeightsGivenAPartAtATimeStartTheSameState) {
+  ScratchPath whole_path("training_whole"), parts_path("training_parts");
+  const OffloadedTrainingOptions whole = Options(whole_path.path());
+  OffloadedTrainingOptions parts = Options(parts_path.path());
+  parts.initial_weights = nullptr;
+  std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> asked;
+  parts.initial_weights_part = [&](std::size_t g, std::size_t begin, std::span<float> w) {
+    asked.emplace_back(g, begin, w.size());
+    const std::vector<float> init = Initial(whole.groups[g].elements, g);
+    std::copy_n(init.begin() + static_cast<std::ptrdiff_t>(begin), w.size(), w.begin());
+    return absl::OkStatus();
+  };
+  ASSERT_OK_AND_ASSIGN(auto a, OffloadedTraining::Open(whole));
+  ASSERT_OK_AND_ASSIGN(auto b, OffloadedTraining::Open(parts));
+  const StateLayout& l = b->layout();
+  std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> expected;
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    for (std::size_t p = 0; p < l.Parts(g); ++p) {
+      const auto [begin, end] = l.PartRange(g, p);
+      expected.emplace_back(g, begin, end - begin);
+    }
+  }
+  EXPECT_EQ(asked, expected);
+  EXPECT_GT(expected.size(), l.groups.size());  // some group in several parts
+  ASSERT_OK(TrainStep(a.get(), 1));
+  ASSERT_OK(TrainStep(b.get(), 1));
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    std::vector<float> x(l.groups[g].elements), y(l.groups[g].elements);
+    ASSERT_OK(a->LoadParameters(g, {x.data(), x.size(), DType::kF32}));
+    ASSERT_OK(b->LoadParameters(g, {y.data(), y.size(), DType::kF32}));
+    EXPECT_EQ(x, y) << "group " << g;
+  }
+  ScratchPath both_path("training_both");
+  OffloadedTrainingOptions both = parts;
+  both.volume_path = both_path.path();
+  both.initial_weights = whole.initial_weights;
+  EXPECT_THAT(OffloadedTraining::Open(both).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exclude each other")));
+  EXPECT_FALSE(prim::PathExists(both_path.path()));
 }
 
 // Commit returns once the step is durable: a child killed with SIGKILL right after it
