@@ -299,6 +299,8 @@ class OffloadedAdam {
   // After every part's gradient: the overflow check (one, for a storage that checks
   // after the backward pass), the loss scaler's update, and the step's plan; a skipped
   // step discards the gradients. `lr_factor` scales every group's lr (a schedule).
+  // kFailedPrecondition without a BeginBackward since the last EndBackward (the plan would
+  // be of the last step's norm and gradients).
   absl::StatusOr<StepPlan> EndBackward(double lr_factor = 1.0);
   float loss_scale() const noexcept { return scaler_.scale(); }
   const DynamicLossScaler& scaler() const noexcept { return scaler_; }

@@ -496,6 +496,11 @@ absl::StatusOr<StepPlan> OffloadedAdam::EndBackward(double lr_factor) {
   Timed timed(&times_.end_backward);
   if (pending_.has_value())
     return absl::FailedPreconditionError("adam: the previous step's update has not run");
+  if (!in_backward_) {
+    return absl::FailedPreconditionError(
+        "adam: EndBackward() without a BeginBackward() this step: its plan would be of the "
+        "last step's norm and gradients");
+  }
   if (!(lr_factor >= 0) || !std::isfinite(lr_factor))
     return absl::InvalidArgumentError(fmt::format("adam: lr factor {}", lr_factor));
   in_backward_ = false;  // the next step's gradients need a BeginBackward of their own

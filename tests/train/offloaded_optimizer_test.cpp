@@ -622,6 +622,26 @@ TEST(OffloadedAdam, InitializingPartByPartIsInitializingWhole) {
   ExpectState(off.state.get(), ref);
 }
 
+// A step's plan needs its backward pass: EndBackward without a BeginBackward since the
+// last would plan an update of the last step's norm from gradients already discarded.
+TEST(OffloadedAdam, APlanWithoutABackwardPassIsRefused) {
+  const StateLayout l = Layout();
+  Offloaded off(l);
+  KernelThreads threads(2);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  Reference ref(l, Options());
+  ASSERT_OK(Start(adam.get(), ref));
+  EXPECT_THAT(adam->EndBackward(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("BeginBackward()")));
+  ASSERT_OK(RunSteps(adam.get(), 1, 1));
+  EXPECT_THAT(adam->EndBackward(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("BeginBackward()")));
+  ASSERT_OK(RunSteps(adam.get(), 2, 2));  // refused, nothing lost: the next step trains
+  ref.Step(1, 1, 1024.0f);
+  ref.Step(2, 2, 1024.0f);
+  ExpectState(off.state.get(), ref);
+}
+
 TEST(OffloadedAdam, DerivedParametersAreTheRoundedMasterWeights) {
   const StateLayout l = Layout(/*derive_first=*/true);
   Offloaded off(l);
