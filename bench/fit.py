@@ -43,6 +43,7 @@ import struct
 import subprocess
 import sys
 import random
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LADDER = [("llama-56m", "bench/configs/llama-dp-56m.json"),
@@ -78,7 +79,7 @@ def wait_for_space(path, need, seconds=300):
         st = os.statvfs(path)
         if st.f_bavail * st.f_frsize >= need:
             return
-        subprocess.run(["sleep", "1"], check=False)
+        time.sleep(1)
 
 
 def main():

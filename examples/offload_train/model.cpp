@@ -260,22 +260,9 @@ template <typename T>
 void Gpt<T>::Embed(const MatrixRows<T>& params, const std::int32_t* tokens) {
   tokens_.assign(tokens, tokens + rows_);
   const std::size_t ch = c_.channels;
-  if (params.data != nullptr) {
-    ops::EmbeddingForward(x_.data(), tokens, params.data, params.data + c_.vocab * ch, rows_,
-                          c_.seq, ch);
-    return;
-  }
-  // A row at a time: each token's, then each position's added (EmbeddingForward's sums).
-  for (std::size_t r = 0; r < rows_; ++r) {
-    const std::size_t t = static_cast<std::size_t>(tokens[r]);
-    const T* te = params.Rows(t, t + 1, ch);
-    std::copy(te, te + ch, x_.data() + r * ch);
-  }
-  for (std::size_t r = 0; r < rows_; ++r) {
-    const std::size_t p = c_.vocab + r % c_.seq;
-    const T* pe = params.Rows(p, p + 1, ch);
-    for (std::size_t k = 0; k < ch; ++k) x_[r * ch + k] += pe[k];
-  }
+  ops::EmbeddingForward<T>(
+      x_.data(), tokens, [&](std::size_t b, std::size_t e) { return params.Rows(b, e, ch); }, rows_,
+      c_.seq, c_.vocab, ch);
 }
 
 template <typename T>

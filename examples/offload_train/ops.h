@@ -53,14 +53,21 @@ inline T Dot(const T* a, const T* b, std::size_t n) {
   return sum;
 }
 
-// out[r] = wte[tokens[r]] + wpe[r % seq], rows = batch * seq.
-template <typename T>
-void EmbeddingForward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe,
-                      std::size_t rows, std::size_t seq, std::size_t channels) {
+// out[r] = wte[tokens[r]] + wpe[r % seq], rows = batch * seq, the embeddings read a row at
+// a time from their flat [wte; wpe] (`rows_of(i, i + 1)`: row i, valid until its next
+// call; vocab rows of wte, then wpe's): each token's row copied, then its position's added.
+template <typename T, typename RowsOf>
+void EmbeddingForward(T* out, const std::int32_t* tokens, const RowsOf& rows_of, std::size_t rows,
+                      std::size_t seq, std::size_t vocab, std::size_t channels) {
   for (std::size_t r = 0; r < rows; ++r) {
-    const T* te = wte + static_cast<std::size_t>(tokens[r]) * channels;
-    const T* pe = wpe + (r % seq) * channels;
-    for (std::size_t c = 0; c < channels; ++c) out[r * channels + c] = te[c] + pe[c];
+    const std::size_t t = static_cast<std::size_t>(tokens[r]);
+    const T* te = rows_of(t, t + 1);
+    std::copy(te, te + channels, out + r * channels);
+  }
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::size_t p = vocab + r % seq;
+    const T* pe = rows_of(p, p + 1);
+    for (std::size_t c = 0; c < channels; ++c) out[r * channels + c] += pe[c];
   }
 }
 

@@ -297,7 +297,10 @@ TEST(Gradients, GeluAndCrossEntropyAndEmbedding) {
     const Vec upstream = Random(rows * ch, rng);
     auto loss = [&] {
       Vec y(rows * ch);
-      ops::EmbeddingForward(y.data(), tokens.data(), wte.data(), wpe.data(), rows, seq, ch);
+      const auto rows_of = [&](std::size_t i, std::size_t) {
+        return i < vocab ? wte.data() + i * ch : wpe.data() + (i - vocab) * ch;
+      };
+      ops::EmbeddingForward<double>(y.data(), tokens.data(), rows_of, rows, seq, vocab, ch);
       return Weighted(y, upstream);
     };
     Vec flat(wte.size() + wpe.size());  // [wte; wpe], as the embeddings' group lays them out
