@@ -32,12 +32,21 @@ class Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
+class SharedProjectionBlock(Block):
+    """A Block that calls its attention projection twice (on the attention's output, then
+    on the block's): a module used twice within one layer."""
+
+    def forward(self, x):
+        x = super().forward(x)
+        return x + self.proj(x)
+
+
 class GPT(nn.Module):
-    def __init__(self, vocab=256, d=64, layers=2, heads=4, seq=32):
+    def __init__(self, vocab=256, d=64, layers=2, heads=4, seq=32, block=Block):
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(block(d, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.wte.weight  # tied, as GPT-2

@@ -191,31 +191,37 @@ def test_parameters_that_move_on_the_device_are_seen_where_they_are(tmp_path):
     opt.close()
 
 
-def test_a_checkpointed_block_keeps_its_recomputed_parameters_or_the_budget_says_so(tmp_path):
+@pytest.mark.parametrize("block", [gpt.Block, gpt.SharedProjectionBlock],
+                         ids=["block", "a module called twice"])
+def test_a_checkpointed_block_keeps_its_recomputed_parameters_or_the_budget_says_so(tmp_path,
+                                                                                    block):
     """Note [recomputed parameters]: a checkpointed block's recomputation saves its modules'
     parameters, views of their device blocks, for their backward. With room for a block
-    and a module read ahead (groups evicted between blocks), it trains as torch.optim.AdamW
-    does; below a block the backward pass is refused with the budget named, where the
+    and a module read ahead (groups evicted between blocks), and with the default budget,
+    it trains as torch.optim.AdamW does, a module called twice in the block too (Note
+    [stopped recomputation]: its earlier call's backward reads what its recomputation
+    saved); below a block the backward pass is refused with the budget named, where the
     block's first module used to be evicted for its last and its backward to read another
     group's bytes."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
-    ref_model = gpt.CheckpointedGPT().cuda()
+    ref_model = gpt.CheckpointedGPT(block=block).cuda()
     ref_opt = torch.optim.AdamW(param_groups(ref_model), lr=1e-3, weight_decay=0.01)
     ref_losses = gpt.train_accumulating(ref_model, ref_opt, steps=3, device="cuda")
 
-    def run(budget_of):
+    def run(budget_of, name):
         torch.manual_seed(0)
-        model = gpt.CheckpointedGPT().cuda()
-        block = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
+        model = gpt.CheckpointedGPT(block=block).cuda()
+        size = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
         largest = max(sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
                       for m in model.modules())
+        budget = budget_of(size, largest)
         opt = mt.OffloadedAdamW(param_groups(model), lr=1e-3, weight_decay=0.01,
-                                volume=str(tmp_path / f"ckpt{budget_of(block, largest)}.vol"),
+                                volume=str(tmp_path / f"ckpt-{name}.vol"),
                                 host_budget=1 << 20, part_elements=1 << 18,
                                 offload_gradients=False)
-        offload = mt.offload_parameters(model, opt, device_budget=budget_of(block, largest),
-                                        read_ahead=largest)
+        offload = mt.offload_parameters(model, opt, device_budget=budget,
+                                        read_ahead=None if budget is None else largest)
         try:
             losses, failure = gpt.train_accumulating(model, opt, steps=3, device="cuda"), None
         except memascend.ResourceExhaustedError as e:
@@ -225,10 +231,12 @@ def test_a_checkpointed_block_keeps_its_recomputed_parameters_or_the_budget_says
         opt.close()
         return losses, failure, stats
 
-    losses, failure, stats = run(lambda block, largest: block + 3 * largest)
+    losses, failure, stats = run(lambda size, largest: size + 3 * largest, "room")
     assert failure is None and losses == pytest.approx(ref_losses, rel=TOL, abs=TOL)
     assert stats["device_parameters"]["evictions"] > 0, stats["device_parameters"]
-    losses, failure, _ = run(lambda block, largest: block - largest // 2)
+    losses, failure, _ = run(lambda size, largest: None, "default")
+    assert failure is None and losses == pytest.approx(ref_losses, rel=TOL, abs=TOL)
+    losses, failure, _ = run(lambda size, largest: size - largest // 2, "below")
     assert losses is None and "device budget" in str(failure), failure
 
 

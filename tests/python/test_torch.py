@@ -704,6 +704,62 @@ def test_a_recomputation_holds_its_loads_until_each_modules_backward(tmp_path):
     opt.close()
 
 
+def test_a_module_called_twice_in_a_checkpointed_block_keeps_both_recomputations(tmp_path):
+    """Note [stopped recomputation]: a module called twice in a checkpointed block is
+    recomputed twice, and its backward runs twice, the later call's first. Each backward
+    lets go of one recomputation's loads: after the later call's, the earlier call's
+    backward, which reads the parameters its recomputation saved (on a GPU, views of a
+    device block), is still to come, and they stay held; after it, none are."""
+    def make():
+        return gpt.CheckpointedGPT(block=gpt.SharedProjectionBlock)
+    ref_model, ref_losses = reference(3, make)
+    torch.manual_seed(0)
+    model = make()
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt)
+    index = {id(p): i for i, p in enumerate(opt._params)}
+    shared = {id(b.proj): index[id(b.proj.weight)] for b in model.blocks}
+    held = []
+    post_backward = offload._post_backward
+
+    def recording(m):
+        post_backward(m)
+        if id(m) in shared:
+            held.append(offload._count.get(shared[id(m)], 0))
+    offload._post_backward = recording
+    losses = train(model, opt, steps=3)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert held == [1, 0] * (3 * len(model.blocks)), held
+    assert all(c == 0 for c in offload._count.values()), offload._count
+    offload.remove()
+    opt.close()
+
+
+def test_the_default_device_room_holds_a_layer_and_a_module():
+    """On a GPU the default device budget holds the largest layer (an element of an
+    nn.ModuleList, whose parameters a checkpointed recomputation holds through its
+    backward) beside a module, where that is more than the largest module twice."""
+    from memascend.torch.parameters import default_device_room
+
+    class Opt:  # what default_device_room reads of an OffloadedAdamW
+        _dtype = torch.float32
+
+    model = gpt.GPT(vocab=16)  # a small vocabulary: the block's linears are the largest
+    Opt._numels = [p.numel() for p in model.parameters()]
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    params_of = {id(m): [(p, index[id(p)]) for p in m.parameters(recurse=False)]
+                 for m in model.modules() if any(True for _ in m.parameters(recurse=False))}
+    largest, layer = default_device_room(model, params_of, Opt)
+    assert largest == model.blocks[0].fc.weight.numel() * 4 + 64 * 4 * 4
+    assert layer == sum(p.numel() for p in model.blocks[0].parameters()) * 4
+    assert layer + largest > 2 * largest  # the layer sets the default
+    flat = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    params_of = {id(m): [(p, i)] for i, (m, p) in enumerate(
+        (m, m.weight) for m in flat if isinstance(m, torch.nn.Linear))}
+    Opt._numels = [64, 32]
+    assert default_device_room(flat, params_of, Opt) == (64 * 4, 0)  # no layers
+
+
 def test_a_backward_pass_that_raised_lets_go_of_its_loads_at_the_next_forward(tmp_path):
     """A backward pass that raises never reaches its end (torch runs no final callback):
     the loads its recomputations held, and the pass's state, are let go when the next

@@ -60,7 +60,7 @@ class ParameterOffload:
             raise errors.InvalidArgumentError("the module has no parameter the optimizer updates")
         self._cuda = optimizer._cuda  # the device path, or None on the CPU
         if self._cuda is not None:
-            self._use_device(device_budget, read_ahead)
+            self._use_device(module, device_budget, read_ahead)
         else:
             self._use_store()
         self._count = {}  # param index -> fetches outstanding
@@ -111,14 +111,15 @@ class ParameterOffload:
     # its address and set again while the SDK returns that address, and releases share
     # one empty tensor per dtype and device. Both are made outside inference mode (`p.data
     # = t` gives p t's dispatch keys). They own nothing; remove() forgets them.
-    def _use_device(self, device_budget, read_ahead):
+    def _use_device(self, module, device_budget, read_ahead):
         """The device budget: by default room for the largest module twice (in use, and
-        the next) plus the read-ahead, which is twice the largest module."""
-        opt = self._opt
-        size = torch.empty((), dtype=opt._dtype).element_size()
-        largest = max(sum(p.numel() for p, _ in own) * size for own in self._params_of.values())
+        the next), or for a layer and a module (Note [recomputed parameters]: under
+        checkpointing a layer's recomputed parameters are held through its backward), plus
+        the read-ahead, which is twice the largest module."""
+        largest, layer = default_device_room(module, self._params_of, self._opt)
         read_ahead = int(read_ahead) if read_ahead is not None else 2 * largest
-        budget = int(device_budget) if device_budget is not None else 2 * largest + read_ahead
+        budget = (int(device_budget) if device_budget is not None
+                  else max(2 * largest, layer + largest) + read_ahead)
         self._cuda.use_device_budget(budget, read_ahead)
 
     # -- Note [parameter views]: on the CPU a parameter in use is a view of a block of the
@@ -338,9 +339,12 @@ class ParameterOffload:
         # Note [stopped recomputation]: torch >= 2.1's non-reentrant checkpoint stops its
         # recomputation once it has the tensors it needs (an exception through the forward),
         # so a module's forward hook may never see the end of a recomputed forward. Its
-        # recomputations' loads, ended or not (Note [recomputed parameters]), are let go
-        # here with its backward's own, once its backward is done.
-        for _ in range(self._recomputing.pop(id(m), 0) + 1):
+        # recomputation's loads, ended or not (Note [recomputed parameters]), are let go
+        # here with its backward's own: one recomputation's a backward, as a module called
+        # twice in a region is recomputed twice, its first call's backward still to come.
+        held = self._recomputing.get(id(m), 0)
+        self._recomputing[id(m)] = max(held - 1, 0)
+        for _ in range(min(held, 1) + 1):
             for p, i in self._params_of[id(m)]:
                 self._release(p, i)
 
@@ -456,8 +460,8 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     `device_budget` bytes on a copy stream of their own, and those of the next
     submodules are read ahead along the order the first forward pass recorded, up to
     `read_ahead` bytes (defaults: twice the largest submodule's parameters to read ahead,
-    and the budget that plus room for two); gradients then leave the GPU as backward
-    makes them.
+    and the budget that plus room for two, or for a layer and one where more); gradients
+    then leave the GPU as backward makes them.
 
     `units`: a module class, or a tuple of them, whose instances are loaded whole: the
     parameters of a unit and of everything below it come in together before its forward
@@ -468,6 +472,19 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     must hold a unit.
     """
     return ParameterOffload(module, optimizer, window, device_budget, read_ahead, units)
+
+
+def default_device_room(module, params_of, opt):
+    """(the largest hooked module's parameter bytes, the largest layer's): a layer is an
+    element of an nn.ModuleList (a transformer's decoder layers, the regions
+    gradient_checkpointing_enable checkpoints), its bytes those of the offloaded
+    parameters below it, each counted once."""
+    size = torch.empty((), dtype=opt._dtype).element_size()
+    mine = {id(p): opt._numels[i] * size for own in params_of.values() for p, i in own}
+    largest = max(sum(mine[id(p)] for p, _ in own) for own in params_of.values())
+    layers = [c for m in module.modules() if isinstance(m, torch.nn.ModuleList) for c in m]
+    return largest, max([sum(mine.get(id(p), 0) for p in c.parameters()) for c in layers],
+                        default=0)
 
 
 _EMPTY = {}  # (dtype, device) -> the empty tensor a released parameter holds
