@@ -64,9 +64,24 @@ absl::Status CudaSetDevice(int device) {
   return absl::OkStatus();
 }
 
+DeviceGuard::DeviceGuard(int device) noexcept {
+  int current = 0;
+  if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
+    status_ = CudaError(err, "cudaGetDevice");
+  } else if (current != device) {
+    status_ = CudaSetDevice(device);
+    if (status_.ok()) previous_ = current;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
 absl::StatusOr<DeviceAllocation> DeviceAllocation::Allocate(int device, std::size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("device allocation of 0 bytes");
-  if (absl::Status s = CudaSetDevice(device); !s.ok()) return s;
+  const DeviceGuard on(device);  // Note [current device]
+  if (!on.status().ok()) return on.status();
   void* p = nullptr;
   if (cudaError_t err = cudaMalloc(&p, bytes); err != cudaSuccess) {
     return CudaError(err, "cudaMalloc");
@@ -80,11 +95,10 @@ absl::StatusOr<DeviceAllocation> DeviceAllocation::Allocate(int device, std::siz
 
 void DeviceAllocation::Reset() noexcept {
   if (data_ == nullptr) return;
-  int current = 0;
-  const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_;
-  if (restore) cudaSetDevice(device_);
-  cudaFree(data_);
-  if (restore) cudaSetDevice(current);
+  {
+    const DeviceGuard on(device_);  // Note [current device]
+    cudaFree(data_);
+  }
   data_ = nullptr;
   size_ = 0;
 }
@@ -190,6 +204,8 @@ absl::Status NoCuda(const char* what) {
 
 int CudaDeviceCount() noexcept { return 0; }
 absl::Status CudaSetDevice(int) { return NoCuda("cudaSetDevice"); }
+DeviceGuard::DeviceGuard(int) noexcept : status_(NoCuda("cudaSetDevice")) {}
+DeviceGuard::~DeviceGuard() = default;
 absl::StatusOr<DeviceAllocation> DeviceAllocation::Allocate(int, std::size_t) {
   return NoCuda("cudaMalloc");
 }

@@ -22,6 +22,26 @@ int CudaDeviceCount() noexcept;
 // Makes `device` current for the calling thread.
 absl::Status CudaSetDevice(int device);
 
+// Note [current device]: CUDA's current device is the calling thread's (a new thread's is
+// device 0), and events, the legacy default stream and allocations go to it. The SDK's
+// work for a store or an engine on device d runs under a guard that makes d current and,
+// at its end, the thread's previous device again: whichever thread does it (the caller's,
+// or one of the SDK's own), and leaving the caller's current device as it was.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) noexcept;
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+  // The switch's outcome: the CUDA call under the guard reports the same otherwise.
+  const absl::Status& status() const noexcept { return status_; }
+
+ private:
+  int previous_ = -1;  // the device to make current again; -1: none was switched
+  absl::Status status_;
+};
+
 // One cudaMalloc allocation on a device.
 class DeviceAllocation {
  public:

@@ -64,9 +64,16 @@ absl::Status TensorStore::Impl::GpuToHostLocked(Tensor& t) {
   // rare step (an eviction of a dirty device copy, a flush), not the hot path.
   WaitGpuWorkLocked(t);
   mu.Unlock();
-  absl::Status s = prim::CopyAsync(t.block.data(), t.gpu, t.spec.bytes,
-                                   prim::CopyDirection::kDeviceToHost, CudaStreamView{});
-  if (s.ok()) s = prim::SynchronizeStream(CudaStreamView{});
+  absl::Status s;
+  {
+    const prim::DeviceGuard on(options.gpu_device);  // its legacy stream: Note [current device]
+    s = on.status();
+    if (s.ok()) {
+      s = prim::CopyAsync(t.block.data(), t.gpu, t.spec.bytes, prim::CopyDirection::kDeviceToHost,
+                          CudaStreamView{});
+    }
+    if (s.ok()) s = prim::SynchronizeStream(CudaStreamView{});
+  }
   mu.Lock();
   --t.pins;
   t.last_use = ++tick;
@@ -227,16 +234,25 @@ absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamVi
   // block by an earlier copy out: all precede this copy on `stream`. Taken under mu.
   std::vector<std::shared_ptr<prim::CudaEvent>> before = t.GpuEvents();
   mu.Unlock();
+  absl::StatusOr<prim::CudaEvent> event = absl::UnknownError("no event");
   absl::Status s;
-  auto event = prim::CudaEvent::Create();
-  s = event.status();
-  for (const auto& e : before)
-    if (s.ok()) s = e->MakeStreamWait(stream);
-  if (s.ok()) {
-    s = prim::CopyAsync(t.gpu, t.block.data(), t.spec.bytes, prim::CopyDirection::kHostToDevice,
-                        stream);
+  {
+    // The event on the store's device, whichever thread copies: a prefetch worker's
+    // current device is 0 (Note [current device]).
+    const prim::DeviceGuard on(options.gpu_device);
+    s = on.status();
+    if (s.ok()) {
+      event = prim::CudaEvent::Create();
+      s = event.status();
+    }
+    for (const auto& e : before)
+      if (s.ok()) s = e->MakeStreamWait(stream);
+    if (s.ok()) {
+      s = prim::CopyAsync(t.gpu, t.block.data(), t.spec.bytes, prim::CopyDirection::kHostToDevice,
+                          stream);
+    }
+    if (s.ok()) s = event->Record(stream);
   }
-  if (s.ok()) s = event->Record(stream);
   mu.Lock();
   --t.pins;
   cv.SignalAll();

@@ -638,8 +638,9 @@ void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept 
   // event recorded there, made before taking mu (Note [store locking]).
   std::shared_ptr<prim::CudaEvent> idle;
   if (tier == Tier::kGpu) {
+    const prim::DeviceGuard on(impl_->options.gpu_device);  // Note [current device]
     auto event = prim::CudaEvent::Create();
-    if (event.ok() && event->Record(stream).ok()) {
+    if (on.status().ok() && event.ok() && event->Record(stream).ok()) {
       idle = std::make_shared<prim::CudaEvent>(*std::move(event));
     } else {
       (void)prim::SynchronizeStream(stream);  // no event: wait for the work here instead

@@ -37,9 +37,13 @@ class CudaCopyEngine final : public CopyEngine {
   }
   absl::Status Copy(void* dst, const void* src, std::size_t bytes, prim::CopyDirection direction,
                     CudaStreamView stream) override {
+    const prim::DeviceGuard on(device_);  // Note [current device] (prim/cuda_memory.h)
+    MEMASCEND_RETURN_IF_ERROR(on.status());
     return prim::CopyAsync(dst, src, bytes, direction, stream);
   }
   absl::StatusOr<std::shared_ptr<CopyEvent>> Record(CudaStreamView stream, bool timing) override {
+    const prim::DeviceGuard on(device_);  // the event on the stream's device
+    MEMASCEND_RETURN_IF_ERROR(on.status());
     MEMASCEND_ASSIGN_OR_RETURN(
         prim::CudaEvent e, timing ? prim::CudaEvent::CreateTiming() : prim::CudaEvent::Create());
     MEMASCEND_RETURN_IF_ERROR(e.Record(stream));
@@ -94,7 +98,6 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCopyEngine(int device, bool emul
     return absl::FailedPreconditionError(fmt::format("no CUDA device {} ({} found{}{})", device,
                                                      devices, why.empty() ? "" : ": ", why));
   }
-  MEMASCEND_RETURN_IF_ERROR(prim::CudaSetDevice(device));
   return std::unique_ptr<CopyEngine>(new CudaCopyEngine(device));
 }
 

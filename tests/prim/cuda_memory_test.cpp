@@ -29,7 +29,52 @@ TEST(CudaMemory, WithoutADeviceTheCallsReportIt) {
   EXPECT_THAT(SynchronizeStream(CudaStreamView{}), StatusIs(absl::StatusCode::kFailedPrecondition));
 #endif
   EXPECT_TRUE(CudaEvent().Ready());  // a default event: nothing to wait for
+#if !MEMASCEND_HAVE_CUDA
+  EXPECT_THAT(DeviceGuard(0).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+#endif
 }
+
+#if MEMASCEND_HAVE_CUDA
+int Current() {
+  int d = -1;
+  EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+  return d;
+}
+
+// Note [current device]: a guard makes its device current for its life and the thread's
+// previous one after; an allocation on a device leaves the caller's current device.
+TEST(CudaMemory, ADeviceGuardMakesItsDeviceCurrentAndGivesTheOldOneBack) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  {
+    const DeviceGuard same(0);
+    EXPECT_OK(same.status());
+    EXPECT_EQ(Current(), 0);
+  }
+  EXPECT_EQ(Current(), 0);
+  {
+    const DeviceGuard none(devices);  // no such device: reported, nothing switched
+    EXPECT_FALSE(none.status().ok());
+  }
+  EXPECT_EQ(Current(), 0);
+  if (devices < 2) GTEST_SKIP() << "one CUDA device: no other to switch to";
+  {
+    const DeviceGuard other(1);
+    EXPECT_OK(other.status());
+    EXPECT_EQ(Current(), 1);
+  }
+  EXPECT_EQ(Current(), 0);
+  {
+    ASSERT_OK_AND_ASSIGN(DeviceAllocation a, DeviceAllocation::Allocate(1, 1 << 20));
+    EXPECT_EQ(Current(), 0);
+    cudaPointerAttributes at{};
+    ASSERT_EQ(cudaPointerGetAttributes(&at, a.data()), cudaSuccess);
+    EXPECT_EQ(at.device, 1);
+  }
+  EXPECT_EQ(Current(), 0);
+}
+#endif
 
 #if MEMASCEND_HAVE_CUDA
 // Note [blocking events]: a host wait sleeps in the driver. A busy-wait takes the CPU

@@ -327,6 +327,69 @@ TEST(GpuTier, EveryReleasedLeasesWorkIsWaitedForWhateverItsStream) {
   EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
+
+int CurrentDevice() {
+  int d = -1;
+  EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+  return d;
+}
+
+// Note [current device] (prim/cuda_memory.h): a store on the second device, made and used
+// from a thread whose current device is the first. Its workers' prefetch (a new thread's
+// current device is 0), the leases' events and a dirty copy's eviction go to its device,
+// and the caller's current device stays the first. The test's own copies run with the
+// second device current, as a caller's on that device would.
+TEST(GpuTier, AStoreOnAnotherDeviceWorksThereAndLeavesTheCallersCurrentDevice) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2)
+    GTEST_SKIP() << "fewer than two CUDA devices";
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  {
+    Stream s;  // on device 1
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    const auto on_1 = [](const auto& f) {
+      ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+      f();
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    };
+    ScratchPath path("gpu1");
+    auto volume = MakeVolume(path.path());
+    TensorStoreOptions o;
+    o.host_budget_bytes = 2 * kMiB;
+    o.gpu_budget_bytes = kMiB;  // one of the two at a time: the second evicts the first
+    o.gpu_device = 1;
+    o.prefetch_threads = 1;
+    ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+    EXPECT_EQ(CurrentDevice(), 0);
+    ASSERT_OK_AND_ASSIGN(TensorId a, store->Register(Spec("a", 768 * kKiB)));
+    ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", 768 * kKiB)));
+    FillOnHost(*store, a, "a", 1);
+    FillOnHost(*store, b, "b", 1);
+    ASSERT_OK(store->Prefetch(a, Tier::kGpu, s.view()).Wait());  // a worker's copy
+    EXPECT_EQ(CurrentDevice(), 0);
+    {
+      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(a, Tier::kGpu, s.view()));
+      EXPECT_EQ(store->stats().prefetch_hits, 1u);
+      on_1([&] {
+        EXPECT_EQ(FromDevice(dev, s), Pattern("a", 1, dev.size()));
+        ToDevice(dev, Pattern("a", 2, dev.size()), s);
+      });
+      dev.MarkDirty();
+    }  // the release's event, recorded from device 0's thread
+    EXPECT_EQ(CurrentDevice(), 0);
+    {
+      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(b, Tier::kGpu, s.view()));
+      on_1([&] { EXPECT_EQ(FromDevice(dev, s), Pattern("b", 1, dev.size())); });
+    }
+    EXPECT_EQ(CurrentDevice(), 0);
+    EXPECT_GT(store->stats().bytes_from_gpu, 0u);  // a's dirty copy came back
+    ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(a));
+    const auto p = Pattern("a", 2, host.size());
+    EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
 #endif  // MEMASCEND_HAVE_CUDA
 
 }  // namespace
