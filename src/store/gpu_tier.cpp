@@ -213,11 +213,15 @@ absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamVi
     mu.Unlock();
     absl::Status s;
     std::vector<std::shared_ptr<prim::CudaEvent>> done;
-    for (const auto& e : events) {
-      if (e->Ready()) {
-        done.push_back(e);
-      } else if (s.ok()) {
-        s = e->MakeStreamWait(stream);
+    {
+      const prim::DeviceGuard on(options.gpu_device);  // stream 0: the device's own
+      s = on.status();
+      for (const auto& e : events) {
+        if (e->Ready()) {
+          done.push_back(e);
+        } else if (s.ok()) {
+          s = e->MakeStreamWait(stream);
+        }
       }
     }
     mu.Lock();

@@ -50,6 +50,8 @@ class CudaCopyEngine final : public CopyEngine {
     return std::make_shared<CudaCopyEvent>(std::move(e));
   }
   absl::Status MakeWait(CudaStreamView stream, CopyEvent& event) override {
+    const prim::DeviceGuard on(device_);  // a legacy stream (0) is the device's
+    MEMASCEND_RETURN_IF_ERROR(on.status());
     return static_cast<CudaCopyEvent&>(event).event().MakeStreamWait(stream);
   }
   bool emulated() const noexcept override { return false; }

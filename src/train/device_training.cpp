@@ -188,6 +188,7 @@ struct DeviceParameters::Impl {
   absl::Status Drained(absl::Status s, const InFlight& f) {
     if (f.hold.empty()) return s;
     if (auto e = engine->Record(o.copy_stream, false); e.ok() && (*e)->Wait().ok()) return s;
+    const prim::DeviceGuard on(o.device);  // Note [current device]
     (void)prim::SynchronizeStream(o.copy_stream);
     return s;
   }

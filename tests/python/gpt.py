@@ -65,6 +65,7 @@ class CheckpointedGPT(GPT):
     gradient_checkpointing_enable), which from torch 2.1 stops a recomputation once it has
     what it needs; `on_input_grad` is called when the first block's backward is done."""
     on_input_grad = None
+    gradient_checkpointing = True  # as transformers marks a model it checkpoints
 
     def forward(self, idx, targets):
         from torch.utils.checkpoint import checkpoint

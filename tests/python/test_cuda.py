@@ -226,7 +226,7 @@ def test_a_checkpointed_block_keeps_its_recomputed_parameters_or_the_budget_says
             losses, failure = gpt.train_accumulating(model, opt, steps=3, device="cuda"), None
         except memascend.ResourceExhaustedError as e:
             losses, failure = None, e
-        stats = opt.stats()
+        stats = dict(opt.stats(), budget=offload._cuda.budget, layer=size, largest=largest)
         offload.remove()  # after a failed backward pass too: the model back, the state closed
         opt.close()
         return losses, failure, stats
@@ -234,8 +234,10 @@ def test_a_checkpointed_block_keeps_its_recomputed_parameters_or_the_budget_says
     losses, failure, stats = run(lambda size, largest: size + 3 * largest, "room")
     assert failure is None and losses == pytest.approx(ref_losses, rel=TOL, abs=TOL)
     assert stats["device_parameters"]["evictions"] > 0, stats["device_parameters"]
-    losses, failure, _ = run(lambda size, largest: None, "default")
+    losses, failure, stats = run(lambda size, largest: None, "default")
     assert failure is None and losses == pytest.approx(ref_losses, rel=TOL, abs=TOL)
+    size, largest = stats["layer"], stats["largest"]
+    assert stats["budget"] == max(2 * largest, size + largest) + 2 * largest, stats
     losses, failure, _ = run(lambda size, largest: size - largest // 2, "below")
     assert losses is None and "device budget" in str(failure), failure
 

@@ -736,9 +736,10 @@ def test_a_module_called_twice_in_a_checkpointed_block_keeps_both_recomputations
 
 
 def test_the_default_device_room_holds_a_layer_and_a_module():
-    """On a GPU the default device budget holds the largest layer (an element of an
-    nn.ModuleList, whose parameters a checkpointed recomputation holds through its
-    backward) beside a module, where that is more than the largest module twice."""
+    """On a GPU the default device budget holds, under checkpointing as transformers marks
+    it, the largest layer (an element of an nn.ModuleList, whose parameters a checkpointed
+    recomputation holds through its backward) beside a module, where that is more than
+    the largest module twice; without checkpointing, the largest module twice."""
     from memascend.torch.parameters import default_device_room
 
     class Opt:  # what default_device_room reads of an OffloadedAdamW
@@ -749,8 +750,11 @@ def test_the_default_device_room_holds_a_layer_and_a_module():
     index = {id(p): i for i, p in enumerate(model.parameters())}
     params_of = {id(m): [(p, index[id(p)]) for p in m.parameters(recurse=False)]
                  for m in model.modules() if any(True for _ in m.parameters(recurse=False))}
+    fc = model.blocks[0].fc.weight.numel() * 4 + 64 * 4 * 4
+    assert default_device_room(model, params_of, Opt) == (fc, 0)  # not checkpointed
+    model.blocks[1].gradient_checkpointing = True  # as transformers marks what it checkpoints
     largest, layer = default_device_room(model, params_of, Opt)
-    assert largest == model.blocks[0].fc.weight.numel() * 4 + 64 * 4 * 4
+    assert largest == fc
     assert layer == sum(p.numel() for p in model.blocks[0].parameters()) * 4
     assert layer + largest > 2 * largest  # the layer sets the default
     flat = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))

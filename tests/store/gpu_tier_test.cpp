@@ -2,6 +2,7 @@
 // range it never touches); the store's device paths run where a CUDA device exists and
 // otherwise check that the GPU tier reports kFailedPrecondition while the host tier works.
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -344,16 +345,16 @@ TEST(GpuTier, AStoreOnAnotherDeviceWorksThereAndLeavesTheCallersCurrentDevice) {
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2)
     GTEST_SKIP() << "fewer than two CUDA devices";
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
-  {
-    Stream s;  // on device 1
+  auto s = std::make_unique<Stream>();  // on device 1
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const auto on_1 = [](const auto& f) {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    f();
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    const auto on_1 = [](const auto& f) {
-      ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
-      f();
-      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    };
-    ScratchPath path("gpu1");
-    auto volume = MakeVolume(path.path());
+  };
+  ScratchPath path("gpu1");
+  auto volume = MakeVolume(path.path());
+  {
     TensorStoreOptions o;
     o.host_budget_bytes = 2 * kMiB;
     o.gpu_budget_bytes = kMiB;  // one of the two at a time: the second evicts the first
@@ -365,30 +366,39 @@ TEST(GpuTier, AStoreOnAnotherDeviceWorksThereAndLeavesTheCallersCurrentDevice) {
     ASSERT_OK_AND_ASSIGN(TensorId b, store->Register(Spec("b", 768 * kKiB)));
     FillOnHost(*store, a, "a", 1);
     FillOnHost(*store, b, "b", 1);
-    ASSERT_OK(store->Prefetch(a, Tier::kGpu, s.view()).Wait());  // a worker's copy
+    ASSERT_OK(store->Prefetch(a, Tier::kGpu, s->view()).Wait());  // a worker's copy
     EXPECT_EQ(CurrentDevice(), 0);
     {
-      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(a, Tier::kGpu, s.view()));
+      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(a, Tier::kGpu, s->view()));
       EXPECT_EQ(store->stats().prefetch_hits, 1u);
       on_1([&] {
-        EXPECT_EQ(FromDevice(dev, s), Pattern("a", 1, dev.size()));
-        ToDevice(dev, Pattern("a", 2, dev.size()), s);
+        EXPECT_EQ(FromDevice(dev, *s), Pattern("a", 1, dev.size()));
+        ToDevice(dev, Pattern("a", 2, dev.size()), *s);
       });
       dev.MarkDirty();
     }  // the release's event, recorded from device 0's thread
     EXPECT_EQ(CurrentDevice(), 0);
     {
-      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(b, Tier::kGpu, s.view()));
-      on_1([&] { EXPECT_EQ(FromDevice(dev, s), Pattern("b", 1, dev.size())); });
+      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(b, Tier::kGpu, s->view()));
+      on_1([&] { EXPECT_EQ(FromDevice(dev, *s), Pattern("b", 1, dev.size())); });
+    }
+    {  // On the legacy stream (0): the store's device's, whichever is current.
+      ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(b, Tier::kGpu, CudaStreamView{}));
+      on_1([&] {
+        std::vector<std::byte> out(dev.size());
+        EXPECT_EQ(cudaMemcpy(out.data(), dev.data(), out.size(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        EXPECT_EQ(out, Pattern("b", 1, dev.size()));
+      });
     }
     EXPECT_EQ(CurrentDevice(), 0);
     EXPECT_GT(store->stats().bytes_from_gpu, 0u);  // a's dirty copy came back
     ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(a));
     const auto p = Pattern("a", 2, host.size());
     EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
-    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
-  }
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  }  // the store closed, its device memory freed, from device 0's thread
+  EXPECT_EQ(CurrentDevice(), 0);
+  on_1([&] { s.reset(); });
 }
 #endif  // MEMASCEND_HAVE_CUDA
 

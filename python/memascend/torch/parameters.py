@@ -113,8 +113,8 @@ class ParameterOffload:
     # = t` gives p t's dispatch keys). They own nothing; remove() forgets them.
     def _use_device(self, module, device_budget, read_ahead):
         """The device budget: by default room for the largest module twice (in use, and
-        the next), or for a layer and a module (Note [recomputed parameters]: under
-        checkpointing a layer's recomputed parameters are held through its backward), plus
+        the next), or under checkpointing for a layer and a module (Note [recomputed
+        parameters]: a layer's recomputed parameters are held through its backward), plus
         the read-ahead, which is twice the largest module."""
         largest, layer = default_device_room(module, self._params_of, self._opt)
         read_ahead = int(read_ahead) if read_ahead is not None else 2 * largest
@@ -459,9 +459,8 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
     direction of the pass. On a GPU the parameters are copied into a device allocation of
     `device_budget` bytes on a copy stream of their own, and those of the next
     submodules are read ahead along the order the first forward pass recorded, up to
-    `read_ahead` bytes (defaults: twice the largest submodule's parameters to read ahead,
-    and the budget that plus room for two, or for a layer and one where more); gradients
-    then leave the GPU as backward makes them.
+    `read_ahead` bytes (defaults: docs/python.md); gradients then leave the GPU as
+    backward makes them.
 
     `units`: a module class, or a tuple of them, whose instances are loaded whole: the
     parameters of a unit and of everything below it come in together before its forward
@@ -475,14 +474,15 @@ def offload_parameters(module: torch.nn.Module, optimizer: OffloadedAdamW, windo
 
 
 def default_device_room(module, params_of, opt):
-    """(the largest hooked module's parameter bytes, the largest layer's): a layer is an
-    element of an nn.ModuleList (a transformer's decoder layers, the regions
-    gradient_checkpointing_enable checkpoints), its bytes those of the offloaded
-    parameters below it, each counted once."""
+    """(the largest hooked module's parameter bytes, the largest layer's under activation
+    checkpointing as transformers marks it, a submodule's `gradient_checkpointing` true, or
+    0): a layer is an element of an nn.ModuleList (a decoder layer, what transformers
+    checkpoints), its bytes those of the offloaded parameters below it."""
     size = torch.empty((), dtype=opt._dtype).element_size()
     mine = {id(p): opt._numels[i] * size for own in params_of.values() for p, i in own}
     largest = max(sum(mine[id(p)] for p, _ in own) for own in params_of.values())
-    layers = [c for m in module.modules() if isinstance(m, torch.nn.ModuleList) for c in m]
+    ckpt = any(getattr(m, "gradient_checkpointing", False) is True for m in module.modules())
+    layers = [c for m in module.modules() if ckpt and isinstance(m, torch.nn.ModuleList) for c in m]
     return largest, max([sum(mine.get(id(p), 0) for p in c.parameters()) for c in layers],
                         default=0)
 
