@@ -363,7 +363,7 @@ absl::Status Swap(const fs::path& stage, const fs::path& target, bool target_exi
 
 // The export's files into `dir` (the staging directory), each fsynced.
 absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExportOptions& o,
-                         const std::function<absl::StatusOr<const float*>(std::size_t)>& group) {
+                         const GroupRangeReader& read) {
   // The shards: tensors in order, a new file when the next would pass shard_bytes.
   std::vector<memascend::SafetensorsTensor> tensors = HfTensors(c, o.dtype);
   const std::uint64_t esize = memascend::SafetensorsElementBytes(o.dtype);
@@ -386,8 +386,7 @@ absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExpo
       dir / (n == 1 ? "model.safetensors" : ShardName(0, n)), shards[0], metadata);
   MEMASCEND_RETURN_IF_ERROR(writer.status());
   // Each tensor to the current file; a file whole, the next one.
-  const auto append = [&](const HfTensorSlice& t, const float* data) -> absl::Status {
-    MEMASCEND_RETURN_IF_ERROR((*writer)->Append({data, t.slice.count, memascend::DType::kF32}));
+  const auto tensor_done = [&]() -> absl::Status {
     if (--left > 0) return absl::OkStatus();
     MEMASCEND_RETURN_IF_ERROR((*writer)->Finish());
     if (++shard == n) return absl::OkStatus();  // the last tensor
@@ -396,9 +395,29 @@ absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExpo
         memascend::SafetensorsWriter::Create(dir / ShardName(shard, n), shards[shard], metadata);
     return writer.status();
   };
+  std::vector<float> piece, whole;
   for (std::size_t g = 0; g < GroupCount(c); ++g) {
-    MEMASCEND_ASSIGN_OR_RETURN(const float* params, group(g));
-    MEMASCEND_RETURN_IF_ERROR(ForEachHfTensor(c, g, params, append));
+    for (const HfTensorSlice& t : HfGroupTensors(c, g)) {
+      if (t.transposed) {  // the group's [out, in] as the file's [in, out]: read whole
+        whole.resize(t.slice.count);
+        piece.resize(std::max(piece.size(), t.slice.count));
+        MEMASCEND_RETURN_IF_ERROR(read(g, t.slice.offset, t.slice.count, whole.data()));
+        Transpose(reinterpret_cast<const std::byte*>(whole.data()),
+                  reinterpret_cast<std::byte*>(piece.data()), t.shape[1], t.shape[0],
+                  sizeof(float));
+        MEMASCEND_RETURN_IF_ERROR(
+            (*writer)->Append({piece.data(), t.slice.count, memascend::DType::kF32}));
+      } else {
+        for (std::size_t done = 0; done < t.slice.count;) {
+          const std::size_t count = std::min(o.piece_elements, t.slice.count - done);
+          piece.resize(std::max(piece.size(), count));
+          MEMASCEND_RETURN_IF_ERROR(read(g, t.slice.offset + done, count, piece.data()));
+          MEMASCEND_RETURN_IF_ERROR((*writer)->Append({piece.data(), count, memascend::DType::kF32}));
+          done += count;
+        }
+      }
+      MEMASCEND_RETURN_IF_ERROR(tensor_done());
+    }
   }
   if (n > 1) {
     memascend::util::JsonWriter j;
@@ -419,13 +438,14 @@ absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExpo
 }  // namespace
 
 absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
-                           const HfExportOptions& o,
-                           const std::function<absl::StatusOr<const float*>(std::size_t)>& group) {
+                           const HfExportOptions& o, const GroupRangeReader& read) {
   if (!c.hf.has_value()) return absl::InvalidArgumentError("only a Hugging Face model exports");
   if (o.dtype != "F32" && o.dtype != "F16" && o.dtype != "BF16") {
     return absl::InvalidArgumentError(fmt::format("export dtype '{}': F32, F16 or BF16", o.dtype));
   }
   if (o.shard_bytes == 0) return absl::InvalidArgumentError("export shard size must be positive");
+  if (o.piece_elements == 0)
+    return absl::InvalidArgumentError("export piece size must be positive");
   if (dir_arg.empty()) return absl::InvalidArgumentError("export directory: empty path");
   std::error_code ec;
   // The directory itself (through a link to it), absolute, so that its parent and name are
@@ -469,7 +489,7 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
         fmt::format("{}: cannot create: {}", stage.string(), ec.message()));
   absl::Status s = WriteFileAtomically((stage / kStagingMarker).string(),
                                        "an export to " + target.string() + " in progress\n");
-  if (s.ok()) s = WriteExport(c, stage, o, group);
+  if (s.ok()) s = WriteExport(c, stage, o, read);
   if (s.ok() && exists) {
     fs::permissions(stage, fs::status(target, ec).permissions(), ec);
     s = CarryOver(target, stage);

@@ -65,14 +65,16 @@ struct HfExportOptions {
   // own); more than one file: model-0000i-of-0000n.safetensors and their index.
   std::uint64_t shard_bytes = 5'000'000'000;  // Hugging Face's default max_shard_size
   bool overwrite = false;                     // replace an earlier export in the directory
+  // The most elements of a tensor read (and written) at a time: Note [tied head] in run.h.
+  std::size_t piece_elements = std::size_t{4} << 20;  // 16 MiB of fp32
 };
 
 // The dtype name of a safetensors export for config.json's torch_dtype ("F16": "float16").
 std::string TorchDtypeName(std::string_view safetensors_dtype);
 
 // Writes a Hugging Face model directory: config.json and the weights under Hugging Face's
-// names and layouts, in group order, `group(g)` giving group g's parameters in fp32 (valid
-// until the next call), so one group is in memory at a time. `dir` is created if missing.
+// names and layouts, in group order, read through `read` a piece at a time (below), so
+// no group is in memory whole. `dir` is created if missing.
 // Without `overwrite`, a directory holding config.json or model*.safetensors* is refused
 // (kAlreadyExists, naming the file).
 //
@@ -87,8 +89,14 @@ std::string TorchDtypeName(std::string_view safetensors_dtype);
 // next export removes the staging left behind when it holds only model files and files
 // `dir` holds too, and refuses, naming it, when it holds anything else (a folder moved in
 // just before the kill). Through a symbolic link, the linked directory is replaced.
+// `read` gives elements [first, first + count) of group g's weights (fp32) into `out`,
+// asked for in the files' order (the groups in order, each range once), at most
+// o.piece_elements at a time but for a tensor the file holds transposed (GPT-2's Conv1D
+// weights, asked for whole). kInvalidArgument for piece_elements 0.
+using GroupRangeReader =
+    std::function<absl::Status(std::size_t g, std::size_t first, std::size_t count, float* out)>;
 absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir, const HfExportOptions& o,
-                           const std::function<absl::StatusOr<const float*>(std::size_t)>& group);
+                           const GroupRangeReader& read);
 
 }  // namespace offload_train
 

@@ -39,6 +39,32 @@ absl::StatusOr<const float*> Run::Master(std::size_t g) {
   return w;
 }
 
+absl::Status Run::ReadMaster(std::size_t g, std::size_t first, std::size_t count, float* out) {
+  if (shard_ == nullptr) {
+    return adam_->ReadStateRange(memascend::StateKind::kMaster, g, first,
+                                 {out, count, DType::kF32});
+  }
+  if (gathered_ != g) {
+    MEMASCEND_ASSIGN_OR_RETURN(gathered_data_, Master(g));
+    gathered_ = g;
+  }
+  std::copy(gathered_data_ + first, gathered_data_ + first + count, out);
+  return absl::OkStatus();
+}
+
+MatrixRows<float> Run::MasterEmbedRows() {
+  const std::size_t ch = c_.channels;
+  return MatrixRows<float>(
+      [this, ch](std::size_t begin, std::size_t end) {
+        if (rows_status_.ok()) {
+          rows_status_ = adam_->ReadStateRange(memascend::StateKind::kMaster, 0, begin * ch,
+                                               {wr_.data(), (end - begin) * ch, DType::kF32});
+        }
+        return static_cast<const float*>(wr_.data());
+      },
+      wr_.size() / ch);
+}
+
 // The mean next-token loss over `tokens` cut into windows of seq + 1 (a partial last
 // window dropped), each predicting its tokens 1..seq from 0..seq-1, in fp32 from the
 // master weights; `batch` windows a pass (the last pass padded with its first window,
@@ -54,6 +80,11 @@ absl::StatusOr<std::pair<double, std::uint64_t>> Run::Evaluate(
         "--eval: {} tokens, fewer than one window of --seq + 1 = {}", tokens.size(), seq + 1));
   }
   MakeNet();
+  // Note [tied head]: one process reads the tied embeddings' master weights a chunk of
+  // rows at a time, and their 16 bits are let go meanwhile (Working(0) makes them again).
+  const bool by_rows = tied_ && shard_ == nullptr;
+  if (by_rows) we_.reset();
+  rows_status_ = absl::OkStatus();
   constexpr std::size_t kEvalStreamBytes = std::size_t{256} << 20;
   const std::size_t stream = batch * seq * c_.channels;  // one pass's residual stream
   const std::size_t passes = (windows + batch - 1) / batch;
@@ -81,19 +112,26 @@ absl::StatusOr<std::pair<double, std::uint64_t>> Run::Evaluate(
     const std::size_t k = chunk < mine ? std::min(per_chunk, mine - chunk) : 0;
     streams.resize(k * stream);
     for (std::size_t g = 0; g < groups; ++g) {
-      MEMASCEND_ASSIGN_OR_RETURN(const float* w, Master(g));
+      const float* w = nullptr;
+      if (g != 0 || !by_rows) {
+        MEMASCEND_ASSIGN_OR_RETURN(w, Master(g));
+      }
       for (std::size_t p = 0; p < k; ++p) {
         const std::size_t n = fill(lo + chunk + p);
         float* kept = streams.data() + p * stream;
         if (g == 0) {
-          net_->Embed(MatrixRows<float>(w), inputs.data());
+          net_->Embed(by_rows ? MasterEmbedRows() : MatrixRows<float>(w), inputs.data());
+          MEMASCEND_RETURN_IF_ERROR(rows_status_);
         } else {
           net_->SetResidual(kept);
           if (g + 1 < groups) {
             net_->Block(g - 1, w);
           } else {
-            net_->Head(w, MatrixRows<float>(tied_ ? master_embed_.data() : nullptr), targets.data(),
-                       1.0f, /*backward=*/false);
+            const MatrixRows<float> embed =
+                !tied_ ? MatrixRows<float>()
+                       : (by_rows ? MasterEmbedRows() : MatrixRows<float>(master_embed_.data()));
+            net_->Head(w, embed, targets.data(), 1.0f, /*backward=*/false);
+            MEMASCEND_RETURN_IF_ERROR(rows_status_);
             const float* rows = net_->RowLosses();
             for (std::size_t r = 0; r < n * seq; ++r) sum += static_cast<double>(rows[r]);
             continue;

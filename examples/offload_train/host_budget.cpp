@@ -37,7 +37,7 @@ std::uint64_t ModelStateBytes(const ModelConfig& c, DType dtype) {
 std::uint64_t WorkingMemoryBytes(const ModelConfig& c, std::size_t batch,
                                  bool checkpoint_activations, bool reads_masters) {
   // The trainer's working buffers (Run: wf_, df_ and wr_ in fp32; we_ in 16 bits, or in
-  // its place master_embed_ in fp32: Note [tied head]).
+  // its place master_embed_ in fp32 on data-parallel ranks: Note [tied head]).
   std::uint64_t floats = WorkingParams(c) + GradientScratchParams(c);
   if (TiedHead(c)) {
     floats +=
@@ -84,9 +84,9 @@ absl::StatusOr<memascend::HostBudget> ChooseTrainHostBudget(const TrainOptions& 
   want.minimum_bytes = OffloadedAdam::MinimumHostBudget(parted);
   // In place, but for data-parallel ranks (StateOptions, state.cpp).
   want.maximum_bytes = memascend::VersionedTrainingState::StoredBytes(parted, world == 1);
-  want.other_bytes = WorkingMemoryBytes(o.model, o.model.batch / static_cast<std::size_t>(world),
-                                        o.checkpoint_activations,
-                                        o.eval_tokens != nullptr || !o.export_dir.empty());
+  want.other_bytes = WorkingMemoryBytes(
+      o.model, o.model.batch / static_cast<std::size_t>(world), o.checkpoint_activations,
+      world > 1 && (o.eval_tokens != nullptr || !o.export_dir.empty()));
   // The store has no GPU tier: the budget is mlock'ed (TensorStoreOptions::host_backing).
   want.backing = memascend::HostBackingKind::kMlock;
   want.given_bytes = o.host_budget;

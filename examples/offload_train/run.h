@@ -86,9 +86,12 @@ class FloatBuffer {
 // the chunk at most 16 MiB. MemAscend's policy never makes the group whole in fp32 on the
 // training path: Init makes it a part at a time (InitGroupRange,
 // OffloadedAdam::InitializePart; ZeRO-Infinity's parts are whole groups). The master
-// weights read for --eval and --export are whole in fp32 (Master()); their buffer and we_
-// are made when used and never held together, so such a read costs what the fp32 copy
-// did and training half of it.
+// weights --eval and --export read are fp32: a process alone reads the tied ones a range
+// at a time from the state (OffloadedAdam::ReadStateRange: the evaluation's embedding and
+// head through MatrixRows into wr_, with we_ let go, the export a tensor piece at a time),
+// so neither holds the group in any width. Data-parallel ranks gather it whole (Master());
+// that buffer and we_ are made when used and never held together, so such a read costs
+// what the fp32 copy did and training half of it.
 
 // Each block's input between its forward and backward passes, for checkpointed
 // activations: scratch tensors in the tensor store (pinned under its budget, on the volume
@@ -188,6 +191,11 @@ class Run {
   // buffer.
   // With several ranks, a collective: each reads its shard, and all are gathered.
   absl::StatusOr<const float*> Master(std::size_t g);
+  // Elements [first, first + count) of group g's fp32 master weights into `out`, for an
+  // export: read from the state as asked, with no buffer for the group (with several ranks,
+  // the group gathered by Master(g) when its first range is asked for, which every rank
+  // must then call: Note [data parallel]).
+  absl::Status ReadMaster(std::size_t g, std::size_t first, std::size_t count, float* out);
 
   // The mean next-token loss over `tokens` cut into windows of seq + 1 (a partial last
   // window dropped), each predicting its tokens 1..seq from 0..seq-1, in fp32 from the
@@ -240,6 +248,10 @@ class Run {
   // a time into wr_; otherwise group 0 whole in wf_ (for Head: none, its own matrix).
   MatrixRows<float> EmbedRows();
   MatrixRows<float> HeadRows() { return tied_ ? EmbedRows() : MatrixRows<float>(); }
+  // The tied embeddings' master weights as Embed and Head read them, for an evaluation
+  // by one process: a chunk of rows at a time from the state into wr_ (Note [tied head]);
+  // a failed read is kept in rows_status_, which the caller checks after the pass.
+  MatrixRows<float> MasterEmbedRows();
 
   // ---- Note [data parallel]: each rank's shard, gathered
 
@@ -326,8 +338,11 @@ class Run {
   std::unique_ptr<std::byte[]> we_;
   FloatBuffer wr_;
   FloatBuffer master_embed_;
-  FloatBuffer df_;        // a gradient in fp32 (Note [gradient parts])
-  FloatBuffer block_in_;  // a checkpointed block's input
+  absl::Status rows_status_;              // MasterEmbedRows' first failed read
+  std::size_t gathered_ = SIZE_MAX;       // ReadMaster's group, with several ranks
+  const float* gathered_data_ = nullptr;  // ...and its gathered weights
+  FloatBuffer df_;                        // a gradient in fp32 (Note [gradient parts])
+  FloatBuffer block_in_;                  // a checkpointed block's input
   PhaseSeconds phases_;
   std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
   std::uint64_t step_ = 0;               // the last step committed

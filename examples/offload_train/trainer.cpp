@@ -359,8 +359,11 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     for (std::size_t g = 0; g < GroupCount(o.model); ++g)
       MEMASCEND_RETURN_IF_ERROR(run.Master(g).status());
   } else if (!o.export_dir.empty()) {
-    MEMASCEND_RETURN_IF_ERROR(ExportHfModel(o.model, o.export_dir, o.export_options,
-                                            [&run](std::size_t g) { return run.Master(g); }));
+    MEMASCEND_RETURN_IF_ERROR(
+        ExportHfModel(o.model, o.export_dir, o.export_options,
+                      [&run](std::size_t g, std::size_t first, std::size_t count, float* out) {
+                        return run.ReadMaster(g, first, count, out);
+                      }));
     for (std::size_t g = 0; g < GroupCount(o.model); ++g) {
       summary.export_bytes +=
           GroupParams(o.model, g) * memascend::SafetensorsElementBytes(o.export_options.dtype);

@@ -275,8 +275,9 @@ absl::StatusOr<memascend::HostBudget> ChooseTrainHostBudget(const TrainOptions& 
 // of a group's parameters (fp32; tied embeddings in 16 bits and a chunk of them widened,
 // Note [tied head] in run.h) and gradient, the activations of `batch` sequences (a
 // block's input per layer with checkpoint_activations), and 256 MiB of heap. With
-// `reads_masters` (--eval, --export) the tied embeddings' master weights whole in fp32,
-// which replace their 16 bits while read.
+// `reads_masters` (--eval, --export on data-parallel ranks, which gather a group whole;
+// one process reads ranges) the tied embeddings' master weights whole in fp32, which
+// replace their 16 bits while read.
 std::uint64_t WorkingMemoryBytes(const ModelConfig& c, std::size_t batch,
                                  bool checkpoint_activations, bool reads_masters = false);
 std::size_t OptimizerParts(const ModelConfig& c, std::size_t group, std::size_t optimizer_chunk);

@@ -260,6 +260,11 @@ class OffloadedAdam {
   // kExpAvg and kExpAvgSq in any dtype (they are fp32), kParameters as LoadParameters.
   // kInvalidArgument for the gradient kind or a wrong element count.
   absl::Status ReadState(StateKind kind, std::size_t group, MutableTensorView out);
+  // Elements [first, first + out.elements) of the same: a large group a range at a time,
+  // with no buffer for the whole of it (the parts the range covers are read, each once).
+  // kOutOfRange for a range past the group's end; kInvalidArgument for the gradient kind.
+  absl::Status ReadStateRange(StateKind kind, std::size_t group, std::size_t first,
+                              MutableTensorView out);
   // Overwrites group g's current `kind` from `in` (converted to the stored dtype). A group
   // with stored parameters keeps them apart from its master weights: write both (derived
   // parameters follow the master weights by themselves). Committed by the next Commit.
@@ -353,6 +358,7 @@ class OffloadedAdam {
   absl::Status FinishTornStep();
   absl::Status UpdateParts(std::size_t g, const AdamConfig& adam, MutableTensorView params_out);
   absl::Status FailedUpdate() const;
+  absl::Status LoadParameterRange(std::size_t g, std::size_t first, MutableTensorView out);
   std::string EncodeRedo() const;
   // The update in progress has written group g's next version (not yet committed).
   bool Updated(std::size_t g) const noexcept {

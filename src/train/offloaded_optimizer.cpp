@@ -361,13 +361,32 @@ absl::Status OffloadedAdam::ReadState(StateKind kind, std::size_t g, MutableTens
   const StateLayout& l = layout();
   MEMASCEND_RETURN_IF_ERROR(CheckStateAccess(l, kind, g, out.elements));
   if (kind == StateKind::kParameters) return LoadParameters(g, out);
+  return ReadStateRange(kind, g, 0, out);
+}
+
+absl::Status OffloadedAdam::ReadStateRange(StateKind kind, std::size_t g, std::size_t first,
+                                           MutableTensorView out) {
+  const StateLayout& l = layout();
+  if (g >= l.groups.size()) return absl::OutOfRangeError(fmt::format("adam: no group {}", g));
+  if (kind == StateKind::kGradient)
+    return absl::InvalidArgumentError("adam: gradients are not part of the kept state");
+  const std::size_t elements = l.groups[g].elements;
+  if (first > elements || out.elements > elements - first) {
+    return absl::OutOfRangeError(fmt::format("adam: elements [{}, {}) of group '{}', which has {}",
+                                             first, first + out.elements, l.groups[g].name,
+                                             elements));
+  }
+  if (kind == StateKind::kParameters) return LoadParameterRange(g, first, out);
+  const std::size_t last = first + out.elements;
   for (std::size_t part = 0; part < l.Parts(g); ++part) {
     const auto [begin, end] = l.PartRange(g, part);
-    const std::size_t n = end - begin;
+    if (end <= first || begin >= last) continue;
+    const std::size_t from = std::max(begin, first), n = std::min(end, last) - from;
     MEMASCEND_ASSIGN_OR_RETURN(StateBuffer s, storage_->Read(kind, g, part, false));
     MEMASCEND_RETURN_IF_ERROR(Convert(
-        {s.data, n, DType::kF32},
-        {static_cast<std::byte*>(out.data) + begin * SizeOf(out.dtype), n, out.dtype}, K()));
+        {s.data + (from - begin) * sizeof(float), n, DType::kF32},
+        {static_cast<std::byte*>(out.data) + (from - first) * SizeOf(out.dtype), n, out.dtype},
+        K()));
   }
   return absl::OkStatus();
 }
@@ -725,23 +744,36 @@ absl::Status OffloadedAdam::LoadParameters(std::size_t g, MutableTensorView out)
                                                   l.groups[g].name, l.groups[g].elements,
                                                   out.elements));
   }
+  return LoadParameterRange(g, 0, out);
+}
+
+// Elements [first, first + out.elements) of group g's newest parameters (the range checked).
+absl::Status OffloadedAdam::LoadParameterRange(std::size_t g, std::size_t first,
+                                               MutableTensorView out) {
+  const StateLayout& l = layout();
   const bool derived = !l.Stored(StateKind::kParameters, g);
   const bool next = Updated(g);
+  const std::size_t last = first + out.elements;
   for (std::size_t part = 0; part < l.Parts(g); ++part) {
     const auto [begin, end] = l.PartRange(g, part);
-    const std::size_t n = end - begin;
-    const MutableTensorView to{static_cast<std::byte*>(out.data) + begin * SizeOf(out.dtype), n,
-                               out.dtype};
+    if (end <= first || begin >= last) continue;
+    const std::size_t from = std::max(begin, first), n = std::min(end, last) - from;
+    const MutableTensorView to{
+        static_cast<std::byte*>(out.data) + (from - first) * SizeOf(out.dtype), n, out.dtype};
     if (derived) {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer m, storage_->Read(StateKind::kMaster, g, part, next));
       const MutableTensorView half{derived_.data(), n, l.param_dtype};
-      MEMASCEND_RETURN_IF_ERROR(Convert({m.data, n, DType::kF32}, half, K()));
+      MEMASCEND_RETURN_IF_ERROR(
+          Convert({m.data + (from - begin) * sizeof(float), n, DType::kF32}, half, K()));
       MEMASCEND_RETURN_IF_ERROR(Convert({half.data, n, l.param_dtype}, to, K()));
       continue;
     }
     MEMASCEND_ASSIGN_OR_RETURN(StateBuffer p,
                                storage_->Read(StateKind::kParameters, g, part, next));
-    MEMASCEND_RETURN_IF_ERROR(Convert({p.data, n, l.param_dtype}, to, K()));
+    MEMASCEND_RETURN_IF_ERROR(
+        Convert({static_cast<const std::byte*>(p.data) + (from - begin) * SizeOf(l.param_dtype), n,
+                 l.param_dtype},
+                to, K()));
   }
   return absl::OkStatus();
 }

@@ -675,6 +675,33 @@ def test_a_stopped_recomputation_lets_go_of_its_loads(tmp_path, units):
     opt.close()
 
 
+def holds_after_backward(tmp_path, make, watched, steps=3):
+    """Trains a checkpointed model `make()` under offload_parameters as torch's AdamW
+    trains it (checked), recording, after each backward of a module `watched(block)`
+    names, how many loads of the parameter it names are held: {id(module): parameter}."""
+    ref_model, ref_losses = reference(steps, make)
+    torch.manual_seed(0)
+    model = make()
+    opt = offloaded(tmp_path, model, host_budget=4 << 20)
+    offload = mt.offload_parameters(model, opt)
+    index = {id(p): i for i, p in enumerate(opt._params)}
+    watch = {id(m): index[id(p)] for b in model.blocks for m, p in [watched(b)]}
+    held = []
+    post_backward = offload._post_backward
+
+    def recording(m):
+        post_backward(m)
+        if id(m) in watch:
+            held.append(offload._count.get(watch[id(m)], 0))
+    offload._post_backward = recording
+    losses = train(model, opt, steps=steps)
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
+    assert all(c == 0 for c in offload._count.values()), offload._count
+    offload.remove()
+    opt.close()
+    return held, len(model.blocks)
+
+
 def test_a_recomputation_holds_its_loads_until_each_modules_backward(tmp_path):
     """Note [recomputed parameters]: the recomputation of a checkpointed block saves its
     modules' parameters for their backward, later in the pass; on a GPU those are views of
@@ -682,26 +709,9 @@ def test_a_recomputation_holds_its_loads_until_each_modules_backward(tmp_path):
     done (released after the recomputation, a block could be evicted and refilled with
     another group's bytes first). Checked when the block's last module's backward is done:
     its first module, recomputed before it and not yet through its backward, is held."""
-    ref_model, ref_losses = reference(3, gpt.CheckpointedGPT)
-    torch.manual_seed(0)
-    model = gpt.CheckpointedGPT()
-    opt = offloaded(tmp_path, model, host_budget=4 << 20)
-    offload = mt.offload_parameters(model, opt)
-    index = {id(p): i for i, p in enumerate(opt._params)}
-    first = {id(b.out): index[id(b.qkv.weight)] for b in model.blocks}
-    held = []
-    post_backward = offload._post_backward
-
-    def recording(m):
-        post_backward(m)
-        if id(m) in first:
-            held.append(offload._count.get(first[id(m)], 0))
-    offload._post_backward = recording
-    losses = train(model, opt, steps=3)
-    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
-    assert held == [1] * (3 * len(model.blocks)), held
-    offload.remove()
-    opt.close()
+    held, blocks = holds_after_backward(tmp_path, gpt.CheckpointedGPT,
+                                        lambda b: (b.out, b.qkv.weight))
+    assert held == [1] * (3 * blocks), held
 
 
 def test_a_module_called_twice_in_a_checkpointed_block_keeps_both_recomputations(tmp_path):
@@ -710,29 +720,10 @@ def test_a_module_called_twice_in_a_checkpointed_block_keeps_both_recomputations
     lets go of one recomputation's loads: after the later call's, the earlier call's
     backward, which reads the parameters its recomputation saved (on a GPU, views of a
     device block), is still to come, and they stay held; after it, none are."""
-    def make():
-        return gpt.CheckpointedGPT(block=gpt.SharedProjectionBlock)
-    ref_model, ref_losses = reference(3, make)
-    torch.manual_seed(0)
-    model = make()
-    opt = offloaded(tmp_path, model, host_budget=4 << 20)
-    offload = mt.offload_parameters(model, opt)
-    index = {id(p): i for i, p in enumerate(opt._params)}
-    shared = {id(b.proj): index[id(b.proj.weight)] for b in model.blocks}
-    held = []
-    post_backward = offload._post_backward
-
-    def recording(m):
-        post_backward(m)
-        if id(m) in shared:
-            held.append(offload._count.get(shared[id(m)], 0))
-    offload._post_backward = recording
-    losses = train(model, opt, steps=3)
-    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-5)
-    assert held == [1, 0] * (3 * len(model.blocks)), held
-    assert all(c == 0 for c in offload._count.values()), offload._count
-    offload.remove()
-    opt.close()
+    held, blocks = holds_after_backward(
+        tmp_path, lambda: gpt.CheckpointedGPT(block=gpt.SharedProjectionBlock),
+        lambda b: (b.proj, b.proj.weight))
+    assert held == [1, 0] * (3 * blocks), held
 
 
 def test_the_default_device_room_holds_a_layer_and_a_module():

@@ -53,12 +53,14 @@ class ExportTest : public ::testing::Test {
     HfExportOptions o;
     o.shard_bytes = shard_bytes;
     o.overwrite = overwrite;
+    for (std::vector<float>& group : groups_)
+      for (float& x : group) x += offset;
     return ExportHfModel(model_, dir.string(), o,
-                         [&](std::size_t g) -> absl::StatusOr<const float*> {
+                         [&](std::size_t g, std::size_t first, std::size_t count, float* out) {
                            if (g == fail_at)
                              return absl::DataLossError("injected: group unreadable");
-                           for (float& x : groups_[g]) x += offset;
-                           return groups_[g].data();
+                           std::copy_n(groups_[g].data() + first, count, out);
+                           return absl::OkStatus();
                          });
   }
   static std::set<std::string> Names(const fs::path& dir) {
@@ -91,6 +93,37 @@ class ExportTest : public ::testing::Test {
   ModelConfig model_;
   std::vector<std::vector<float>> groups_;
 };
+
+TEST_F(ExportTest, TensorsReadAPieceAtATimeWriteTheSameFiles) {
+  // The reader is asked for each tensor's elements in order, each once, in pieces of at
+  // most piece_elements; the files are those of an export read a tensor at a time.
+  const fs::path whole = root_ / "whole", pieces = root_ / "pieces";
+  ASSERT_OK(Export(whole, 20000, false));
+  HfExportOptions o;
+  o.shard_bytes = 20000;
+  o.piece_elements = 7;
+  std::vector<std::size_t> next(groups_.size(), 0);  // each group's next element
+  std::size_t asked = 0, last_group = 0;
+  ASSERT_OK(ExportHfModel(model_, pieces.string(), o,
+                          [&](std::size_t g, std::size_t first, std::size_t count, float* out) {
+                            EXPECT_GE(g, last_group);  // the groups in order
+                            EXPECT_EQ(first, next[g]);
+                            EXPECT_LE(count, 7u);
+                            last_group = g;
+                            next[g] = first + count;
+                            ++asked;
+                            std::copy_n(groups_[g].data() + first, count, out);
+                            return absl::OkStatus();
+                          }));
+  for (std::size_t g = 0; g < groups_.size(); ++g) EXPECT_EQ(next[g], groups_[g].size()) << g;
+  EXPECT_GT(asked, groups_.size() * 7);
+  EXPECT_EQ(Snapshot(pieces), Snapshot(whole));
+  o.piece_elements = 0;
+  EXPECT_THAT(
+      ExportHfModel(model_, (root_ / "none").string(), o,
+                    [](std::size_t, std::size_t, std::size_t, float*) { return absl::OkStatus(); }),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("piece")));
+}
 
 TEST_F(ExportTest, AFailureHalfWayLeavesTheOldExportWhole) {
   const fs::path out = root_ / "out";

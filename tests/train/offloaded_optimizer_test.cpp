@@ -494,6 +494,50 @@ TEST(OffloadedAdam, AStateExportedAndImportedElsewhereContinuesAsTheOriginal) {
   EXPECT_THAT(adam->SetAdamStep(3), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+TEST(OffloadedAdam, AStateReadARangeAtATimeIsTheWholeRead) {
+  // ReadStateRange: ranges that start and end inside parts, span part boundaries, or are
+  // a single element give the whole read's bytes, for every kind a state keeps, derived
+  // and stored parameters, in fp32 and in another dtype; a range past a group's end is
+  // refused, and so are the gradients.
+  const StateLayout l = Layout(/*derive_first=*/true);
+  KernelThreads threads(2);
+  Reference ref(l, Options());
+  Offloaded off(l);
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), Options(), &threads));
+  ASSERT_OK(Start(adam.get(), ref));
+  ASSERT_OK(RunSteps(adam.get(), 1, 2));
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    const std::size_t n = l.groups[g].elements;
+    for (StateKind k :
+         {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq, StateKind::kParameters}) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        const std::size_t es = SizeOf(dt);
+        std::vector<std::byte> whole(n * es), ranged(n * es, std::byte{0x5a});
+        ASSERT_OK(adam->ReadState(k, g, {whole.data(), n, dt}));
+        std::size_t first = 0;
+        for (std::size_t i = 0; first < n; ++i) {
+          const std::size_t lengths[] = {1, kPart - 3, kPart + 5, 7, 2 * kPart};
+          const std::size_t len = std::min(lengths[i % 5], n - first);
+          ASSERT_OK(adam->ReadStateRange(k, g, first, {ranged.data() + first * es, len, dt}));
+          first += len;
+        }
+        EXPECT_EQ(whole, ranged) << "group " << g << " kind " << static_cast<int>(k);
+      }
+    }
+    std::vector<float> one(2);
+    EXPECT_THAT(adam->ReadStateRange(StateKind::kMaster, g, n - 1, {one.data(), 2, DType::kF32}),
+                StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("which has")));
+    EXPECT_THAT(adam->ReadStateRange(StateKind::kMaster, g, n + 1, {one.data(), 0, DType::kF32}),
+                StatusIs(absl::StatusCode::kOutOfRange));
+    EXPECT_THAT(adam->ReadStateRange(StateKind::kGradient, g, 0, {one.data(), 1, DType::kF32}),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+  std::vector<float> one(1);
+  EXPECT_THAT(
+      adam->ReadStateRange(StateKind::kMaster, l.groups.size(), 0, {one.data(), 1, DType::kF32}),
+      StatusIs(absl::StatusCode::kOutOfRange));
+}
+
 TEST(OffloadedAdam, GradientsScaledByAnOutsideScalerAreUnscaledByItsScale) {
   // PyTorch's GradScaler scales the loss itself: the optimizer is told the scale.
   const StateLayout l = Layout();

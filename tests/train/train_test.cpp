@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <memascend/safetensors.h>
 #include <memascend/volume.h>
 
 #include "blas.h"
@@ -956,6 +957,47 @@ TEST(DataParallel, RanksTrainAsOneProcessOfTheGlobalBatch) {
   const std::vector<Result> reference = TrainRanks(2, o, d);
   ASSERT_OK(reference[0].status());
   EXPECT_EQ(reference[0]->losses, two_ranks);
+}
+
+// Note [tied head]: one process evaluates and exports reading the tied embeddings' master
+// weights a range at a time from its state; data-parallel ranks gather each group whole.
+// The two give the same evaluation and the same exported tensors, to the rounding of the
+// ranks' summation order (their training differs by no more).
+TEST(DataParallel, RanksEvaluateAndExportAsOneProcessReadingRanges) {
+  const Data d = MakeData(256);
+  ScratchPath path("train_dp_eval");
+  ASSERT_EQ(::mkdir(path.path().c_str(), 0755), 0);
+  TrainOptions o = Tiny(path.path() + "/alone.vol");
+  o.model = ForHf(TinyTiedLlama(), 4, 16);
+  o.host_budget = MinimumHostBudget(o.model, o.dtype) * 2;
+  o.steps = 4;
+  o.tied_chunk_bytes = 5 * 32 * 4;         // 52 chunks of 5 rows (the last of 1)
+  o.export_options.piece_elements = 1000;  // the embeddings in 9 pieces
+  o.eval_tokens = std::make_shared<const std::vector<std::int32_t>>(d.tokens.begin(),
+                                                                    d.tokens.begin() + 4 * 17 * 3);
+  o.export_dir = path.path() + "/alone";
+  ASSERT_OK_AND_ASSIGN(TrainSummary alone, Train(o, d.tokens, d.tok));
+  o.volume_path = path.path() + "/rank{rank}.vol";
+  o.export_dir = path.path() + "/ranks";
+  const std::vector<Result> runs = TrainRanks(2, o, d);
+  for (const Result& r : runs) ASSERT_OK(r.status());
+  ASSERT_TRUE(alone.eval_loss.has_value() && runs[0]->eval_loss.has_value());
+  EXPECT_NEAR(*runs[0]->eval_loss, *alone.eval_loss, 1e-5 * *alone.eval_loss);
+  EXPECT_EQ(runs[0]->export_bytes, alone.export_bytes);
+  ASSERT_OK_AND_ASSIGN(auto a, memascend::SafetensorsCheckpoint::Open(path.path() + "/alone"));
+  ASSERT_OK_AND_ASSIGN(auto b, memascend::SafetensorsCheckpoint::Open(path.path() + "/ranks"));
+  ASSERT_EQ(a->names(), b->names());
+  for (const std::string& name : a->names()) {
+    ASSERT_OK_AND_ASSIGN(auto x, a->Find(name));
+    ASSERT_OK_AND_ASSIGN(auto y, b->Find(name));
+    const std::size_t n = x.tensor->elements();
+    ASSERT_EQ(n, y.tensor->elements()) << name;
+    std::vector<float> u(n), v(n);
+    ASSERT_OK(x.file->Read(*x.tensor, 0, {u.data(), n, memascend::DType::kF32}));
+    ASSERT_OK(y.file->Read(*y.tensor, 0, {v.data(), n, memascend::DType::kF32}));
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(u[i], v[i], 1e-5f + 1e-4f * std::abs(u[i])) << name << " " << i;
+  }
 }
 
 // A failing disk under one rank stops every rank (the others with "another rank
