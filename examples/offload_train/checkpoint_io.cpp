@@ -412,7 +412,8 @@ absl::Status WriteExport(const ModelConfig& c, const fs::path& dir, const HfExpo
           const std::size_t count = std::min(o.piece_elements, t.slice.count - done);
           piece.resize(std::max(piece.size(), count));
           MEMASCEND_RETURN_IF_ERROR(read(g, t.slice.offset + done, count, piece.data()));
-          MEMASCEND_RETURN_IF_ERROR((*writer)->Append({piece.data(), count, memascend::DType::kF32}));
+          MEMASCEND_RETURN_IF_ERROR(
+              (*writer)->Append({piece.data(), count, memascend::DType::kF32}));
           done += count;
         }
       }

@@ -40,16 +40,58 @@ absl::StatusOr<const float*> Run::Master(std::size_t g) {
 }
 
 absl::Status Run::ReadMaster(std::size_t g, std::size_t first, std::size_t count, float* out) {
+  if (g == 0 && tied_) we_.reset();  // Note [tied head]: made again by the next Working(0)
   if (shard_ == nullptr) {
     return adam_->ReadStateRange(memascend::StateKind::kMaster, g, first,
                                  {out, count, DType::kF32});
   }
-  if (gathered_ != g) {
-    MEMASCEND_ASSIGN_OR_RETURN(gathered_data_, Master(g));
-    gathered_ = g;
+  // Every group gathered in order, once: a collective every rank joins (Note [data
+  // parallel]), so a group asked for nothing is gathered too.
+  if (g + 1 < gathered_) {
+    return absl::FailedPreconditionError(
+        fmt::format("master weights of group {} asked for after group {}'s", g, gathered_ - 1));
+  }
+  while (gathered_ <= g) {
+    MEMASCEND_ASSIGN_OR_RETURN(gathered_data_, Master(gathered_));
+    ++gathered_;
   }
   std::copy(gathered_data_ + first, gathered_data_ + first + count, out);
   return absl::OkStatus();
+}
+
+absl::StatusOr<MatrixRows<float>> Run::MasterEmbedRowsFor(const std::int32_t* tokens) {
+  const std::size_t ch = c_.channels, most = wr_.size() / ch;
+  wanted_.clear();
+  net_->Embed(MatrixRows<float>(
+                  [this](std::size_t begin, std::size_t end) {
+                    for (std::size_t r = begin; r < end; ++r) wanted_.push_back(r);
+                    return static_cast<const float*>(wr_.data());  // read, never used
+                  },
+                  most),
+              tokens);
+  std::sort(wanted_.begin(), wanted_.end());
+  wanted_.erase(std::unique(wanted_.begin(), wanted_.end()), wanted_.end());
+  rows_.resize(wanted_.size() * ch);
+  for (std::size_t i = 0; i < wanted_.size();) {
+    // A window from wanted_[i]: the rows up to `most` beyond it, read as one range.
+    std::size_t j = i + 1;
+    while (j < wanted_.size() && wanted_[j] - wanted_[i] < most) ++j;
+    const std::size_t first = wanted_[i], span = wanted_[j - 1] - first + 1;
+    MEMASCEND_RETURN_IF_ERROR(adam_->ReadStateRange(memascend::StateKind::kMaster, 0, first * ch,
+                                                    {wr_.data(), span * ch, DType::kF32}));
+    for (std::size_t k = i; k < j; ++k) {
+      const float* row = wr_.data() + (wanted_[k] - first) * ch;
+      std::copy(row, row + ch, rows_.begin() + static_cast<std::ptrdiff_t>(k * ch));
+    }
+    i = j;
+  }
+  return MatrixRows<float>(
+      [this, ch](std::size_t begin, std::size_t) {  // rows begin.. are consecutive in rows_
+        const auto at = std::lower_bound(wanted_.begin(), wanted_.end(), begin);
+        return static_cast<const float*>(rows_.data()) +
+               static_cast<std::size_t>(at - wanted_.begin()) * ch;
+      },
+      most);
 }
 
 MatrixRows<float> Run::MasterEmbedRows() {
@@ -119,9 +161,12 @@ absl::StatusOr<std::pair<double, std::uint64_t>> Run::Evaluate(
       for (std::size_t p = 0; p < k; ++p) {
         const std::size_t n = fill(lo + chunk + p);
         float* kept = streams.data() + p * stream;
-        if (g == 0) {
-          net_->Embed(by_rows ? MasterEmbedRows() : MatrixRows<float>(w), inputs.data());
-          MEMASCEND_RETURN_IF_ERROR(rows_status_);
+        if (g == 0 && by_rows) {
+          MEMASCEND_ASSIGN_OR_RETURN(const MatrixRows<float> rows,
+                                     MasterEmbedRowsFor(inputs.data()));
+          net_->Embed(rows, inputs.data());
+        } else if (g == 0) {
+          net_->Embed(MatrixRows<float>(w), inputs.data());
         } else {
           net_->SetResidual(kept);
           if (g + 1 < groups) {

@@ -192,9 +192,10 @@ class Run {
   // With several ranks, a collective: each reads its shard, and all are gathered.
   absl::StatusOr<const float*> Master(std::size_t g);
   // Elements [first, first + count) of group g's fp32 master weights into `out`, for an
-  // export: read from the state as asked, with no buffer for the group (with several ranks,
-  // the group gathered by Master(g) when its first range is asked for, which every rank
-  // must then call: Note [data parallel]).
+  // export (once a run, the groups in order): read from the state as asked, with no buffer
+  // for the group, and the tied embeddings' 16 bits let go (with several ranks, each group
+  // gathered whole by Master() when it or a later one is first asked for, a collective
+  // every rank joins in the same order: Note [data parallel]).
   absl::Status ReadMaster(std::size_t g, std::size_t first, std::size_t count, float* out);
 
   // The mean next-token loss over `tokens` cut into windows of seq + 1 (a partial last
@@ -248,10 +249,16 @@ class Run {
   // a time into wr_; otherwise group 0 whole in wf_ (for Head: none, its own matrix).
   MatrixRows<float> EmbedRows();
   MatrixRows<float> HeadRows() { return tied_ ? EmbedRows() : MatrixRows<float>(); }
-  // The tied embeddings' master weights as Embed and Head read them, for an evaluation
-  // by one process: a chunk of rows at a time from the state into wr_ (Note [tied head]);
-  // a failed read is kept in rows_status_, which the caller checks after the pass.
+  // The tied embeddings' master weights as Head reads them, for an evaluation by one
+  // process: a chunk of rows at a time from the state into wr_, in ascending order (Note
+  // [tied head]); a failed read is kept in rows_status_, which the caller checks after.
   MatrixRows<float> MasterEmbedRows();
+  // ...and as Embed reads them for `tokens`: Embed asks for a row per token, in the
+  // tokens' order, and a row read from the state leases its whole part, so a row at a time
+  // could read a part from the volume per token. The rows it will ask for (found by a run
+  // of Embed whose reads are only recorded) are read first, ascending, a window of at most
+  // wr_'s rows at a time, into rows_; the reader then finds them there.
+  absl::StatusOr<MatrixRows<float>> MasterEmbedRowsFor(const std::int32_t* tokens);
 
   // ---- Note [data parallel]: each rank's shard, gathered
 
@@ -339,8 +346,10 @@ class Run {
   FloatBuffer wr_;
   FloatBuffer master_embed_;
   absl::Status rows_status_;              // MasterEmbedRows' first failed read
-  std::size_t gathered_ = SIZE_MAX;       // ReadMaster's group, with several ranks
-  const float* gathered_data_ = nullptr;  // ...and its gathered weights
+  std::vector<std::size_t> wanted_;       // MasterEmbedRowsFor's rows, ascending
+  std::vector<float> rows_;               // ...and their master weights
+  std::size_t gathered_ = 0;              // ReadMaster, with several ranks: groups gathered
+  const float* gathered_data_ = nullptr;  // ...and the last one's weights
   FloatBuffer df_;                        // a gradient in fp32 (Note [gradient parts])
   FloatBuffer block_in_;                  // a checkpointed block's input
   PhaseSeconds phases_;

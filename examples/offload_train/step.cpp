@@ -236,7 +236,7 @@ absl::Status Run::Finish(const CommitFn& on_commit) {
   return absl::OkStatus();
 }
 
-// Valid while Working(0) is: until a Master(0).
+// Valid while Working(0) is: until a Master(0), an Evaluate or an export's ReadMaster(0).
 MatrixRows<float> Run::EmbedRows() {
   if (!tied_) return MatrixRows<float>(wf_.data());
   const std::size_t ch = c_.channels, bytes = memascend::SizeOf(param_dtype_);

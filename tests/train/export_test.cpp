@@ -32,6 +32,12 @@ constexpr const char* kTinyLlama = R"({
   "num_hidden_layers": 2, "vocab_size": 256, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
   "tie_word_embeddings": false, "torch_dtype": "float32", "max_position_embeddings": 64})";
 
+// GPT-2's layout: its Conv1D weights are kept transposed in the file.
+constexpr const char* kTinyGpt2 = R"({
+  "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_head": 4,
+  "n_layer": 2, "n_positions": 64, "vocab_size": 256, "layer_norm_epsilon": 1e-05,
+  "activation_function": "gelu_new"})";
+
 class ExportTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,10 +46,18 @@ class ExportTest : public ::testing::Test {
              std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(root_);
     fs::create_directories(root_);
-    ASSERT_OK_AND_ASSIGN(HfConfig hf, ParseHfConfig(kTinyLlama, "config.json"));
+    Use(kTinyLlama);
+  }
+  // The model of `config`, each group's elements distinct (a misplaced one shows).
+  void Use(const char* config) {
+    ASSERT_OK_AND_ASSIGN(HfConfig hf, ParseHfConfig(config, "config.json"));
     model_ = ForHf(hf, 1, 8);
-    for (std::size_t g = 0; g < GroupCount(model_); ++g)
-      groups_.emplace_back(GroupParams(model_, g), static_cast<float>(g + 1));
+    groups_.clear();
+    for (std::size_t g = 0; g < GroupCount(model_); ++g) {
+      groups_.emplace_back(GroupParams(model_, g));
+      for (std::size_t i = 0; i < groups_[g].size(); ++i)
+        groups_[g][i] = static_cast<float>(g + 1) + static_cast<float>(i) * 1e-4f;
+    }
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -96,28 +110,43 @@ class ExportTest : public ::testing::Test {
 
 TEST_F(ExportTest, TensorsReadAPieceAtATimeWriteTheSameFiles) {
   // The reader is asked for each tensor's elements in order, each once, in pieces of at
-  // most piece_elements; the files are those of an export read a tensor at a time.
-  const fs::path whole = root_ / "whole", pieces = root_ / "pieces";
-  ASSERT_OK(Export(whole, 20000, false));
+  // most piece_elements (GPT-2's transposed Conv1D weights whole); the files are those of
+  // an export read a tensor at a time, and import back (checkpoint_io's own reader) to
+  // every group's elements.
+  for (const char* config : {kTinyLlama, kTinyGpt2}) {
+    Use(config);
+    const std::string arch = model_.hf->arch == Arch::kGpt2 ? "gpt2" : "llama";
+    const fs::path whole = root_ / ("whole-" + arch), pieces = root_ / ("pieces-" + arch);
+    ASSERT_OK(Export(whole, 20000, false));
+    HfExportOptions o;
+    o.shard_bytes = 20000;
+    o.piece_elements = 7;
+    std::vector<std::size_t> next(groups_.size(), 0);  // each group's next element
+    std::size_t asked = 0, last_group = 0, transposed = 0;
+    ASSERT_OK(ExportHfModel(model_, pieces.string(), o,
+                            [&](std::size_t g, std::size_t first, std::size_t count, float* out) {
+                              EXPECT_GE(g, last_group);  // the groups in order
+                              EXPECT_EQ(first, next[g]);
+                              transposed += count > 7;
+                              last_group = g;
+                              next[g] = first + count;
+                              ++asked;
+                              std::copy_n(groups_[g].data() + first, count, out);
+                              return absl::OkStatus();
+                            }));
+    for (std::size_t g = 0; g < groups_.size(); ++g) EXPECT_EQ(next[g], groups_[g].size()) << g;
+    EXPECT_GT(asked, groups_.size() * 7);
+    EXPECT_EQ(transposed > 0, arch == "gpt2") << "only GPT-2's Conv1D weights are read whole";
+    EXPECT_EQ(Snapshot(pieces), Snapshot(whole)) << arch;
+    ASSERT_OK_AND_ASSIGN(auto ckpt, memascend::SafetensorsCheckpoint::Open(pieces.string()));
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      std::vector<float> back(groups_[g].size());
+      ASSERT_OK(
+          ImportHfGroup(*ckpt, model_, g, {back.data(), back.size(), memascend::DType::kF32}));
+      EXPECT_EQ(back, groups_[g]) << arch << " group " << g;
+    }
+  }
   HfExportOptions o;
-  o.shard_bytes = 20000;
-  o.piece_elements = 7;
-  std::vector<std::size_t> next(groups_.size(), 0);  // each group's next element
-  std::size_t asked = 0, last_group = 0;
-  ASSERT_OK(ExportHfModel(model_, pieces.string(), o,
-                          [&](std::size_t g, std::size_t first, std::size_t count, float* out) {
-                            EXPECT_GE(g, last_group);  // the groups in order
-                            EXPECT_EQ(first, next[g]);
-                            EXPECT_LE(count, 7u);
-                            last_group = g;
-                            next[g] = first + count;
-                            ++asked;
-                            std::copy_n(groups_[g].data() + first, count, out);
-                            return absl::OkStatus();
-                          }));
-  for (std::size_t g = 0; g < groups_.size(); ++g) EXPECT_EQ(next[g], groups_[g].size()) << g;
-  EXPECT_GT(asked, groups_.size() * 7);
-  EXPECT_EQ(Snapshot(pieces), Snapshot(whole));
   o.piece_elements = 0;
   EXPECT_THAT(
       ExportHfModel(model_, (root_ / "none").string(), o,
