@@ -778,6 +778,59 @@ class DyingDisk final : public memascend::FaultInjector {
   std::atomic<std::uint64_t> seen_{0};
 };
 
+// Reads fail with EIO once armed and `after` more reads have been served.
+class FailingReads final : public memascend::FaultInjector {
+ public:
+  std::int64_t Adjust(const memascend::IoRequest& a, std::int64_t result) override {
+    if (!armed || a.op != memascend::IoOp::kRead || result <= 0) return result;
+    return reads.fetch_add(1) < after ? result : -EIO;
+  }
+  std::atomic<bool> armed{false};
+  std::atomic<std::uint64_t> reads{0};
+  std::uint64_t after = UINT64_MAX;
+};
+
+// Note [tied head]: a read of the master weights that fails while evaluating (the
+// embedding's rows, a block's group, the head's rows, read a range at a time) is the
+// run's error, never a loss computed over bytes not read.
+TEST(Train, AFailedReadWhileEvaluatingIsTheRunsError) {
+  const Data d = MakeData(256);
+  const auto run = [&](std::uint64_t after, std::uint64_t* reads) -> absl::StatusOr<TrainSummary> {
+    ScratchPath path("train_eval_fault");
+    TrainOptions o = Tiny(path.path());
+    HfConfig hf = TinyTiedLlama();  // larger: 6 blocks of 4 MiB of state, beyond the budget
+    hf.hidden = 128;
+    hf.head_dim = 32;
+    hf.intermediate = 512;
+    hf.layers = 6;
+    o.model = ForHf(hf, 4, 16);
+    o.host_budget = MinimumHostBudget(o.model, o.dtype) * 2;  // read from the volume
+    o.steps = 2;
+    o.overlap_optimizer = false;  // each update inside its step: after the last, only reads
+    o.tied_chunk_bytes = 16 * 32 * 4;
+    o.eval_tokens = std::make_shared<const std::vector<std::int32_t>>(
+        d.tokens.begin(), d.tokens.begin() + 4 * 17 * 3);
+    auto faults = std::make_shared<FailingReads>();
+    faults->after = after;
+    o.fault_injector = faults;
+    o.on_step = [&](const StepReport& r) {
+      if (r.step == o.steps) faults->armed = true;
+    };
+    absl::StatusOr<TrainSummary> r = Train(o, d.tokens, d.tok);
+    *reads = faults->reads.load();
+    return r;
+  };
+  std::uint64_t reads = 0;
+  ASSERT_OK(run(UINT64_MAX, &reads).status());
+  ASSERT_GT(reads, 3u) << "the evaluation read nothing from the volume";
+  for (std::uint64_t after = 0; after < reads; after += std::max<std::uint64_t>(1, reads / 3)) {
+    std::uint64_t seen = 0;
+    const absl::StatusOr<TrainSummary> r = run(after, &seen);
+    ASSERT_FALSE(r.ok()) << "a read failed after " << after << " of " << reads;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("Input/output error")) << after;
+  }
+}
+
 TEST(Train, AFailingDiskStopsTheRunCleanlyAndResumeReachesTheSameLosses) {
   const Data d = MakeData(256);
   TrainOptions ref = Tiny("");
