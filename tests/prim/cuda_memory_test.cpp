@@ -35,11 +35,7 @@ TEST(CudaMemory, WithoutADeviceTheCallsReportIt) {
 }
 
 #if MEMASCEND_HAVE_CUDA
-int Current() {
-  int d = -1;
-  EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
-  return d;
-}
+int Current() { return testing::CurrentCudaDevice(); }
 
 // Note [current device]: a guard makes its device current for its life and the thread's
 // previous one after; an allocation on a device leaves the caller's current device.

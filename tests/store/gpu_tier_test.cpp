@@ -329,11 +329,7 @@ TEST(GpuTier, EveryReleasedLeasesWorkIsWaitedForWhateverItsStream) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-int CurrentDevice() {
-  int d = -1;
-  EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
-  return d;
-}
+int CurrentDevice() { return testing::CurrentCudaDevice(); }
 
 // Note [current device] (prim/cuda_memory.h): a store on the second device, made and used
 // from a thread whose current device is the first. Its workers' prefetch (a new thread's

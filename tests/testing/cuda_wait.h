@@ -20,6 +20,13 @@
 
 namespace memascend::testing {
 
+// The calling thread's current CUDA device (Note [current device], prim/cuda_memory.h).
+inline int CurrentCudaDevice() {
+  int d = -1;
+  EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+  return d;
+}
+
 inline double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
