@@ -113,12 +113,15 @@ absl::Status TensorStore::Impl::EvictGpuLocked(Tensor& t) {
   return s;
 }
 
-// Gives the device block back to the pool; the device copy is gone.
-absl::Status TensorStore::Impl::FreeGpuBlockLocked(Tensor& t) {
+// Gives the device block back to the pool; the device copy is gone. Its copy's event goes
+// to `ready`, for the caller to let go of without mu (Note [store locking]: destroying the
+// last reference is a cudaEventDestroy).
+absl::Status TensorStore::Impl::FreeGpuBlockLocked(Tensor& t,
+                                                   std::shared_ptr<prim::CudaEvent>* ready) {
   MEMASCEND_RETURN_IF_ERROR(device_pool->Free(t.gpu));
   t.gpu = nullptr;
   t.gpu_valid = t.gpu_dirty = false;
-  t.gpu_ready.reset();
+  *ready = std::move(t.gpu_ready);
   return absl::OkStatus();
 }
 
@@ -153,8 +156,14 @@ absl::Status TensorStore::Impl::DropGpuLocked(Tensor& t) {
   if (t.gpu_pins > 0 || t.gpu == nullptr) return absl::OkStatus();  // leased meanwhile
   WaitGpuWorkLocked(t);
   if (t.gpu_pins > 0 || t.gpu == nullptr) return absl::OkStatus();
-  MEMASCEND_RETURN_IF_ERROR(FreeGpuBlockLocked(t));
+  std::shared_ptr<prim::CudaEvent> ready;
+  MEMASCEND_RETURN_IF_ERROR(FreeGpuBlockLocked(t, &ready));
   ++counters.gpu_evictions;
+  if (ready != nullptr) {  // claimed by the caller: nothing of `t` changes meanwhile
+    mu.Unlock();
+    ready.reset();
+    mu.Lock();
+  }
   return absl::OkStatus();
 }
 

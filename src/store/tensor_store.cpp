@@ -560,6 +560,7 @@ absl::Status TensorStore::Evict(TensorId id) {
 
 absl::Status TensorStore::Discard(TensorId id) {
   Impl& m = *impl_;
+  std::shared_ptr<prim::CudaEvent> ready;  // let go of after the lock (Note [store locking])
   absl::MutexLock lock(&m.mu);
   MEMASCEND_RETURN_IF_ERROR(m.CheckId(id));
   Impl::Tensor& t = *m.tensors[id];
@@ -576,7 +577,7 @@ absl::Status TensorStore::Discard(TensorId id) {
     m.UnclaimGpuLocked(t);
     if (t.pins > 0 || t.gpu_pins > 0)
       return absl::FailedPreconditionError(fmt::format("tensor '{}' is leased", t.spec.name));
-    if (t.gpu != nullptr) MEMASCEND_RETURN_IF_ERROR(m.FreeGpuBlockLocked(t));
+    if (t.gpu != nullptr) MEMASCEND_RETURN_IF_ERROR(m.FreeGpuBlockLocked(t, &ready));
   }
   if (t.state == Impl::State::kResident) {
     t.block.Reset();

@@ -187,7 +187,8 @@ struct TensorStore::Impl {
   absl::Status EvictGpuLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Gives the device block back to the pool; the device copy is gone.
-  absl::Status FreeGpuBlockLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  absl::Status FreeGpuBlockLocked(Tensor& t, std::shared_ptr<prim::CudaEvent>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Waits, asleep and with mu released, for every copy and lease's work that may still
   // run on t's device block (Tensor::GpuEvents); the caller has claimed `t` (gpu_busy).
