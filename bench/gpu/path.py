@@ -403,7 +403,13 @@ def main():
     ceiling = pcie_ceiling(a.cli, chunk=2 * a.part_elements)  # bf16 parameters
     order = ["reference", "memascend"]
     random.Random(time.time_ns()).shuffle(order)
-    results = {mode: run_child(mode, a) for mode in order}
+    results = {}
+    os.makedirs(a.out, exist_ok=True)
+    for mode in order:
+        results[mode] = run_child(mode, a)
+        # Kept as each run ends: a call cut before the record keeps the finished run's.
+        with open(os.path.join(a.out, f"gpu-path-{a.layers}l-{mode}-run.json"), "w") as f:
+            json.dump(results[mode], f, indent=1)
     ref, mem = results["reference"], results["memascend"]
     record = {
         "kind": "gpu-path", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(

@@ -206,8 +206,12 @@ class DeepSpeed:
         pass
 
     def finish(self):
+        in_cpu = self.config["zero_optimization"]["offload_param"]["max_in_cpu"]
         return {"deepspeed": self.version, "deepspeed_from": self.origin, "ds_config": self.config,
                 "ds_env": self.env,
+                # offload_param's max_in_cpu (DeepSpeed's default 1e9): the 16-bit parameters
+                # of up to that many elements stay in pinned host memory, not on NVMe.
+                "ds_params_in_host_memory": self.counts[0] <= in_cpu,
                 "optimizer": type(self.engine.optimizer).__name__ + " over " +
                 type(getattr(self.engine.optimizer, "optimizer", None)).__name__}
 

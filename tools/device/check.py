@@ -390,9 +390,15 @@ class Check:
         # The heaviest tests (test_cuda.py's transformers Llama, marked `last`) run after
         # every other file's, and the sanitizer ran before: a call cut short loses the
         # fewest results.
+        # With pytest-xdist (the GPU machines have it), four workers: the serial run took
+        # 181 s of the fourth lease's 208 (one transformers Llama test 33 s, the kill and
+        # resume tests 20-28 s each), and each test makes its own volumes under tmp_path
+        # and its NCCL group over a file of its own.
+        import importlib.util
+        workers = ["-n", "4"] if importlib.util.find_spec("xdist") is not None else []
         self.run("pytest (cuda, core, torch)",
                  [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rs",
-                  "--durations=20", "-o", "faulthandler_timeout=150",
+                  *workers, "--durations=20", "-o", "faulthandler_timeout=150",
                   f"--junitxml={junit}", os.path.join(py, "test_cuda.py"),
                   os.path.join(py, "test_device_paths.py"),
                   os.path.join(py, "test_core.py"), os.path.join(py, "test_torch.py"),
