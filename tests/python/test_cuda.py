@@ -242,6 +242,31 @@ def test_a_checkpointed_block_keeps_its_recomputed_parameters_or_the_budget_says
     assert losses is None and "device budget" in str(failure), failure
 
 
+def test_a_grad_scaler_with_offloaded_parameters(tmp_path):
+    """torch's GradScaler drives the step where the gradients stay in p.grad until step()
+    (offload_gradients=False), and is refused, before any step, where they left during
+    backward (offload_parameters' default on a GPU)."""
+    scaler = torch.amp.GradScaler("cuda", init_scale=256.0)
+    for offload_gradients in (False, None):
+        model = gpt.make(seed=0).cuda()
+        opt = mt.OffloadedAdamW(model.parameters(), lr=1e-3, volume=str(
+            tmp_path / f"s{offload_gradients}.vol"), host_budget=1 << 20,
+            part_elements=1 << 18, offload_gradients=offload_gradients)
+        mt.offload_parameters(model, opt)
+        x, y = (t.cuda() for t in gpt.batch(0))
+        scaler.scale(model(x, y)).backward()
+        if offload_gradients is None:
+            with pytest.raises(memascend.errors.FailedPreconditionError,
+                               match="offload_gradients=False"):
+                scaler.step(opt)
+            assert opt.steps == 0
+        else:
+            scaler.step(opt)
+            scaler.update()
+            assert opt.steps == 1 and not opt.last_step["skipped"]
+        opt.close()
+
+
 def test_bf16_parameters_on_the_gpu_train(tmp_path):
     # bf16 weights with fp32 master weights and moments on the volume, as fine-tuning runs.
     model = gpt.make(seed=0).cuda().to(torch.bfloat16)

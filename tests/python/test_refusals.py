@@ -198,3 +198,28 @@ def _names(path):
         return sorted(o["name"] for o in v.objects())
     finally:
         v.close()
+
+
+def test_a_grad_scaler_that_found_no_gradient_is_refused_before_the_step(tmp_path):
+    # torch 2.x's GradScaler sets optimizer.found_inf to the sum of its per-device checks;
+    # with every gradient gone from p.grad (offload_gradients on a GPU) that is the integer
+    # 0, and its update() would fail after the step for want of a check.
+    model = gpt.make(seed=0)
+    opt = make(tmp_path, model)
+    x, y = gpt.batch(0)
+    model(x, y).backward()
+    grads = [p.grad for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.grad_scale, opt.found_inf = torch.tensor(256.0), 0
+    with pytest.raises(errors.FailedPreconditionError, match="offload_gradients=False"):
+        opt.step()
+    del opt.grad_scale, opt.found_inf
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+    assert opt.steps == 0
+    for p, g in zip(model.parameters(), grads):  # the same step, without the scaler
+        p.grad = g
+    opt.step()
+    assert opt.steps == 1
+    opt.close()

@@ -14,6 +14,15 @@ def outside_scale(opt, grad_scaler):
         return float(grad_scaler._get_scale_async().item()), False
     grad_scale = getattr(opt, "grad_scale", None)  # torch 2.x sets these two
     found_inf = getattr(opt, "found_inf", None)
+    if found_inf is not None and not torch.is_tensor(found_inf):
+        # The scaler's check found no gradient in p.grad (its sum of none is the integer 0),
+        # and its update() would then stop for want of a check: refused before anything.
+        raise errors.FailedPreconditionError(
+            "torch's GradScaler found no gradient in p.grad to check for inf/NaN: with "
+            "parameters on a GPU each gradient goes to the store as backward makes it "
+            "(offload_gradients). Make the optimizer with offload_gradients=False to use a "
+            "GradScaler, or use dynamic_loss_scale=True (the SDK's scaler, whose fused check "
+            "sees the gradients where they went)")
     if found_inf is not None and float(found_inf.sum().item()) > 0:
         return 0.0, True
     if grad_scale is not None:
