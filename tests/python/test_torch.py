@@ -920,3 +920,44 @@ def test_a_budget_without_room_gives_parameters_their_own_tensors(tmp_path):
     ref_opt = offloaded(tmp_path, ref, name="ref.vol", host_budget=budget)
     assert train(ref, ref_opt, steps=3) == losses
     ref_opt.close()
+
+
+def test_activations_keep_parameters_and_store_memory_saved_through_several_views_once(
+        tmp_path):
+    # q, k and v read one LayerNorm output, each through a flattened view of its own
+    # (F.linear on a 3-D input), and each saves its weight transposed: the output is stored
+    # once, the weights not at all.
+    d = 256
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(d)
+            self.q, self.k, self.v = (torch.nn.Linear(d, d, bias=False) for _ in range(3))
+
+        def forward(self, x):
+            h = self.ln(x)
+            return (self.q(h) * self.k(h) + self.v(h)).square().sum()
+
+    torch.manual_seed(0)
+    model = Attention()
+    x = torch.randn(2, 16, d, requires_grad=True)
+    model(x).backward()
+    want = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    vol = memascend.Volume.open_or_create(str(tmp_path / "act.vol"), size=64 << 20)
+    store = memascend.TensorStore(vol, host_budget=4 << 20)
+    acts = mt.offload_activations(store, min_bytes=4096)
+    with acts:
+        loss = model(x)
+    loss.backward()
+    got = [p.grad for p in model.parameters()] + [x.grad]
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    # x, the LayerNorm's output, q's and k's outputs, and the square's input, each of
+    activation = 2 * 16 * d * 4  # these bytes
+    assert acts.deduplicated >= 2  # the output's second and third saves
+    assert acts.saved_bytes <= 5 * activation  # a weight (d * d * 4) would be over it
+    del acts, loss
+    store.close()
+    vol.close()

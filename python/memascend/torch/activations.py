@@ -39,7 +39,8 @@ def pack(t):
     entry = OFFLOADED.get(id(base))
     if entry is not None and isinstance(base, torch.nn.Parameter):
         return _ParamView(entry[0], entry[1], t, t is base)
-    if type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter):
+    # A parameter, or a view of one (nn.Linear saves weight.t()), is kept as it is.
+    if type(base) is not torch.Tensor and isinstance(base, torch.nn.Parameter):
         return t
     active = getattr(_local, "activations", None)
     if active:
@@ -61,23 +62,24 @@ class _Saved:
     __slots__ = ("owner", "id", "shape", "dtype", "device", "nbytes", "event", "source",
                  "version", "position", "__weakref__")
 
-    def __init__(self, owner, tid, t, event=None):
+    def __init__(self, owner, tid, t, base, event=None):
         self.owner, self.id = owner, tid
         self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
         self.nbytes = t.numel() * t.element_size()
         self.event = event  # on a GPU: the copy out to the store
-        # The tensor saved, while it lives (a weak reference), and its version then: the
-        # same tensor saved again is this one (its address alone would not do: once it is
+        # The tensor whose memory was saved (`t`'s base where `t` is a view), while it lives
+        # (a weak reference), and the version then (a base and its views share one): the
+        # same memory saved again is this one (its address alone would not do: once it is
         # freed, torch's allocator hands the address to the next tensor of that size), and
         # one modified in place after it was saved is caught at unpack, as PyTorch does.
-        self.source = weakref.ref(t)
+        self.source = weakref.ref(base)
         self.version = t._version
         self.position = None  # on a GPU: its place in the forward's order of saves
 
     def check_version(self):
         t = self.source()
         if t is not None and t._version != self.version:
-            kind = f"{t.device.type} {t.dtype} {list(t.shape)}"
+            kind = f"{self.device.type} {self.dtype} {list(self.shape)}"
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an "
                 f"inplace operation: [{kind}] is at version {t._version}; expected version "
@@ -109,7 +111,7 @@ class ActivationOffload:
         self.peak_bytes = 0   # the most held at once
         self.deduplicated = 0  # saves of a tensor already saved (stored once)
         self._held = 0
-        self._live = weakref.WeakValueDictionary()  # a saved GPU tensor's id -> its _Saved
+        self._live = weakref.WeakValueDictionary()  # (address, geometry) -> its _Saved
         self._order = []  # this forward's saves on a GPU, in order (the backward reads back)
         self._pending = None  # on a GPU: leases until their copies complete
         self._side = {}       # on a GPU: each device's stream of the copies out
@@ -188,13 +190,15 @@ class ActivationOffload:
         if t.numel() * t.element_size() < self._min_bytes or t.is_sparse or \
                 not is_kept_dtype(t.dtype):
             return t
-        if t.device.type == "cuda":
-            same = self._live.get(id(t))
-            # Saved twice (as several ops save their input): stored once, if it is still that
-            # tensor, unchanged since (an id is reused once its object is gone).
-            if same is not None and same.source() is t and same.version == t._version:
-                self.deduplicated += 1
-                return same
+        # Saved twice (as several ops save their input, each through a view of its own:
+        # F.linear flattens a 3-D input anew each call): stored once, if it is the same
+        # memory of the same tensor, still alive and unchanged since.
+        base = t if t._base is None else t._base
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+        same = self._live.get(key)
+        if same is not None and same.source() is base and same.version == t._version:
+            self.deduplicated += 1
+            return same
         if t.device.type == "cuda":
             self._gpu(t.device)
             self._reap()
@@ -219,10 +223,10 @@ class ActivationOffload:
         self.saved_bytes += nbytes
         self._held += nbytes
         self.peak_bytes = max(self.peak_bytes, self._held)
-        saved = _Saved(self, tid, t, event)
+        saved = _Saved(self, tid, t, base, event)
         if t.device.type == "cuda":
             saved.position = position
-            self._live[id(t)] = saved
+        self._live[key] = saved
         return saved
 
     def _unpack(self, saved):
@@ -279,9 +283,9 @@ def offload_activations(store: TensorStore, min_bytes: int = 1 << 16,
     when the backward pass needs them. Parameters are never copied. The forward pass
     runs inside the context; the backward may run after it closes.
 
-    On a GPU each saved tensor is copied out on a side stream (make the store with
-    ``host_backing="cuda"`` so the copies are DMA), a tensor saved twice is stored once,
-    and the backward pass reads the next `read_ahead` saved tensors from the volume ahead
+    A tensor saved twice (or through two views of the same geometry) is stored once. On
+    a GPU each saved tensor is copied out on a side stream (make the store with
+    ``host_backing="cuda"`` so the copies are DMA), and the backward pass reads the next `read_ahead` saved tensors from the volume ahead
     of their use, in reverse order of saving.
     """
     return ActivationOffload(store, min_bytes, read_ahead)
