@@ -147,6 +147,21 @@ void TensorStore::Impl::WaitGpuWorkLocked(Tensor& t) {
   mu.Lock();
 }
 
+bool TensorStore::Impl::CopyFromHostPendingLocked(const Tensor& t) const {
+  return t.gpu_ready != nullptr && !t.gpu_ready->Ready();
+}
+
+void TensorStore::Impl::WaitCopyFromHostLocked(Tensor& t) {
+  std::shared_ptr<prim::CudaEvent> ready = t.gpu_ready;
+  if (ready == nullptr) return;
+  mu.Unlock();
+  // A failed copy's error is the stream's, reported to whoever waits on the device copy;
+  // here only its end matters: the block is no longer read.
+  (void)ready->Synchronize();
+  ready.reset();
+  mu.Lock();
+}
+
 // Frees the device block of an unleased `t` (claimed by the caller), copying it back
 // first if dirty and waiting for the work queued on it: the copy in (a prefetch never
 // leased may still be copying) and every released lease's.
@@ -260,11 +275,16 @@ absl::Status TensorStore::Impl::GpuResidentClaimedLocked(Tensor& t, CudaStreamVi
     }
     for (const auto& e : before)
       if (s.ok()) s = e->MakeStreamWait(stream);
+    bool queued = false;
     if (s.ok()) {
       s = prim::CopyAsync(t.gpu, t.block.data(), t.spec.bytes, prim::CopyDirection::kHostToDevice,
                           stream);
+      queued = s.ok();
     }
     if (s.ok()) s = event->Record(stream);
+    // A copy queued with no event after it: waited for here, before its blocks (the host
+    // one unfenced, the device one invalid) can go to another tensor.
+    if (!s.ok() && queued) (void)prim::SynchronizeStream(stream);
   }
   mu.Lock();
   --t.pins;

@@ -311,6 +311,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireHost(TensorId id, bool read_only
       return s;
     }
   }
+  if (!read_only && m.CopyFromHostPendingLocked(t)) m.WaitCopyFromHostLocked(t);
   t.last_use = ++m.tick;
   (loaded_here ? m.counters.prefetch_misses : m.counters.prefetch_hits)++;
   m.counters.stall_seconds += Since(start);
@@ -339,6 +340,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
     m.cv.Wait(&m.mu);  // loading or being written back
   }
   ++t.pins;
+  if (m.CopyFromHostPendingLocked(t)) m.WaitCopyFromHostLocked(t);
   t.dirty = true;
   t.gpu_valid = false;
   t.gpu_dirty = false;
@@ -377,6 +379,13 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
     }
     if (src.state == Impl::State::kResident && src.pins == 0 && !src.dirty &&
         dst.state == Impl::State::kCold) {
+      if (m.CopyFromHostPendingLocked(src)) {  // Note [host writes after a copy]
+        ++src.pins;
+        m.WaitCopyFromHostLocked(src);
+        --src.pins;
+        m.cv.SignalAll();
+        continue;
+      }
       // Hand the clean block over: the volume keeps the source's bytes.
       dst.block = std::move(src.block);
       src.state = Impl::State::kCold;
@@ -392,6 +401,13 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
       dst.state = Impl::State::kResident;
     }
     if (src.state == Impl::State::kResident) {
+      if (m.CopyFromHostPendingLocked(dst)) {  // Note [host writes after a copy]
+        ++dst.pins;
+        m.WaitCopyFromHostLocked(dst);
+        --dst.pins;
+        m.cv.SignalAll();
+        continue;
+      }
       std::memcpy(dst.block.data(), src.block.data(), dst.spec.bytes);
       ++m.counters.prefetch_hits;
       break;

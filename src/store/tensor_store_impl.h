@@ -5,8 +5,17 @@
 //   gpu_tier.cpp      the device copies of Note [gpu tier];
 //   prefetch.cpp      the prefetch queue, its workers and the write-behinds.
 // Note [store locking]: `mu` guards everything below it. Every method named ...Locked is
-// called with it held and may release it around I/O; no CUDA runtime call is made with it
-// held (the GPU tier releases it around each one).
+// called with it held and may release it around I/O; no CUDA call that waits or
+// allocates (a copy, a synchronisation, an event's wait, a device allocation) is made with
+// it held: the GPU tier releases it around each one. Queries that never wait are made
+// under it: an event's Ready() (the host blocks' reuse fences, Note [reuse fences], and
+// Note [host writes after a copy]), and a fence's destruction with its block.
+//
+// Note [host writes after a copy]: a copy into the device reads its tensor's host block
+// asynchronously (its event is gpu_ready, which is also the block's reuse fence). A lease
+// that lets the host write the block (writable, for overwrite, a copy's destination, or a
+// clean block handed to another tensor) waits for that copy first: the device copy, still
+// valid, would otherwise take in some of the new bytes.
 #ifndef MEMASCEND_SRC_STORE_TENSOR_STORE_IMPL_H_
 #define MEMASCEND_SRC_STORE_TENSOR_STORE_IMPL_H_
 
@@ -194,6 +203,11 @@ struct TensorStore::Impl {
   // run on t's device block (Tensor::GpuEvents); the caller has claimed `t` (gpu_busy).
   // Their errors are their streams' holders' to see, as a query's would have been.
   void WaitGpuWorkLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Note [host writes after a copy]: true if `t`'s last copy into the device may still
+  // be reading its host block; WaitCopyFromHostLocked waits for it with mu released (the
+  // caller keeps `t` still: pinned, or claimed).
+  bool CopyFromHostPendingLocked(const Tensor& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void WaitCopyFromHostLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Drops `done` (complete, or covered by a later event) from t.gpu_uses; events released
   // meanwhile stay. The caller still holds `done`, so none is destroyed under mu.
   static void ForgetGpuUsesLocked(Tensor& t,

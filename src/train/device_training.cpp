@@ -678,7 +678,17 @@ absl::StatusOr<std::shared_ptr<ReuseFence>> DeviceGradients::Offload(std::size_t
     if (!buffer.ok()) return buffer.status();
     MEMASCEND_RETURN_IF_ERROR(m.engine->Copy(buffer->data, src + begin * element, bytes,
                                              prim::CopyDirection::kDeviceToHost, copy));
-    MEMASCEND_ASSIGN_OR_RETURN(last, m.engine->Record(copy));
+    absl::StatusOr<std::shared_ptr<CopyEvent>> done = m.engine->Record(copy);
+    if (!done.ok()) {
+      // The copy is queued with no event after it and writes `buffer`, which goes back to
+      // the store on return: it ends first (an emulated copy has ended already).
+      if (!m.engine->emulated()) {
+        const prim::DeviceGuard on(m.o.device);  // Note [current device]
+        (void)prim::SynchronizeStream(copy);
+      }
+      return done.status();
+    }
+    last = *std::move(done);
     m.pending.push_back(Impl::Part{group, part, bytes, *std::move(buffer), last});
     m.inflight_bytes += bytes;
     ++m.stats.parts;

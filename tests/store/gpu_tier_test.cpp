@@ -329,6 +329,56 @@ TEST(GpuTier, EveryReleasedLeasesWorkIsWaitedForWhateverItsStream) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// Note [host writes after a copy]: a copy into the device, queued behind 400 ms of its
+// stream's work, still reads its tensor's host block when the host writes that block:
+// handed to another tensor (AcquireCopy of a clean source into a cold destination), or
+// overwritten in place while a device lease holds the copy. Both writes wait for the
+// copy: the device has the bytes it was asked to copy.
+TEST(GpuTier, AHostWriteWaitsForTheCopyThatReadsItsBlock) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ScratchPath path("gpu");
+  auto volume = MakeVolume(path.path());
+  TensorStoreOptions o;
+  o.host_budget_bytes = 4 * kMiB;
+  o.gpu_budget_bytes = 2 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), o));
+  ASSERT_OK_AND_ASSIGN(TensorId src, store->Register(Spec("src", 256 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId dst, store->Register(Spec("dst", 256 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId mine, store->Register(Spec("mine", 256 * kKiB)));
+  FillOnHost(*store, src, "src", 1);
+  FillOnHost(*store, mine, "mine", 1);
+  ASSERT_OK(store->Flush());  // clean, so the source's block may be handed over
+  Stream s;
+  {  // Handed over: the destination's new bytes must not reach the source's device copy.
+    testing::HoldStream(s.s, 400);
+    { ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(src, Tier::kGpu, s.view())); }
+    const std::uint64_t handovers = store->stats().handovers;
+    {
+      ASSERT_OK_AND_ASSIGN(TensorLease copy, store->AcquireCopy(src, dst));
+      const auto p = Pattern("dst", 1, copy.size());
+      std::memcpy(copy.data(), p.data(), p.size());
+      copy.MarkDirty();
+    }
+    EXPECT_EQ(store->stats().handovers, handovers + 1);
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+    ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(src, Tier::kGpu, s.view()));
+    EXPECT_EQ(FromDevice(dev, s), Pattern("src", 1, dev.size()));
+  }
+  {  // Overwritten in place: the lease holding the copy keeps the bytes it was given.
+    testing::HoldStream(s.s, 400);
+    ASSERT_OK_AND_ASSIGN(TensorLease dev, store->Acquire(mine, Tier::kGpu, s.view()));
+    {
+      ASSERT_OK_AND_ASSIGN(TensorLease host, store->AcquireForOverwrite(mine));
+      const auto p = Pattern("mine", 2, host.size());
+      std::memcpy(host.data(), p.data(), p.size());
+    }
+    EXPECT_EQ(FromDevice(dev, s), Pattern("mine", 1, dev.size()));
+  }
+  ASSERT_OK_AND_ASSIGN(TensorLease host, store->Acquire(dst));
+  const auto p = Pattern("dst", 1, host.size());
+  EXPECT_EQ(std::memcmp(host.data(), p.data(), p.size()), 0);
+}
+
 int CurrentDevice() { return testing::CurrentCudaDevice(); }
 
 // Note [current device] (prim/cuda_memory.h): a store on the second device, made and used
