@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "prim/cuda.h"
+#include "prim/os.h"
 
 #if MEMASCEND_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -70,7 +71,7 @@ DeviceGuard::DeviceGuard(int device) noexcept {
     status_ = CudaError(err, "cudaGetDevice");
   } else if (current != device) {
     status_ = CudaSetDevice(device);
-    if (status_.ok()) previous_ = current;
+    if (status_.ok() && !IsOurThread()) previous_ = current;  // ours keep it
   }
 }
 

@@ -26,7 +26,11 @@ absl::Status CudaSetDevice(int device);
 // device 0), and events, the legacy default stream and allocations go to it. The SDK's
 // work for a store or an engine on device d runs under a guard that makes d current and,
 // at its end, the thread's previous device again: whichever thread does it (the caller's,
-// or one of the SDK's own), and leaving the caller's current device as it was.
+// or one of the SDK's own), and leaving the caller's current device as it was. On the
+// SDK's own threads (prim::StartThread) the guard leaves its device current: since CUDA 12
+// making a device current creates its primary context, so going back to a new thread's
+// device 0 would put a context of some hundreds of MiB on device 0 in every process whose
+// store is on another device (one process per GPU, each on its own).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) noexcept;

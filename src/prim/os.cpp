@@ -38,6 +38,13 @@ bool HasCapIpcLock() {
 
 }  // namespace
 
+namespace {
+thread_local bool our_thread = false;
+}  // namespace
+
+bool IsOurThread() noexcept { return our_thread; }
+void MarkThisThreadOurs() noexcept { our_thread = true; }
+
 void NameThisThread(const char* name) noexcept {
   char cut[16] = {};
   std::strncpy(cut, name, sizeof(cut) - 1);

@@ -27,12 +27,18 @@ std::uint64_t PageSize() noexcept;
 // keeps 15 characters; a longer name is cut. Best effort: a failure changes nothing.
 void NameThisThread(const char* name) noexcept;
 
+// True on a thread StartThread made (MemAscend's own), false on any other: a caller's
+// thread is left as it was found (Note [current device], prim/cuda_memory.h).
+bool IsOurThread() noexcept;
+void MarkThisThreadOurs() noexcept;
+
 // A thread that names itself `name` (a string literal: it must outlive the thread's start)
 // and then runs `body`: how every thread MemAscend starts is made.
 template <typename F>
 std::thread StartThread(const char* name, F&& body) {
   return std::thread([name, body = std::forward<F>(body)]() mutable {
     NameThisThread(name);
+    MarkThisThreadOurs();
     body();
   });
 }

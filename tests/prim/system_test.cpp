@@ -128,6 +128,17 @@ TEST(NameThisThread, NamesTheCallingThreadCutTo15Characters) {
   EXPECT_EQ(long_name, "ma-a-name-longe");
 }
 
+// Note [current device] (prim/cuda_memory.h): a device guard leaves the SDK's own threads
+// on its device, and gives any other thread its own back; which is which is this mark.
+TEST(StartThread, MarksItsThreadsOursAndNoOther) {
+  bool started = false, other = true;
+  prim::StartThread("ma-test", [&] { started = prim::IsOurThread(); }).join();
+  std::thread([&] { other = prim::IsOurThread(); }).join();
+  EXPECT_TRUE(started);
+  EXPECT_FALSE(other);
+  EXPECT_FALSE(prim::IsOurThread());  // the test's own
+}
+
 TEST(NameThisThread, TheKernelPoolsWorkersAreNamed) {
   const auto named = [] { return std::ranges::count(ThreadNames(), std::string("ma-kernel")); };
   // Threads name themselves as they start, and leave /proc a moment after they are joined.
