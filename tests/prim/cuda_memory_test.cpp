@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "prim/os.h"
 #include "testing/cuda_wait.h"
 #include "testing/status_matchers.h"
 
@@ -69,6 +70,14 @@ TEST(CudaMemory, ADeviceGuardMakesItsDeviceCurrentAndGivesTheOldOneBack) {
     EXPECT_EQ(at.device, 1);
   }
   EXPECT_EQ(Current(), 0);
+  // The SDK's own threads keep the guard's device: going back to device 0 would make its
+  // primary context on a thread that never used it.
+  int after = -1;
+  StartThread("ma-test", [&] {
+    { const DeviceGuard other(1); }
+    after = Current();
+  }).join();
+  EXPECT_EQ(after, 1);
 }
 #endif
 
