@@ -267,6 +267,16 @@ def test_a_grad_scaler_with_offloaded_parameters(tmp_path):
         opt.close()
 
 
+def test_a_sparse_gradient_sent_during_backward_is_refused_as_at_step(tmp_path):
+    emb = torch.nn.Embedding(64, 16, sparse=True).cuda()
+    opt = mt.OffloadedAdamW(emb.parameters(), lr=1e-3, volume=str(tmp_path / "sp.vol"),
+                            host_budget=1 << 20, part_elements=1 << 10,
+                            offload_gradients=True)
+    with pytest.raises(memascend.errors.InvalidArgumentError, match="sparse gradient"):
+        emb(torch.arange(8, device="cuda")).sum().backward()
+    opt.close()
+
+
 def test_bf16_parameters_on_the_gpu_train(tmp_path):
     # bf16 weights with fp32 master weights and moments on the volume, as fine-tuning runs.
     model = gpt.make(seed=0).cuda().to(torch.bfloat16)

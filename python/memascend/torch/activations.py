@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Literal
 
@@ -17,6 +18,11 @@ if TYPE_CHECKING:
 
 _local = threading.local()
 _instances = itertools.count()  # each ActivationOffload names its slots apart
+
+# A saved tensor's lease is read-only; torch.frombuffer warns once a process that it will
+# not stop a write through the tensor (_unpack_cuda only reads it, copying to the GPU).
+warnings.filterwarnings("ignore", message="The given buffer is not writable",
+                        category=UserWarning, module=r"memascend\.torch\.activations")
 
 
 class _ParamView:

@@ -167,9 +167,7 @@ class OptimizerCuda:
         g = p.grad
         if g is None:
             return
-        if g.numel() != self.opt._numels[i]:
-            raise errors.InvalidArgumentError(
-                f"parameter {i}'s gradient has {g.numel()} elements, not {self.opt._numels[i]}")
+        self.opt._grad(i, p)  # the checks of step(): dense, the right size
         self._send(i, g)
         p.grad = None
 
