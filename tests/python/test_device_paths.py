@@ -120,3 +120,51 @@ def test_gradients_offloaded_train_as_set_gradient(tmp_path):
         f = torch.zeros(SIZES[0])
         grads.offload(0, f.data_ptr(), f.numel(), "float32")
     close(grads, a, sa, va, b, sb, vb)
+
+
+def test_pending_leases_let_go_of_each_lease_after_its_own_copy_whatever_the_threads():
+    # Autograd runs backward hooks on a thread per device: while one thread waits for the
+    # oldest copy, another may reap. Each lease goes only once its own event is done.
+    import threading
+    from memascend.torch.cuda import PendingLeases
+
+    class Event:  # a copy's event: done once `done` is set; a wait also needs `gate`
+        def __init__(self):
+            self.done, self.gate = threading.Event(), threading.Event()
+            self.waited = threading.Event()
+
+        def query(self):
+            return self.done.is_set()
+
+        def synchronize(self):
+            self.waited.set()
+            self.done.wait()
+            self.gate.wait()
+
+    class Lease:
+        def __init__(self, event):
+            self.event, self.released_early = event, None
+
+        def release(self):
+            self.released_early = not self.event.done.is_set()
+
+    first, second = Event(), Event()
+    leases = [Lease(first), Lease(second)]
+    pending = PendingLeases()
+    pending.add(first, leases[0], 10, "a")
+    pending.add(second, leases[1], 10, "b")
+    # 20 bytes held, over a limit of 15: waits for the oldest, which leaves 10
+    waiter = threading.Thread(target=pending.reap, kwargs={"limit": 15}, daemon=True)
+    waiter.start()
+    assert first.waited.wait(timeout=10)
+    first.done.set()
+    pending.reap()  # another thread, meanwhile: the first is done, the second is not
+    first.gate.set()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()
+    assert leases[0].released_early is False
+    assert leases[1].released_early is not True  # not let go before its copy
+    second.done.set()
+    second.gate.set()
+    pending.drain()
+    assert leases[1].released_early is False and pending.bytes == 0

@@ -123,6 +123,10 @@ class ActivationOffload:
         self._side = {}       # on a GPU: each device's stream of the copies out
         self._host_event = None  # on a GPU: memascend.torch.cuda.host_event
         self._to_free = []    # slots let go while a copy of theirs was in flight
+        # Autograd runs a backward pass's hooks on a thread per device (and a _Saved may die
+        # on any thread): one lock over the bookkeeping, re-entered where a collection
+        # frees a _Saved inside it.
+        self._lock = threading.RLock()
 
     # -- on a GPU
     def _gpu(self, device):
@@ -138,13 +142,12 @@ class ActivationOffload:
         """Leases of completed copies let go; slots whose copies are done freed."""
         self._pending.reap(limit=self._store.host_budget // 2)
         if self._to_free:
-            waiting = []
-            for tid, nbytes in self._to_free:
+            todo, self._to_free = self._to_free, []  # what _free adds meanwhile is kept
+            for tid, nbytes in todo:
                 if self._pending.holds(tid):
-                    waiting.append((tid, nbytes))
+                    self._to_free.append((tid, nbytes))
                 else:
                     self._free_slot(tid, nbytes)
-            self._to_free = waiting
 
     def _pack_cuda(self, t, tid, nbytes):
         """Copies `t` out to the tensor's pinned block on a side stream; its lease goes once
@@ -193,6 +196,10 @@ class ActivationOffload:
 
     # -- the hooks
     def _pack(self, t):
+        with self._lock:
+            return self._pack_held(t)
+
+    def _pack_held(self, t):
         if t.numel() * t.element_size() < self._min_bytes or t.is_sparse or \
                 not is_kept_dtype(t.dtype):
             return t
@@ -236,6 +243,10 @@ class ActivationOffload:
         return saved
 
     def _unpack(self, saved):
+        with self._lock:
+            return self._unpack_held(saved)
+
+    def _unpack_held(self, saved):
         if saved.device.type == "cpu":
             out = torch.empty(saved.shape, dtype=saved.dtype)
             self._store.read_into(saved.id, out.data_ptr(), saved.nbytes)
@@ -243,6 +254,10 @@ class ActivationOffload:
         return self._unpack_cuda(saved)
 
     def _free(self, saved):
+        with self._lock:
+            self._free_held(saved)
+
+    def _free_held(self, saved):
         self._held -= saved.nbytes
         if not self._held:
             self._order.clear()
@@ -261,9 +276,10 @@ class ActivationOffload:
 
     def synchronize(self) -> None:
         """Waits for every copy in flight and lets go of its lease."""
-        if self._pending is not None:
-            self._pending.drain()
-            self._reap()
+        with self._lock:
+            if self._pending is not None:
+                self._pending.drain()
+                self._reap()
 
     def __enter__(self) -> ActivationOffload:
         stack = getattr(_local, "activations", None)
@@ -291,7 +307,8 @@ def offload_activations(store: TensorStore, min_bytes: int = 1 << 16,
 
     A tensor saved twice (or through two views of the same geometry) is stored once. On
     a GPU each saved tensor is copied out on a side stream (make the store with
-    ``host_backing="cuda"`` so the copies are DMA), and the backward pass reads the next `read_ahead` saved tensors from the volume ahead
-    of their use, in reverse order of saving.
+    ``host_backing="cuda"`` so the copies are DMA), and the backward pass reads the next
+    `read_ahead` saved tensors from the volume ahead of their use, in reverse order of
+    saving.
     """
     return ActivationOffload(store, min_bytes, read_ahead)

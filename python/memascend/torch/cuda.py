@@ -84,11 +84,14 @@ class PendingLeases:
         than `limit` bytes are held."""
         while self._pending:
             event, lease, nbytes, key = self._pending[0]
-            if not event.query():
-                if limit is None or self.bytes <= limit:
-                    break
-                event.synchronize()
+            ready = event.query()
+            if not ready and (limit is None or self.bytes <= limit):
+                break
+            # Taken before the wait (which lets go of the GIL): another thread reaping
+            # meanwhile cannot let go of this one, nor this thread of the next unwaited.
             self._pending.popleft()
+            if not ready:
+                event.synchronize()
             self._done(lease, nbytes, key)
 
     def drain(self) -> None:
