@@ -154,12 +154,15 @@ bool TensorStore::Impl::CopyFromHostPendingLocked(const Tensor& t) const {
 void TensorStore::Impl::WaitCopyFromHostLocked(Tensor& t) {
   std::shared_ptr<prim::CudaEvent> ready = t.gpu_ready;
   if (ready == nullptr) return;
+  ++t.pins;  // its block stays meanwhile
   mu.Unlock();
   // A failed copy's error is the stream's, reported to whoever waits on the device copy;
   // here only its end matters: the block is no longer read.
   (void)ready->Synchronize();
   ready.reset();
   mu.Lock();
+  --t.pins;
+  cv.SignalAll();
 }
 
 // Frees the device block of an unleased `t` (claimed by the caller), copying it back

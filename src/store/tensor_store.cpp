@@ -380,10 +380,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
     if (src.state == Impl::State::kResident && src.pins == 0 && !src.dirty &&
         dst.state == Impl::State::kCold) {
       if (m.CopyFromHostPendingLocked(src)) {  // Note [host writes after a copy]
-        ++src.pins;
         m.WaitCopyFromHostLocked(src);
-        --src.pins;
-        m.cv.SignalAll();
         continue;
       }
       // Hand the clean block over: the volume keeps the source's bytes.
@@ -402,10 +399,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
     }
     if (src.state == Impl::State::kResident) {
       if (m.CopyFromHostPendingLocked(dst)) {  // Note [host writes after a copy]
-        ++dst.pins;
         m.WaitCopyFromHostLocked(dst);
-        --dst.pins;
-        m.cv.SignalAll();
         continue;
       }
       std::memcpy(dst.block.data(), src.block.data(), dst.spec.bytes);

@@ -204,8 +204,8 @@ struct TensorStore::Impl {
   // Their errors are their streams' holders' to see, as a query's would have been.
   void WaitGpuWorkLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Note [host writes after a copy]: true if `t`'s last copy into the device may still
-  // be reading its host block; WaitCopyFromHostLocked waits for it with mu released (the
-  // caller keeps `t` still: pinned, or claimed).
+  // be reading its host block; WaitCopyFromHostLocked waits for it with mu released, `t`
+  // pinned meanwhile.
   bool CopyFromHostPendingLocked(const Tensor& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void WaitCopyFromHostLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Drops `done` (complete, or covered by a later event) from t.gpu_uses; events released
