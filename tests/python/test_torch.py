@@ -961,3 +961,43 @@ def test_activations_keep_parameters_and_store_memory_saved_through_several_view
     del acts, loss
     store.close()
     vol.close()
+
+
+def test_torchs_transformer_layers_are_loaded_whole(tmp_path):
+    # nn.MultiheadAttention reads out_proj.weight without calling out_proj, and
+    # nn.TransformerEncoderLayer's inference fast path reads every parameter itself: their
+    # hooks load them whole, with no `units` given.
+    def make():
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        return torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 2),
+                                   torch.nn.Linear(32, 8))
+
+    x = torch.randn(4, 6, 32)
+    y = torch.randint(0, 8, (4, 6))
+
+    def train(model, opt):
+        losses = []
+        for _ in range(3):
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        model.eval()
+        with torch.no_grad():
+            out = model(x)
+        model.train()
+        return losses, out
+
+    ref = make()
+    want, want_out = train(ref, torch.optim.AdamW(param_groups(ref), lr=1e-3,
+                                                  weight_decay=0.01))
+    model = make()
+    opt = offloaded(tmp_path, model)
+    offload = mt.offload_parameters(model, opt)
+    got, got_out = train(model, opt)
+    assert got == pytest.approx(want, rel=1e-5)
+    assert torch.allclose(got_out, want_out, rtol=1e-4, atol=1e-5)
+    offload.remove()
+    opt.close()

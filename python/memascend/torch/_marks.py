@@ -81,12 +81,18 @@ def outside_units(module, units):
     return found
 
 
+# Modules that read their children's parameters without calling the children, whose own
+# hooks would then never load them: units always. nn.MultiheadAttention reads
+# out_proj.weight itself (F.multi_head_attention_forward), and nn.TransformerEncoderLayer's
+# inference fast path reads every parameter of its attention and feed-forward.
+READS_CHILDREN = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
+
+
 def unit_types(units):
-    """offload_parameters' `units` as a tuple of classes (empty: none)."""
-    if units is None:
-        return ()
-    found = tuple(units) if isinstance(units, (tuple, list)) else (units,)
+    """offload_parameters' `units` as a tuple of classes, READS_CHILDREN's included."""
+    found = () if units is None else \
+        tuple(units) if isinstance(units, (tuple, list)) else (units,)
     if not all(isinstance(u, type) and issubclass(u, torch.nn.Module) for u in found):
         raise errors.InvalidArgumentError(
             f"units must be torch.nn.Module classes (a class or a tuple of them), not {units!r}")
-    return found
+    return found + tuple(u for u in READS_CHILDREN if u not in found)
