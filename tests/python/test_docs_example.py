@@ -2,9 +2,8 @@
 would: in a child process as user nobody (no CAP_IPC_LOCK) under Debian's default
 `ulimit -l` of 8 MiB, then again to resume from its volume.
 
-The block is read from the docs, not copied: only what it leaves to the reader is given
-(`MyGPT`, `data`, `total_steps`: tests/python/gpt.py's small GPT and its batches) and its
-`/nvme/` paths point into a temporary folder. ctest passes the source tree in
+The block is read from the docs, not copied, and run as it is written: its `/nvme/` paths
+point into a temporary folder, and its `total_steps` is the test's. ctest passes the source tree in
 MEMASCEND_SOURCE_DIR (else the tree this file is in).
 """
 import math
@@ -36,18 +35,9 @@ def complete_example():
 # recorded; prints what the test checks.
 CHILD = r"""
 import math, sys, warnings
-sys.path.insert(0, sys.argv[1])
-import gpt
 from memascend import errors
 
-def MyGPT():
-    return gpt.make(0)
-
-def data(step):
-    return gpt.batch(step)
-
-total_steps = int(sys.argv[2])
-
+EXAMPLE = EXAMPLE.replace("total_steps = 20", f"total_steps = {int(sys.argv[2])}")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     exec(compile(EXAMPLE, "docs/python.md (A complete example)", "exec"))
@@ -83,7 +73,7 @@ def test_the_complete_example_trains_and_resumes_as_a_user_under_an_8_mib_memloc
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         pytest.skip("root, and no setpriv to drop to user nobody")
     example = complete_example()
-    assert "/nvme/" in example  # the paths the test moves
+    assert "/nvme/" in example and "total_steps = 20" in example  # what the test moves
     work = tempfile.mkdtemp(prefix="memascend-example-")
     try:
         os.chmod(work, 0o777)
