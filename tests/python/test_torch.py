@@ -271,6 +271,7 @@ def test_bad_input_gets_a_clear_exception(tmp_path):
     # a budget below one part
     with pytest.raises(errors.InvalidArgumentError, match="below what one part needs"):
         offloaded(tmp_path, model, name="a.vol", host_budget=64 << 10)
+    assert not (tmp_path / "a.vol").exists()  # refused before the volume was made
     # the volume is left usable: the same path works with a sound budget
     opt = offloaded(tmp_path, model, name="a.vol")
     # a parameter added after construction

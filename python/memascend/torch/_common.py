@@ -25,7 +25,13 @@ def choose_budget(least, most, on_host, cuda, given):
     memascend Note [default host budget]: a given budget is capped at `most` (refused past
     the memory limit or RLIMIT_MEMLOCK); without one, what the machine leaves beyond the
     process's other needs: on the CPU the parameters and gradients in torch (`on_host`
-    bytes) and as much again for activations, and 256 MiB of heap."""
+    bytes) and as much again for activations, and 256 MiB of heap. A given budget below
+    `least` is refused here, before the volume is made."""
+    if given and given < least:
+        raise errors.InvalidArgumentError(
+            f"host budget {given} bytes is below what one part needs at once ({least} bytes: "
+            "gradient, parameters, master weights and both moments of a part); raise "
+            "host_budget or lower part_elements")
     choice = _core.choose_host_budget(least, most, 3 * on_host + (256 << 20), cuda=cuda,
                                       given=given or 0)
     if choice["warning"]:
