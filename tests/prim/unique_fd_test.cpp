@@ -55,5 +55,12 @@ TEST(Open, ErrorNamesThePath) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/memascend-test")));
 }
 
+// A file to make in a folder that is not there: the message says which folder.
+TEST(Open, ACreateInAMissingFolderNamesTheFolder) {
+  EXPECT_THAT(Open("/nonexistent/deeper/run.vol", O_RDWR | O_CREAT, 0644),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("the folder /nonexistent/deeper does not exist")));
+}
+
 }  // namespace
 }  // namespace memascend::prim
