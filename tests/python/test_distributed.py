@@ -367,3 +367,48 @@ def test_ranks_that_disagree_at_construction_all_refuse(tmp_path):
     bad = launch(tmp_path, 2, 2, str(tmp_path / "d.{rank}.vol"), tmp_path / "d.pt")
     assert all(rc != 0 for _, _, rc in bad), bad
     assert "rank(s) [1] could not open their state" in bad[0][1], bad[0][1]
+
+
+_STOPPED = r"""
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[3])
+import gpt, memascend.torch as mt
+from memascend import errors
+from memascend.torch import buckets
+rank = int(sys.argv[4])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=rank, world_size=2)
+model = gpt.make(seed=0)
+opt = mt.OffloadedAdamW(model.parameters(), lr=1e-3, volume=sys.argv[2] + f".{rank}",
+                        host_budget=1 << 20, part_elements=1 << 18)
+def out_of_memory(*args):
+    raise RuntimeError("CUDA out of memory (simulated)")
+for step in range(3):
+    if step == 1:
+        buckets.place = out_of_memory  # the second step's first gradient into its bucket
+    x, y = gpt.batch(step)
+    model(x, y).backward()
+    try:
+        opt.step()
+        print("stepped", step)
+    except errors.FailedPreconditionError as e:
+        print("refused", step, "no further step here" in str(e) and "out of memory" in str(e))
+    except RuntimeError as e:
+        print("raised", step, e)
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_rank_stopped_by_an_error_of_torchs_in_its_reduction_takes_no_later_step(tmp_path):
+    # An error no rank agreed on (torch's out of memory, an interrupt): the rank's next
+    # collective would not be the others', so every later step() refuses before any. Both
+    # ranks meet it here (one alone would leave the other in a collective until gloo's
+    # timeout, as DDP's ranks wait for one that ran out of memory).
+    procs = [subprocess.Popen([sys.executable, "-c", _STOPPED, str(tmp_path / "init"),
+                               str(tmp_path / "s.vol"), HERE, str(rank)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        assert out.splitlines() == ["stepped 0", "raised 1 CUDA out of memory (simulated)",
+                                    "refused 2 True"], out + err[-2000:]

@@ -146,7 +146,14 @@ class GradientBuckets:
         g = p.grad
         if g is None:
             return
-        self.take(i, self.opt._grad(i, p))
+        try:
+            self.take(i, self.opt._grad(i, p))
+        except errors.FailedPreconditionError:
+            raise  # a second gradient: the step's collectives were not entered for it
+        except BaseException as e:
+            self.fail(f"this rank stopped in a step's gradient reduction ({type(e).__name__}: "
+                      f"{e})")  # as finish() does
+            raise
         p.grad = None
 
     def take(self, i, g):
@@ -225,12 +232,17 @@ class GradientBuckets:
                     self.take(i, None if p.grad is None else opt._grad(i, p))
             while self.inflight:
                 self._send(*self.inflight.pop(0))
-        except BaseException:
+        except BaseException as e:
             try:  # the copies queued are waited for; the first error is the one raised
                 opt._shard_io.finish()
             except errors.Error:
                 pass
             self._reset()
+            # Not agreed (an error of torch's, e.g. out of memory, or an interrupt): the
+            # other ranks may wait in this step's collectives until their timeout, and this
+            # rank's next collective would not be theirs, so no later step() here enters one.
+            self.fail(f"this rank stopped in a step's gradient reduction ({type(e).__name__}: "
+                      f"{e})")
             raise
         try:  # always: the copies queued are waited for and the blocks let go
             opt._shard_io.finish()
