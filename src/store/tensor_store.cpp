@@ -326,6 +326,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
   Impl::Tensor& t = *m.tensors[id];
   t.wanted = false;
   while (t.gpu_busy) m.cv.Wait(&m.mu);
+  bool fresh = false;  // a block allocated here: not the one the last copy in read
   for (;;) {
     if (t.state == Impl::State::kResident) break;
     if (t.state == Impl::State::kCold) {
@@ -333,6 +334,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
       if (t.state == Impl::State::kCold) {  // nobody loaded it while room was made
         t.block = std::move(block);
         t.state = Impl::State::kResident;
+        fresh = true;
         ++m.counters.overwrites;
       }
       continue;
@@ -340,7 +342,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
     m.cv.Wait(&m.mu);  // loading or being written back
   }
   ++t.pins;
-  if (m.CopyFromHostPendingLocked(t)) m.WaitCopyFromHostLocked(t);
+  if (!fresh && m.CopyFromHostPendingLocked(t)) m.WaitCopyFromHostLocked(t);
   t.dirty = true;
   t.gpu_valid = false;
   t.gpu_dirty = false;
@@ -391,6 +393,13 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
       ++m.counters.prefetch_hits;
       break;
     }
+    if (dst.state == Impl::State::kResident && m.CopyFromHostPendingLocked(dst)) {
+      // Note [host writes after a copy]: its own block, written below (a block allocated
+      // here is not the one its last copy read: that one waits in the pool behind its
+      // fence).
+      m.WaitCopyFromHostLocked(dst);
+      continue;
+    }
     if (dst.state == Impl::State::kCold) {
       MEMASCEND_ASSIGN_OR_RETURN(PinnedBlock block, m.AllocateLocked(dst));
       if (dst.state != Impl::State::kCold || !settled(src)) continue;  // changed meanwhile
@@ -398,10 +407,6 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
       dst.state = Impl::State::kResident;
     }
     if (src.state == Impl::State::kResident) {
-      if (m.CopyFromHostPendingLocked(dst)) {  // Note [host writes after a copy]
-        m.WaitCopyFromHostLocked(dst);
-        continue;
-      }
       std::memcpy(dst.block.data(), src.block.data(), dst.spec.bytes);
       ++m.counters.prefetch_hits;
       break;

@@ -97,7 +97,10 @@ class _Saved:
         return self.owner._unpack(self)
 
     def __del__(self):
-        owner = self.owner
+        # Taken before the owner's lock: a save that finds this object in the owner's
+        # table while it dies (its weak reference not cleared yet) sees no owner and makes
+        # a new one, rather than handing out a slot about to be freed.
+        owner, self.owner = self.owner, None
         if owner is not None:
             owner._free(self)
 
@@ -209,7 +212,8 @@ class ActivationOffload:
         base = t if t._base is None else t._base
         key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
         same = self._live.get(key)
-        if same is not None and same.source() is base and same.version == t._version:
+        if same is not None and same.owner is self and same.source() is base and \
+                same.version == t._version:
             self.deduplicated += 1
             return same
         if t.device.type == "cuda":
