@@ -104,6 +104,16 @@ def test_a_saved_activation_modified_in_place_is_caught_as_pytorch_does(tmp_path
         y2 = (h2 @ w).sum()
     y2.backward()
     assert torch.allclose(w.grad, h2.sum(0).unsqueeze(1).expand(64, 64))
+    # What the hooks keep as it is (a parameter's view, a tensor below min_bytes) too
+    lin = torch.nn.Linear(64, 64)
+    for change in (lambda: lin.weight.add_(1.0), lambda: small.mul_(2.0)):
+        small = torch.randn(4, 64, requires_grad=True)
+        with mt.offload_activations(store, min_bytes=1 << 20):  # nothing stored
+            y = (lin(small) * small.sum()).sum()
+        with torch.no_grad():
+            change()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
     store.close()
     vol.close()
 

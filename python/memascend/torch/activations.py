@@ -34,6 +34,30 @@ class _ParamView:
         self.size, self.stride, self.offset = t.size(), t.stride(), t.storage_offset()
 
 
+class _Kept:
+    """A saved tensor kept as it is (a parameter, a view of one, one too small to store),
+    with its version: autograd checks none that a hook returns, so one changed in place
+    before the backward pass is caught here, as PyTorch catches it without hooks."""
+    __slots__ = ("t", "version")
+
+    def __init__(self, t):
+        self.t, self.version = t, t._version
+
+    def unpack(self):
+        if self.t._version != self.version:
+            raise _modified(self.t.device, self.t.dtype, self.t.shape, self.t._version,
+                            self.version)
+        return self.t
+
+
+def _modified(device, dtype, shape, now, then):
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: [{device.type} {dtype} {list(shape)}] is at version {now}; "
+        f"expected version {then} instead (it was saved for the backward pass, through "
+        "memascend.torch's saved-tensor hooks)")
+
+
 def pack(t):
     """saved_tensors_hooks' pack: parameters by reference, activations to the store.
 
@@ -47,18 +71,18 @@ def pack(t):
         return _ParamView(entry[0], entry[1], t, t is base)
     # A parameter, or a view of one (nn.Linear saves weight.t()), is kept as it is.
     if type(base) is not torch.Tensor and isinstance(base, torch.nn.Parameter):
-        return t
+        return _Kept(t)
     active = getattr(_local, "activations", None)
     if active:
         return active[-1]._pack(t)
-    return t
+    return _Kept(t)
 
 
 def unpack(x):
     if isinstance(x, _ParamView):
         p = x.owner.ensure(x.index)
         return p if x.whole else p.data.as_strided(x.size, x.stride, x.offset)
-    if isinstance(x, _Saved):
+    if isinstance(x, (_Saved, _Kept)):
         return x.unpack()
     return x
 
@@ -85,12 +109,7 @@ class _Saved:
     def check_version(self):
         t = self.source()
         if t is not None and t._version != self.version:
-            kind = f"{self.device.type} {self.dtype} {list(self.shape)}"
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{kind}] is at version {t._version}; expected version "
-                f"{self.version} instead (it was saved for the backward pass, through "
-                "memascend.torch.offload_activations)")
+            raise _modified(self.device, self.dtype, self.shape, t._version, self.version)
 
     def unpack(self):
         self.check_version()
@@ -205,7 +224,7 @@ class ActivationOffload:
     def _pack_held(self, t):
         if t.numel() * t.element_size() < self._min_bytes or t.is_sparse or \
                 not is_kept_dtype(t.dtype):
-            return t
+            return _Kept(t)
         # Saved twice (as several ops save their input, each through a view of its own:
         # F.linear flattens a 3-D input anew each call): stored once, if it is the same
         # memory of the same tensor, still alive and unchanged since.
