@@ -147,13 +147,9 @@ void TensorStore::Impl::WaitGpuWorkLocked(Tensor& t) {
   mu.Lock();
 }
 
-bool TensorStore::Impl::CopyFromHostPendingLocked(const Tensor& t) const {
-  return t.gpu_ready != nullptr && !t.gpu_ready->Ready();
-}
-
-void TensorStore::Impl::WaitCopyFromHostLocked(Tensor& t) {
+bool TensorStore::Impl::WaitCopyFromHostLocked(Tensor& t) {
+  if (t.gpu_ready == nullptr || t.gpu_ready->Ready()) return false;
   std::shared_ptr<prim::CudaEvent> ready = t.gpu_ready;
-  if (ready == nullptr) return;
   ++t.pins;  // its block stays meanwhile
   mu.Unlock();
   // A failed copy's error is the stream's, reported to whoever waits on the device copy;
@@ -163,6 +159,7 @@ void TensorStore::Impl::WaitCopyFromHostLocked(Tensor& t) {
   mu.Lock();
   --t.pins;
   cv.SignalAll();
+  return true;
 }
 
 // Frees the device block of an unleased `t` (claimed by the caller), copying it back

@@ -311,7 +311,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireHost(TensorId id, bool read_only
       return s;
     }
   }
-  if (!read_only && m.CopyFromHostPendingLocked(t)) m.WaitCopyFromHostLocked(t);
+  if (!read_only) m.WaitCopyFromHostLocked(t);
   t.last_use = ++m.tick;
   (loaded_here ? m.counters.prefetch_misses : m.counters.prefetch_hits)++;
   m.counters.stall_seconds += Since(start);
@@ -342,7 +342,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
     m.cv.Wait(&m.mu);  // loading or being written back
   }
   ++t.pins;
-  if (!fresh && m.CopyFromHostPendingLocked(t)) m.WaitCopyFromHostLocked(t);
+  if (!fresh) m.WaitCopyFromHostLocked(t);
   t.dirty = true;
   t.gpu_valid = false;
   t.gpu_dirty = false;
@@ -381,10 +381,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
     }
     if (src.state == Impl::State::kResident && src.pins == 0 && !src.dirty &&
         dst.state == Impl::State::kCold) {
-      if (m.CopyFromHostPendingLocked(src)) {  // Note [host writes after a copy]
-        m.WaitCopyFromHostLocked(src);
-        continue;
-      }
+      if (m.WaitCopyFromHostLocked(src)) continue;  // Note [host writes after a copy]
       // Hand the clean block over: the volume keeps the source's bytes.
       dst.block = std::move(src.block);
       src.state = Impl::State::kCold;
@@ -393,13 +390,9 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
       ++m.counters.prefetch_hits;
       break;
     }
-    if (dst.state == Impl::State::kResident && m.CopyFromHostPendingLocked(dst)) {
-      // Note [host writes after a copy]: its own block, written below (a block allocated
-      // here is not the one its last copy read: that one waits in the pool behind its
-      // fence).
-      m.WaitCopyFromHostLocked(dst);
-      continue;
-    }
+    // Note [host writes after a copy]: its own block, written below (a block allocated
+    // here is not the one its last copy read: that one waits in the pool behind its fence).
+    if (dst.state == Impl::State::kResident && m.WaitCopyFromHostLocked(dst)) continue;
     if (dst.state == Impl::State::kCold) {
       MEMASCEND_ASSIGN_OR_RETURN(PinnedBlock block, m.AllocateLocked(dst));
       if (dst.state != Impl::State::kCold || !settled(src)) continue;  // changed meanwhile

@@ -203,11 +203,10 @@ struct TensorStore::Impl {
   // run on t's device block (Tensor::GpuEvents); the caller has claimed `t` (gpu_busy).
   // Their errors are their streams' holders' to see, as a query's would have been.
   void WaitGpuWorkLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Note [host writes after a copy]: true if `t`'s last copy into the device may still
-  // be reading its host block; WaitCopyFromHostLocked waits for it with mu released, `t`
-  // pinned meanwhile.
-  bool CopyFromHostPendingLocked(const Tensor& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void WaitCopyFromHostLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Note [host writes after a copy]: if `t`'s last copy into the device may still be
+  // reading its host block, waits for it with mu released (`t` pinned meanwhile) and
+  // returns true; false at once otherwise.
+  bool WaitCopyFromHostLocked(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Drops `done` (complete, or covered by a later event) from t.gpu_uses; events released
   // meanwhile stay. The caller still holds `done`, so none is destroyed under mu.
   static void ForgetGpuUsesLocked(Tensor& t,

@@ -151,8 +151,7 @@ class GradientBuckets:
         except errors.FailedPreconditionError:
             raise  # a second gradient: the step's collectives were not entered for it
         except BaseException as e:
-            self.fail(f"this rank stopped in a step's gradient reduction ({type(e).__name__}: "
-                      f"{e})")  # as finish() does
+            self._stopped(e)  # as finish() does
             raise
         p.grad = None
 
@@ -238,11 +237,7 @@ class GradientBuckets:
             except errors.Error:
                 pass
             self._reset()
-            # Not agreed (an error of torch's, e.g. out of memory, or an interrupt): the
-            # other ranks may wait in this step's collectives until their timeout, and this
-            # rank's next collective would not be theirs, so no later step() here enters one.
-            self.fail(f"this rank stopped in a step's gradient reduction ({type(e).__name__}: "
-                      f"{e})")
+            self._stopped(e)
             raise
         try:  # always: the copies queued are waited for and the blocks let go
             opt._shard_io.finish()
@@ -251,6 +246,13 @@ class GradientBuckets:
         error = self.error
         self._reset()
         _dist.agree_on_step(opt, error, "failed to take this step's gradients")
+
+    def _stopped(self, e):
+        """An error no rank agreed on (an error of torch's, e.g. out of memory, or an
+        interrupt) inside the step's collectives: the other ranks may wait in them until
+        their timeout, and this rank's next collective would not be theirs, so no later
+        step() here enters one."""
+        self.fail(f"this rank stopped in a step's gradient reduction ({type(e).__name__}: {e})")
 
     def fail(self, why):
         """An agreed failure: every later step() refuses on every rank, before any
