@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <linux/fs.h>
 #include <map>
+#include <optional>
 #include <system_error>
 #include <unistd.h>
 
@@ -183,13 +184,20 @@ std::vector<memascend::SafetensorsTensor> HfTensors(const ModelConfig& c, std::s
 
 absl::StatusOr<memascend::DType> HfGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
                                               const ModelConfig& c, std::size_t group) {
-  MEMASCEND_ASSIGN_OR_RETURN(auto where, FindTensor(ckpt, HfGroupTensors(c, group).front().name));
-  auto type = where.tensor->Type();
-  if (!type.ok()) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: {}", where.file->path(), std::string(type.status().message())));
+  std::optional<memascend::DType> common;
+  for (const HfTensorSlice& t : HfGroupTensors(c, group)) {
+    MEMASCEND_ASSIGN_OR_RETURN(auto where, FindTensor(ckpt, t.name));
+    auto type = where.tensor->Type();
+    if (!type.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {}", where.file->path(), std::string(type.status().message())));
+    }
+    // Two 16-bit formats hold different values (bf16's range, fp16's precision): a group
+    // of mixed dtypes is read in fp32, which holds each exactly.
+    if (common.has_value() && *common != *type) return memascend::DType::kF32;
+    common = *type;
   }
-  return *type;
+  return *common;  // a group has at least one tensor
 }
 
 absl::Status ImportHfGroup(const memascend::SafetensorsCheckpoint& ckpt, const ModelConfig& c,
@@ -247,11 +255,26 @@ namespace fs = std::filesystem;
 // The file that marks a staging directory as an export's own (Note [atomic export]).
 constexpr const char* kStagingMarker = ".memascend-export";
 
-// A file or folder of a model export (ours to replace), as opposed to what else a model
-// directory holds (a tokenizer, a README).
-bool IsModelFile(const std::string& name) {
-  return name == "config.json" || name == kStagingMarker ||
-         (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos);
+// A file of a model export (ours to replace), as opposed to what else a model directory
+// holds (a tokenizer, a README, a user's model_ema.safetensors or model.safetensors.bak,
+// which are carried over): the names an export writes, exactly (Hugging Face's
+// model.safetensors, its index, model-00001-of-00002.safetensors, config.json), and the
+// temporary ".partial" names they are written under.
+bool IsModelFile(std::string name) {
+  constexpr std::string_view kPartial = ".partial";
+  if (name.size() > kPartial.size() && name.ends_with(kPartial))
+    name.resize(name.size() - kPartial.size());
+  if (name == "config.json" || name == kStagingMarker || name == "model.safetensors" ||
+      name == "model.safetensors.index.json")
+    return true;
+  // model-DDDDD-of-DDDDD.safetensors
+  constexpr std::string_view kShape = "model-#####-of-#####.safetensors";
+  if (name.size() != kShape.size()) return false;
+  for (std::size_t i = 0; i < kShape.size(); ++i) {
+    const bool digit = name[i] >= '0' && name[i] <= '9';
+    if (kShape[i] == '#' ? !digit : name[i] != kShape[i]) return false;
+  }
+  return true;
 }
 
 absl::Status SyncDirectory(const fs::path& dir) {
@@ -452,6 +475,9 @@ absl::Status ExportHfModel(const ModelConfig& c, const std::string& dir_arg,
   // The directory itself (through a link to it), absolute, so that its parent and name are
   // real: the staging directory is its sibling on the same file system.
   fs::path target = fs::weakly_canonical(fs::absolute(dir_arg, ec), ec);
+  // "out/" names out: a directory not made yet keeps its trailing separator here.
+  while (!ec && !target.has_filename() && target != target.root_path())
+    target = target.parent_path();
   if (ec || !target.has_filename() || !target.has_parent_path() || target == target.root_path()) {
     return absl::InvalidArgumentError(fmt::format("export directory {}: not a usable path{}",
                                                   dir_arg, ec ? ": " + ec.message() : ""));

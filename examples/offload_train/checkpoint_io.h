@@ -44,8 +44,8 @@ std::vector<HfTensorSlice> HfGroupTensors(const ModelConfig& c, std::size_t grou
 // SafetensorsWriter takes.
 std::vector<memascend::SafetensorsTensor> HfTensors(const ModelConfig& c, std::string_view dtype);
 
-// The dtype the checkpoint stores group `group` in (its first tensor's): an import needs
-// no more memory than the group in that dtype.
+// The dtype the checkpoint stores group `group` in: its tensors' where they agree, fp32
+// where they differ (each converts to fp32 exactly); an import holds the group in it.
 absl::StatusOr<memascend::DType> HfGroupDType(const memascend::SafetensorsCheckpoint& ckpt,
                                               const ModelConfig& c, std::size_t group);
 // Group `group`'s parameters from the checkpoint into `out` (GroupParams elements, in

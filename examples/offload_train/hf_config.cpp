@@ -1,12 +1,15 @@
 #include "hf_config.h"
 
-#include <cstdio>
+#include <cerrno>
+#include <cstdint>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include <memascend/status.h>
 
+#include "prim/file.h"
+#include "prim/unique_fd.h"
 #include "util/json_reader.h"
 #include "util/json_writer.h"
 
@@ -50,6 +53,19 @@ struct Reader {
     if (!b.ok()) return Bad(key, "is not true or false");
     return *b;
   }
+  // A special token's id: absent or null, a non-negative integer, or a list of them.
+  absl::StatusOr<std::optional<HfConfig::TokenIds>> Ids(std::string_view key) const {
+    const JsonValue* m = v.Find(key);
+    if (m == nullptr || m->is_null()) return std::nullopt;
+    HfConfig::TokenIds t;
+    t.list = m->is_array();
+    for (const JsonValue& e : t.list ? m->items() : std::vector<JsonValue>{*m}) {
+      auto n = e.AsInt();
+      if (!n.ok() || *n < 0) return Bad(key, "is not a token id or a list of them");
+      t.ids.push_back(*n);
+    }
+    return t;
+  }
   std::string Text(std::string_view key) const {
     const JsonValue* m = v.Find(key);
     if (m == nullptr) return {};
@@ -82,11 +98,18 @@ absl::Status ReadRope(const JsonValue& root, std::string_view source, HfConfig* 
         key, fmt::format("has rope_type '{}'; the trainer computes default and llama3", type));
   }
   c->rope.llama3 = true;
-  MEMASCEND_ASSIGN_OR_RETURN(c->rope.factor, r.Number("factor", 8));
-  MEMASCEND_ASSIGN_OR_RETURN(c->rope.low_freq_factor, r.Number("low_freq_factor", 1));
-  MEMASCEND_ASSIGN_OR_RETURN(c->rope.high_freq_factor, r.Number("high_freq_factor", 4));
+  // All four, as transformers requires (it refuses a llama3 rope without one): no guess.
+  for (const char* need :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    const JsonValue* m = p->Find(need);
+    if (m == nullptr || m->is_null())
+      return top.Bad(key, fmt::format("has rope_type 'llama3' and no '{}'", need));
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(c->rope.factor, r.Number("factor", 0));
+  MEMASCEND_ASSIGN_OR_RETURN(c->rope.low_freq_factor, r.Number("low_freq_factor", 0));
+  MEMASCEND_ASSIGN_OR_RETURN(c->rope.high_freq_factor, r.Number("high_freq_factor", 0));
   MEMASCEND_ASSIGN_OR_RETURN(c->rope.original_max_position_embeddings,
-                             r.Number("original_max_position_embeddings", 8192));
+                             r.Number("original_max_position_embeddings", 0));
   if (!(c->rope.high_freq_factor > c->rope.low_freq_factor))
     return top.Bad(key, "has high_freq_factor not above low_freq_factor");
   return absl::OkStatus();
@@ -178,23 +201,47 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json, std::string_view s
   }
   if (c.vocab > (std::size_t{1} << 31))
     return r.Bad("vocab_size", "passes the 2^31 token ids the trainer holds");
+  // Each size within a bound far past any model's (hidden 16k, heads 128, head_dim 256,
+  // layers 200), so that no product of them (the parameter count, heads x head_dim)
+  // overflows 64 bits and reads as a small model.
+  const bool gpt2 = c.arch == Arch::kGpt2;
+  const struct {
+    std::size_t value, limit;
+    const char* key;
+  } limits[] = {
+      {c.hidden, std::size_t{1} << 20, gpt2 ? "n_embd" : "hidden_size"},
+      {c.intermediate, std::size_t{1} << 22, gpt2 ? "n_inner" : "intermediate_size"},
+      {c.layers, std::size_t{1} << 12, gpt2 ? "n_layer" : "num_hidden_layers"},
+      {c.heads, std::size_t{1} << 12, gpt2 ? "n_head" : "num_attention_heads"},
+      {c.kv_heads, std::size_t{1} << 12, "num_key_value_heads"},
+      // GPT-2's is n_embd / n_head, within n_embd's bound.
+      {c.head_dim, gpt2 ? c.head_dim : std::size_t{1} << 12, "head_dim"},
+      {c.max_positions, std::size_t{1} << 31, gpt2 ? "n_positions" : "max_position_embeddings"}};
+  for (const auto& l : limits) {
+    if (l.value > l.limit)
+      return r.Bad(l.key, fmt::format("is {}, past the trainer's bound of {}", l.value, l.limit));
+  }
+  MEMASCEND_ASSIGN_OR_RETURN(c.bos, r.Ids("bos_token_id"));
+  MEMASCEND_ASSIGN_OR_RETURN(c.eos, r.Ids("eos_token_id"));
+  MEMASCEND_ASSIGN_OR_RETURN(c.pad, r.Ids("pad_token_id"));
   return c;
 }
 
 absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(fmt::format("{}: cannot open it", path));
+  // A regular file only (a FIFO would wait for a writer forever, a directory reads as
+  // nothing); a read's error is the error, not a short text.
+  MEMASCEND_ASSIGN_OR_RETURN(memascend::prim::UniqueFd fd, memascend::prim::OpenRegularFile(path));
   std::string text;
   char buf[65536];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
-    text.append(buf, n);
-    if (text.size() > (16u << 20)) {
-      std::fclose(f);
+  for (;;) {
+    const std::int64_t n = memascend::prim::PreadOnce(fd.get(), buf, sizeof(buf), text.size());
+    if (n == -EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(static_cast<int>(-n), fmt::format("{}: read", path));
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > (16u << 20))
       return absl::InvalidArgumentError(fmt::format("{}: over 16 MiB: not a config.json", path));
-    }
   }
-  std::fclose(f);
   return ParseHfConfig(text, path);
 }
 
@@ -244,6 +291,15 @@ std::string HfConfigJson(const HfConfig& c, std::string_view torch_dtype) {
     } else {
       j.Key("rope_scaling").Null();
     }
+  }
+  const std::pair<const char*, const std::optional<HfConfig::TokenIds>*> ids[] = {
+      {"bos_token_id", &c.bos}, {"eos_token_id", &c.eos}, {"pad_token_id", &c.pad}};
+  for (const auto& [key, t] : ids) {
+    if (!t->has_value()) continue;
+    j.Key(key);
+    if ((*t)->list) j.BeginArray();
+    for (std::int64_t id : (*t)->ids) j.Int(id);
+    if ((*t)->list) j.EndArray();
   }
   j.Field("torch_dtype", torch_dtype);
   j.EndObject();

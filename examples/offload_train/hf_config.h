@@ -13,8 +13,11 @@
 #define MEMASCEND_EXAMPLES_OFFLOAD_TRAIN_HF_CONFIG_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <absl/status/statusor.h>
 
@@ -40,6 +43,14 @@ struct HfConfig {
   ops::RopeScaling rope;      // Llama
   bool tie_embeddings = false;
   std::string torch_dtype;  // as the file says ("bfloat16", ...); empty if absent
+  // The tokenizer's special ids (bos_token_id, eos_token_id, pad_token_id), which the
+  // trainer does not use but an export carries (generation reads them from config.json):
+  // absent (or null) as none, one id, or a list (Llama 3's eos is two).
+  struct TokenIds {
+    std::vector<std::int64_t> ids;
+    bool list = false;
+  };
+  std::optional<TokenIds> bos, eos, pad;
 
   std::size_t ParameterCount() const;
 };

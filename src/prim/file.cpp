@@ -91,7 +91,7 @@ void RemoveQuietly(const std::string& path) noexcept { ::unlink(path.c_str()); }
 
 bool PathExists(const std::string& path) noexcept {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
+  return ::lstat(path.c_str(), &st) == 0;
 }
 
 absl::StatusOr<std::uint64_t> FreeBytes(const std::string& path) {

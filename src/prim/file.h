@@ -38,6 +38,8 @@ absl::StatusOr<std::uint64_t> FreeBytes(const std::string& path);
 absl::Status Fsync(int fd);
 absl::Status Rename(const std::string& from, const std::string& to);
 void RemoveQuietly(const std::string& path) noexcept;
+// Whether there is an entry at `path`: a symlink counts whether or not its target exists
+// (lstat), so a check before making a file never misses a link the make would follow.
 bool PathExists(const std::string& path) noexcept;
 
 // An eventfd (counter semantics, blocking, close-on-exec).

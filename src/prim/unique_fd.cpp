@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -41,6 +42,28 @@ absl::StatusOr<UniqueFd> Open(const std::string& path, int flags, mode_t mode) {
     return absl::ErrnoToStatus(err, what);
   }
   return UniqueFd(fd);
+}
+
+absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path) {
+  absl::StatusOr<UniqueFd> opened = Open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+  if (!opened.ok()) return opened.status();
+  UniqueFd fd = *std::move(opened);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return absl::ErrnoToStatus(errno, fmt::format("stat({})", path));
+  if (!S_ISREG(st.st_mode)) {
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a file";
+    return absl::FailedPreconditionError(
+        fmt::format("{}: {}, not a regular file to read", path, what));
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0)
+    return absl::ErrnoToStatus(errno, fmt::format("fcntl({})", path));
+  return fd;
 }
 
 }  // namespace memascend::prim

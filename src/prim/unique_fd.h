@@ -49,6 +49,12 @@ class UniqueFd {
 // open(2) with O_CLOEXEC added; the error names the path.
 absl::StatusOr<UniqueFd> Open(const std::string& path, int flags, mode_t mode = 0);
 
+// A user's file opened to read, refused (FailedPrecondition, naming the path and what it
+// is) unless it is a regular file: opening a FIFO waits for a writer forever, and a
+// directory or a device is not a file of data. The open does not wait (O_NONBLOCK, cleared
+// once the file is known regular); symlinks are followed.
+absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path);
+
 }  // namespace memascend::prim
 
 #endif  // MEMASCEND_SRC_PRIM_UNIQUE_FD_H_

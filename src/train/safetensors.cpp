@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
   auto r = std::unique_ptr<SafetensorsReader>(new SafetensorsReader());
   r->path_ = path;
   r->file_ = std::make_unique<File>();
-  MEMASCEND_ASSIGN_OR_RETURN(r->file_->fd, prim::Open(path, O_RDONLY | O_CLOEXEC));
+  MEMASCEND_ASSIGN_OR_RETURN(r->file_->fd, prim::OpenRegularFile(path));
   const int fd = r->file_->fd.get();
   MEMASCEND_ASSIGN_OR_RETURN(prim::FileFacts facts, prim::StatFile(fd));
   const std::uint64_t size = facts.size;
@@ -164,14 +164,14 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   }
   std::string text;
   {
-    MEMASCEND_ASSIGN_OR_RETURN(prim::UniqueFd fd, prim::Open(index, O_RDONLY | O_CLOEXEC));
+    MEMASCEND_ASSIGN_OR_RETURN(prim::UniqueFd fd, prim::OpenRegularFile(index));
     MEMASCEND_ASSIGN_OR_RETURN(prim::FileFacts facts, prim::StatFile(fd.get()));
     if (facts.size > kMaxHeaderBytes)
       return absl::DataLossError(fmt::format("{}: {} bytes is not an index", index, facts.size));
     text.resize(facts.size);
     MEMASCEND_RETURN_IF_ERROR(ReadFully(fd.get(), text.data(), text.size(), 0, index));
   }
-  auto parsed = util::ParseJson(text);
+  auto parsed = util::ParseJson(text, train::kMaxHeaderValues);
   if (!parsed.ok())
     return absl::DataLossError(
         fmt::format("{}: {}", index, std::string(parsed.status().message())));
@@ -181,8 +181,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   std::map<std::string, const SafetensorsReader*> shards;
   for (const auto& [name, v] : map->members()) {
     auto file = v.AsString();
-    if (!file.ok() || file->empty() || file->find('/') != std::string::npos || *file == "." ||
-        *file == "..") {
+    if (!file.ok() || file->empty() || file->find('/') != std::string::npos ||
+        file->find('\0') != std::string::npos || *file == "." || *file == "..") {
       return absl::DataLossError(fmt::format(
           "{}: tensor '{}' is mapped to something that is not a file name", index, name));
     }
@@ -255,8 +255,21 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     if (esize == 0)
       return absl::InvalidArgumentError(
           fmt::format("{}: tensor '{}': dtype '{}'", path, t.name, t.dtype));
+    // The file's bytes are counted in 64 bits: a shape past them is refused, never wrapped.
+    constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t count = 1;
+    for (std::uint64_t d : t.shape) {
+      if (d != 0 && count > kMax / d)
+        count = kMax;
+      else
+        count *= d;
+    }
+    if (count > (kMax - at) / esize) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: tensor '{}': its shape's bytes pass what a file can hold", path, t.name));
+    }
     t.begin = at;
-    t.end = at + t.elements() * esize;
+    t.end = at + count * esize;
     at = t.end;
   }
   util::JsonWriter j;
@@ -278,8 +291,22 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   w->total_ = 8 + header.size() + at;
   w->data_offset_ = 8 + header.size();
   w->file_ = std::make_unique<File>();
-  MEMASCEND_ASSIGN_OR_RETURN(
-      w->file_->fd, prim::Open(w->partial_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  // The partial file is made here, never opened over something there (O_EXCL, and
+  // O_NOFOLLOW: a link there is not followed to its target), so the destructor removes
+  // only a file of this writer's. One left by an earlier writer that died goes with
+  // `overwrite` (unlink: a link, not its target).
+  if (overwrite) prim::RemoveQuietly(w->partial_);
+  auto fd = prim::Open(w->partial_, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (!fd.ok()) {
+    if (absl::IsAlreadyExists(fd.status())) {
+      return absl::AlreadyExistsError(fmt::format(
+          "{} exists (an earlier write's, left by a crash, or not ours); it is not replaced "
+          "without the overwrite flag",
+          w->partial_));
+    }
+    return fd.status();
+  }
+  w->file_->fd = *std::move(fd);
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(header.size() >> (8 * i));
   MEMASCEND_RETURN_IF_ERROR(WriteFully(w->file_->fd.get(), len, 8, 0, w->partial_));

@@ -59,7 +59,7 @@ absl::StatusOr<ParsedHeader> ParseSafetensorsHeader(std::string_view header,
     return absl::FailedPreconditionError(
         fmt::format("{}: the header is not a JSON object: not a safetensors file", path));
   }
-  auto parsed = util::ParseJson(header);
+  auto parsed = util::ParseJson(header, kMaxHeaderValues);
   if (!parsed.ok()) {
     return absl::DataLossError(
         fmt::format("{}: header: {}", path, std::string(parsed.status().message())));
@@ -111,7 +111,11 @@ absl::StatusOr<ParsedHeader> ParseSafetensorsHeader(std::string_view header,
     t.begin = static_cast<std::uint64_t>(*begin);
     t.end = static_cast<std::uint64_t>(*end);
     std::uint64_t want = 0;
-    if (MulOverflows(elements, esize, &want) || want != t.end - t.begin) {
+    if (MulOverflows(elements, esize, &want)) {
+      return bad(fmt::format("{} x shape [{} dimensions] needs more bytes than 64 bits count",
+                             t.dtype, t.shape.size()));
+    }
+    if (want != t.end - t.begin) {
       return bad(fmt::format("data_offsets [{}, {}) hold {} bytes, {} x shape needs {}", t.begin,
                              t.end, t.end - t.begin, t.dtype, want));
     }

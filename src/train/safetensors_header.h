@@ -4,6 +4,7 @@
 #ifndef MEMASCEND_SRC_TRAIN_SAFETENSORS_HEADER_H_
 #define MEMASCEND_SRC_TRAIN_SAFETENSORS_HEADER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -15,6 +16,11 @@
 #include <memascend/safetensors.h>
 
 namespace memascend::train {
+
+// The most JSON values a header or a shard index may hold: some 125,000 tensors' entries
+// (eight values each), far past any checkpoint's file, and a parsed tree of some hundred
+// MiB at most where the 100 MiB of text allowed would otherwise parse into gigabytes.
+inline constexpr std::size_t kMaxHeaderValues = std::size_t{1} << 20;
 
 struct ParsedHeader {
   std::vector<SafetensorsTensor> tensors;  // in data order, tiling [0, data_bytes)

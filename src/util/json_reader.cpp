@@ -12,7 +12,7 @@ constexpr int kMaxDepth = 256;
 
 class JsonParser {
  public:
-  explicit JsonParser(std::string_view text) : s_(text) {}
+  JsonParser(std::string_view text, std::size_t max_values) : s_(text), left_(max_values) {}
 
   absl::StatusOr<JsonValue> Document() {
     JsonValue v;
@@ -44,6 +44,8 @@ class JsonParser {
 
   bool Value(JsonValue* v, int depth) {
     if (depth > kMaxDepth) return Fail("nesting deeper than 256");
+    if (left_ == 0) return Fail("more values than this document may hold");
+    --left_;
     if (pos_ >= s_.size()) return Fail("the end of the text where a value belongs");
     switch (s_[pos_]) {
       case '{':
@@ -292,10 +294,13 @@ class JsonParser {
 
   std::string_view s_;
   std::size_t pos_ = 0;
+  std::size_t left_;  // values the document may still hold
   absl::Status error_;
 };
 
-absl::StatusOr<JsonValue> ParseJson(std::string_view text) { return JsonParser(text).Document(); }
+absl::StatusOr<JsonValue> ParseJson(std::string_view text, std::size_t max_values) {
+  return JsonParser(text, max_values).Document();
+}
 
 std::string_view JsonValue::TypeName() const noexcept {
   switch (type_) {

@@ -16,7 +16,9 @@
 #ifndef MEMASCEND_SRC_UTIL_JSON_READER_H_
 #define MEMASCEND_SRC_UTIL_JSON_READER_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,8 +69,12 @@ class JsonValue {
   std::map<std::string, JsonValue, std::less<>> members_;
 };
 
-// Parses one JSON document. kInvalidArgument saying where and what for anything else.
-absl::StatusOr<JsonValue> ParseJson(std::string_view text);
+// Parses one JSON document. kInvalidArgument saying where and what for anything else, and
+// for a document of more than `max_values` values (each array item, member value and the
+// document itself counts one): a parsed value takes some hundred bytes, so a reader of
+// untrusted files bounds the tree, not only the text (two bytes, "1,", are a value).
+absl::StatusOr<JsonValue> ParseJson(
+    std::string_view text, std::size_t max_values = std::numeric_limits<std::size_t>::max());
 
 }  // namespace memascend::util
 

@@ -172,6 +172,32 @@ def test_export_defaults_to_the_imports_dtype_and_shards_with_an_index(tmp_path,
     train(tmp_path, "--init-from", tmp_path / "out", "--steps", 0)
 
 
+def test_a_group_of_mixed_dtypes_imports_every_tensor_exactly(tmp_path, model):
+    """A layer whose tensors are stored in different dtypes (a checkpoint's norms in fp16 or
+    fp32 beside bf16 projections) is read through fp32: a bf16 value beyond fp16's range, or
+    an fp32 norm weight, comes back as stored (read through the first tensor's fp16 it was
+    inf, through bf16 rounded)."""
+    cfg, weights, _, _ = model
+    mixed = {}
+    for name, w in weights.items():
+        if "input_layernorm" in name:
+            mixed[name] = w.to(torch.float16)
+        elif "post_attention_layernorm" in name:
+            mixed[name] = w.float() + 1e-4  # not a bf16 value
+        else:
+            mixed[name] = w.clone()
+    mixed["model.layers.0.self_attn.q_proj.weight"][0, 0] = 1e5  # past fp16's 65504
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    ref.write_safetensors(d / "model.safetensors", mixed)
+    train(tmp_path, "--init-from", d, "--steps", 0, "--export", tmp_path / "out",
+          "--export-dtype", "F32")
+    got, _, _ = read_any(tmp_path / "out" / "model.safetensors")
+    for name, w in mixed.items():
+        assert torch.equal(got[name], w.float()), name
+
+
 def test_an_existing_export_is_refused_unless_overwritten(tmp_path, model):
     _, _, d, _ = model
     target = tmp_path / "out"
@@ -187,6 +213,60 @@ def test_an_existing_export_is_refused_unless_overwritten(tmp_path, model):
           "--export-shard", 20000)
     names = sorted(p.name for p in target.iterdir())
     assert "model.safetensors" not in names and "model.safetensors.index.json" in names
+
+
+def test_an_export_keeps_what_is_not_its_own_and_the_tokenizers_ids(tmp_path, model):
+    """--export-overwrite replaces the export's own files only (a user's model_ema.safetensors
+    or model.safetensors.bak stays); the config carries the special token ids generation
+    reads; a new directory given with a trailing slash is made."""
+    cfg, _, _, _ = model
+    cfg = dict(cfg, bos_token_id=90, eos_token_id=[91, 92], pad_token_id=None)
+    d = tmp_path / "ids"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    ref.write_safetensors(d / "model.safetensors", ref.make(cfg, seed=1))
+    target = tmp_path / "out"
+    train(tmp_path, "--init-from", d, "--steps", 0, "--export", str(target) + "/")
+    exported = json.loads((target / "config.json").read_text())
+    assert exported["bos_token_id"] == 90 and exported["eos_token_id"] == [91, 92]
+    assert "pad_token_id" not in exported  # null: none
+    (target / "model_ema.safetensors").write_bytes(b"the user's EMA weights")
+    (target / "model.safetensors.bak").write_bytes(b"the user's backup")
+    train(tmp_path, "--init-from", d, "--steps", 0, "--export", target, "--export-overwrite",
+          "--export-shard", 20000)
+    assert (target / "model_ema.safetensors").read_bytes() == b"the user's EMA weights"
+    assert (target / "model.safetensors.bak").read_bytes() == b"the user's backup"
+    assert not (target / "model.safetensors").exists()  # the old export's, replaced
+    # A token id that is not one is refused naming the key.
+    (d / "config.json").write_text(json.dumps(dict(cfg, eos_token_id="</s>")))
+    err = train(tmp_path, "--init-from", d, "--steps", 0, ok=False)
+    assert "eos_token_id" in err
+
+
+def test_a_config_transformers_would_refuse_is_refused(tmp_path, model):
+    """A llama3 rope without one of its four numbers (transformers refuses it; the trainer
+    guessed them), sizes whose products overflow 64 bits, and a config.json that is a FIFO
+    (it waited for a writer forever) or a directory."""
+    cfg, _, d, _ = model
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    rope = dict(cfg["rope_scaling"])
+    del rope["original_max_position_embeddings"]
+    (bad / "config.json").write_text(json.dumps(dict(cfg, rope_scaling=rope)))
+    err = train(tmp_path, "--config", bad / "config.json", "--steps", 1, ok=False)
+    assert "original_max_position_embeddings" in err and "rope_scaling" in err
+    (bad / "config.json").write_text(json.dumps(
+        dict(cfg, num_attention_heads=2 ** 24, num_key_value_heads=2 ** 24, head_dim=2 ** 40)))
+    err = train(tmp_path, "--config", bad / "config.json", "--steps", 1, ok=False)
+    assert "num_attention_heads" in err and "bound" in err
+    (bad / "config.json").unlink()
+    os.mkfifo(bad / "config.json")
+    err = train(tmp_path, "--config", bad / "config.json", "--steps", 1, ok=False)
+    assert "a FIFO" in err
+    (bad / "config.json").unlink()
+    (bad / "config.json").mkdir()
+    err = train(tmp_path, "--config", bad / "config.json", "--steps", 1, ok=False)
+    assert "a directory" in err
 
 
 def test_checkpointed_activations_blas_and_policies_keep_the_bits(tmp_path, model):

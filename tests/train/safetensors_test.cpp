@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -97,6 +98,14 @@ TEST(Safetensors, WrittenTensorsReadBackInAnyDtypeRangeByRange) {
   EXPECT_THAT(bytes.substr(8, n), HasSubstr("\"data_offsets\":[2000,2024]"));
 }
 
+// A header of one tensor whose shape is `n` ones (n + 7 values), two bytes of text each.
+std::string ManyOnes(std::size_t n) {
+  std::string shape;
+  shape.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) shape += i == 0 ? "1" : ",1";
+  return R"({"w":{"dtype":"F32","shape":[)" + shape + R"(],"data_offsets":[0,4]}})";
+}
+
 TEST(Safetensors, AHandWrittenFileReads) {
   ScratchPath path("st_hand");
   float v[3] = {1.5f, -2.0f, 0.25f};
@@ -142,6 +151,12 @@ TEST(Safetensors, EveryStructuralFaultIsRefusedNamingTheFileAndTheTensor) {
        absl::StatusCode::kDataLoss, "overflows"},
       {Raw(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"w":{}})", d12),
        absl::StatusCode::kDataLoss, "repeated"},
+      // A shape whose bytes pass 64 bits is named as such, not by a wrapped byte count.
+      {Raw(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""),
+       absl::StatusCode::kDataLoss, "more bytes than 64 bits count"},
+      // Two bytes of text a value ("1,"): a header of more values than any checkpoint's is
+      // refused before its tree is built (it took some 75 times its text in memory).
+      {Raw(ManyOnes(1'100'000), std::string(4, '\0')), absl::StatusCode::kDataLoss, "more values"},
   };
   for (const Case& c : cases) {
     Spit(path.path(), c.bytes);
@@ -179,6 +194,52 @@ TEST(Safetensors, AWriterRefusesToReplaceAFileAndLeavesNoPartialFile) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Q4")));
 }
 
+TEST(Safetensors, OnlyARegularFileIsRead) {
+  // A FIFO would wait for a writer forever; a directory reads as nothing.
+  ScratchPath fifo("st_fifo");
+  ASSERT_EQ(::mkfifo(fifo.path().c_str(), 0600), 0);
+  EXPECT_THAT(SafetensorsReader::Open(fifo.path()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("a FIFO")));
+  EXPECT_THAT(SafetensorsReader::Open(::testing::TempDir()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("a directory")));
+  ::unlink(fifo.path().c_str());
+}
+
+TEST(Safetensors, AWriterMakesItsPartialFileAndNeverWritesThroughWhatIsThere) {
+  ScratchPath path("st_links");
+  const std::string partial = path.path() + ".partial";
+  ScratchPath victim("st_victim");
+  Spit(victim.path(), "the user's other file");
+  // A file already at the partial name (a user's, or an earlier writer's that died) is
+  // refused without overwrite, and kept.
+  Spit(partial, "the user's notes");
+  EXPECT_THAT(SafetensorsWriter::Create(path.path(), {{"w", "F32", {1}}}),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr(partial)));
+  EXPECT_EQ(Slurp(partial), "the user's notes");
+  // A link there is replaced with overwrite, never written through.
+  ::unlink(partial.c_str());
+  ASSERT_EQ(::symlink(victim.path().c_str(), partial.c_str()), 0);
+  {
+    ASSERT_OK_AND_ASSIGN(auto w, SafetensorsWriter::Create(path.path(), {{"w", "F32", {1}}}, {},
+                                                           /*overwrite=*/true));
+    float x = 1;
+    ASSERT_OK(w->Append({&x, 1, DType::kF32}));
+    ASSERT_OK(w->Finish());
+  }
+  EXPECT_EQ(Slurp(victim.path()), "the user's other file");
+  ASSERT_OK_AND_ASSIGN(auto r, SafetensorsReader::Open(path.path()));
+  EXPECT_EQ(r->tensors().size(), 1u);
+  // A dangling link at the file's own name is something there: refused without overwrite.
+  ::unlink(path.path().c_str());
+  ASSERT_EQ(::symlink((victim.path() + ".gone").c_str(), path.path().c_str()), 0);
+  EXPECT_THAT(SafetensorsWriter::Create(path.path(), {{"w", "F32", {1}}}),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("overwrite")));
+  ::unlink(path.path().c_str());
+  // A shape whose bytes pass 64 bits is refused, not wrapped into a small file.
+  EXPECT_THAT(SafetensorsWriter::Create(path.path(), {{"w", "F32", {std::uint64_t{1} << 62}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pass what a file")));
+}
+
 TEST(Safetensors, ACheckpointOfShardsFindsEveryTensorThroughItsIndex) {
   const std::string dir = ::testing::TempDir() + "/st_shards_" + std::to_string(::getpid());
   ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
@@ -204,6 +265,11 @@ TEST(Safetensors, ACheckpointOfShardsFindsEveryTensorThroughItsIndex) {
   EXPECT_THAT(SafetensorsCheckpoint::Open(dir),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not hold it")));
   Spit(dir + "/model.safetensors.index.json", R"({"weight_map":{"t1":"../etc/passwd"}})");
+  EXPECT_THAT(SafetensorsCheckpoint::Open(dir),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a file name")));
+  // A NUL inside a name (JSON's \u0000) would cut it short at the open.
+  Spit(dir + "/model.safetensors.index.json",
+       R"({"weight_map":{"t1":"model-00001-of-00002.safetensors\u0000junk"}})");
   EXPECT_THAT(SafetensorsCheckpoint::Open(dir),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a file name")));
   Spit(dir + "/model.safetensors.index.json", R"({"weight_map":{"t1":"gone.safetensors"}})");

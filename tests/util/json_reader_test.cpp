@@ -86,5 +86,16 @@ TEST(JsonReader, RefusesNestingDeepEnoughToExhaustTheStack) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nesting")));
 }
 
+TEST(JsonReader, BoundsTheValuesADocumentMayHold) {
+  // The document, its array and three items: five values.
+  EXPECT_OK(ParseJson(R"({"a":[1,2,3]})", 5).status());
+  EXPECT_THAT(ParseJson(R"({"a":[1,2,3]})", 4),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more values")));
+  EXPECT_THAT(ParseJson(R"({"a":1,"b":2})", 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more values")));
+  EXPECT_OK(
+      ParseJson(std::string(100, '[') + std::string(100, ']')).status());  // unbounded by default
+}
+
 }  // namespace
 }  // namespace memascend::util
