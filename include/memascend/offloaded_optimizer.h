@@ -273,6 +273,11 @@ class OffloadedAdam {
   // The Adam step the next update follows (its bias correction), for an imported state.
   // kInvalidArgument for a negative step; kFailedPrecondition with an update planned.
   absl::Status SetAdamStep(std::int64_t step);
+  // A fresh start over a resumed state (a caller that writes new weights with Initialize
+  // rather than continue): the Adam step back to 0 and the loss scaler to the options'
+  // initial one, which Resume() had taken from the last commit. kFailedPrecondition with an
+  // update planned.
+  absl::Status StartOver();
 
   // ---- the gradients
   // Starts a step's gradients: the overflow flag and the norm are reset. May be called

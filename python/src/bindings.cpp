@@ -977,6 +977,7 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("set_adam_step",
            [](PyAdam& self, std::int64_t step) { Check(self.get()->SetAdamStep(step)); })
+      .def("start_over", [](PyAdam& self) { Check(self.get()->StartOver()); })
       .def("set_group_options",
            [](PyAdam& self, std::size_t g, float lr, float weight_decay) {
              Check(self.get()->SetGroupOptions(g, {lr, weight_decay}));

@@ -418,6 +418,15 @@ absl::Status OffloadedAdam::SetAdamStep(std::int64_t step) {
   return absl::OkStatus();
 }
 
+absl::Status OffloadedAdam::StartOver() {
+  if (pending_.has_value())
+    return absl::FailedPreconditionError("adam: a start over with an update planned");
+  adam_step_ = 0;
+  scaler_ = DynamicLossScaler(o_.scaler);
+  skipped_ = false;
+  return absl::OkStatus();
+}
+
 // ---- the gradients ----------------------------------------------------------------------
 
 void OffloadedAdam::BeginBackward(float gradient_scale) {

@@ -79,7 +79,7 @@ def inject(cls, a):
         real = getattr(cls, name)
 
         def method(self, k, *args):
-            if k == 1 and self.opt._step_count + (name == "gradient") == flag[1]:
+            if k == 1 and self.opt._step_number + (name == "gradient") == flag[1]:
                 raise error(f"injected: rank {a.rank}'s {name} of group {k} fails")
             return real(self, k, *args)
         setattr(cls, name, method)

@@ -99,6 +99,36 @@ def check_adamw(lr, betas, eps, weight_decay, amsgrad, maximize, resume, overwri
         raise errors.InvalidArgumentError(f"staging must be 'bounded' or 'step', not {staging!r}")
 
 
+def check_groups(groups, betas_eps, what):
+    """One betas and eps for every group, those the optimizer was made with (its kernels
+    take them once: a scheduler's change, OneCycleLR's cycle_momentum, would go unused), and
+    no amsgrad or maximize: InvalidArgumentError (UnimplementedError) naming the group."""
+    betas, eps = betas_eps
+    for gi, g in enumerate(groups):
+        if tuple(g.get("betas", betas)) != tuple(betas) or g.get("eps", eps) != eps:
+            raise errors.InvalidArgumentError(
+                f"parameter group {gi} {what} betas {tuple(g.get('betas', betas))} and eps "
+                f"{g.get('eps', eps)}; OffloadedAdamW takes one betas and eps for every group, "
+                f"{tuple(betas)} and {eps} here (lr and weight_decay may change; with "
+                "OneCycleLR pass cycle_momentum=False), or make a new optimizer with them")
+        if g.get("amsgrad") or g.get("maximize"):
+            raise errors.UnimplementedError("OffloadedAdamW has no amsgrad or maximize")
+
+
+def check_parameters(opt):
+    """Each parameter still of the optimizer's dtype, device and shape (model.to(dtype)
+    keeps the Parameter objects, and a step would write the old dtype's bytes into the new
+    data): FailedPreconditionError naming it."""
+    for i, p in enumerate(opt._params):
+        if p.dtype != opt._dtype or p.device != opt._device or (
+                tuple(p.shape) != opt._shapes[i] and not offloaded(p)):
+            raise errors.FailedPreconditionError(
+                f"parameter {i} is now {p.dtype} {tuple(p.shape)} on {p.device}; its state "
+                f"is {opt._dtype} {opt._shapes[i]} on {opt._device} (the model was cast, "
+                "moved or given new data after the optimizer was made): change it back, or "
+                "make a new optimizer")
+
+
 def refuse_frozen(params, at_construction):
     """Parameters that do not require grad: torch.optim.AdamW leaves them, OffloadedAdamW
     would move them by weight decay; refused, at construction or at step()."""

@@ -321,7 +321,7 @@ def _parameters_in(opt, update):
                     io.update(k)  # into the store; loaded below
                 except Exception as e:  # noqa: BLE001 - agreed below
                     failure = e
-        agree_on_step(opt, failure, f"failed their update of step {opt._step_count}",
+        agree_on_step(opt, failure, f"failed their update of step {opt._step_number}",
                       "; none committed the step: resume=True goes on from the last step all "
                       "hold")
     # Whether every rank's rows so far were whole, on the gathers' device: the check
@@ -369,7 +369,7 @@ def step_sharded(opt):
     # The SDK's overflow check and norm, summed over the ranks (gradient_check): every
     # rank skips and clips alike.
     plan = core.end_backward(1.0)
-    opt._step_count += 1
+    opt._step_number += 1
     if plan["skipped"]:
         opt.skipped_steps += 1
     else:
@@ -378,6 +378,6 @@ def step_sharded(opt):
         # last step every rank holds (agree_on_resume).
         failure = _parameters_in(opt, update=True)
         agree_on_step(opt, failure, "failed to load their updated parameters")
-    core.commit(opt._step_count)
+    core.commit(opt._step_number)
     opt.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
                      "loss_scale": plan["loss_scale"]}

@@ -8,6 +8,7 @@ from memascend.torch import distributed as _dist
 from memascend.torch import scaling as _scaling
 from memascend.torch import state as _state
 from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, check_adamw,
+                                     check_groups, check_parameters,
                                      choose_budget, dense_grad, dtype_name, host, offloaded,
                                      refuse_frozen, whole)
 from memascend.torch.buckets import GradientBuckets
@@ -93,13 +94,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
         self._params = [p for g in self.param_groups for p in g["params"]]
         refuse_frozen(self._params, at_construction=True)
         self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
-        for gi, g in enumerate(self.param_groups):
-            if tuple(g["betas"]) != tuple(betas) or g["eps"] != eps:
-                raise errors.InvalidArgumentError(
-                    f"parameter group {gi} has its own betas or eps; OffloadedAdamW takes one "
-                    "betas and eps for every group (lr and weight_decay may differ)")
-            if g.get("amsgrad") or g.get("maximize"):
-                raise errors.UnimplementedError("OffloadedAdamW has no amsgrad or maximize")
+        self._betas_eps = (tuple(betas), eps)
+        check_groups(self.param_groups, self._betas_eps, "has its own")
         dtypes = {p.dtype for p in self._params}
         if len(dtypes) != 1:
             raise errors.InvalidArgumentError(
@@ -147,7 +143,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 f"rank {last} of {self._world} owns no parameter element: fewer ranks")
         self.comm_bytes = 0  # bytes this rank sent into collectives, all steps together
         self._part_elements = int(part_elements)
-        self._step_count, self.skipped_steps, self.resumed_step = 0, 0, None
+        # The last step committed (not `_step_count`, which torch's LR schedulers set on the
+        # optimizer they drive and count themselves).
+        self._step_number, self.skipped_steps, self.resumed_step = 0, 0, None
         self.last_step = None  # what the last step() did: skipped, grad_norm, loss_scale
         # Note [optimizer overlap] (memascend/offloaded_optimizer.h): under
         # offload_parameters covering every parameter, step() plans the update and the next
@@ -227,10 +225,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
                     "; pass resume=True to continue it, or overwrite=True to start over (its "
                     "state is then lost)")
             if record is not None and resume:
-                self._step_count = int(record["step"])
-                self.resumed_step = self._step_count
+                self._step_number = int(record["step"])
+                self.resumed_step = self._step_number
                 _state.load_into_parameters(self)
             else:
+                if record is not None:  # overwrite: no step count or loss scale carried on
+                    self._core.start_over()
                 _state.initialize(self)
         except BaseException:
             if self._sharded and not opened:
@@ -326,6 +326,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 "the parameter groups changed after construction (a parameter added, removed "
                 "or replaced): OffloadedAdamW lays its state out on the volume when it is made; "
                 "make a new optimizer")
+        check_groups(self.param_groups, self._betas_eps, "changed to")
+        check_parameters(self)
 
     # ---- what torch.optim users call
 
@@ -354,7 +356,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     @property
     def steps(self):
         """step() calls so far, counting those resumed from the volume."""
-        return self._step_count
+        return self._step_number
 
     @torch.no_grad()
     def step(self, closure=None, **kwargs):
@@ -397,7 +399,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if plan["skipped"]:
             self.skipped_steps += 1
         elif self._deferred:
-            self._step_count += 1
+            self._step_number += 1
             self._pending_update = True  # run by the next forward pass, then committed
             self._next_update = 0
             self.last_step = {"skipped": False, "grad_norm": plan["grad_norm"],
@@ -413,8 +415,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 else:
                     self._write_parameter(i, p, lambda h, i=i: core.update_group(
                         i, h.data_ptr(), h.numel(), self._dt))
-        self._step_count += 1
-        core.commit(self._step_count)
+        self._step_number += 1
+        core.commit(self._step_number)
         if self._cuda is not None and not plan["skipped"]:
             self._cuda.parameters_out()
         self.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
@@ -441,7 +443,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self._next_update += 1
         if self._next_update == n:
             self._pending_update = False
-            core.commit(self._step_count)
+            core.commit(self._step_number)
 
     def _finish_update(self):
         if self._pending_update:

@@ -63,10 +63,12 @@ class OffloadedAdamW(torch.optim.Optimizer):
     _shards: list[Any]
     _dtype: torch.dtype
     _dt: str
+    _device: torch.device
+    _betas_eps: tuple[tuple[float, float], float]
     _world: int
     _sharded: bool
     _pg: Any
-    _step_count: int
+    _step_number: int
     _dynamic: bool
     _offloads: list[Any]
     def _check(self) -> None: ...

@@ -11,7 +11,7 @@ import torch
 
 from memascend import errors
 from memascend.torch import distributed as _dist
-from memascend.torch._common import host, offloaded
+from memascend.torch._common import check_groups, host, offloaded
 
 if TYPE_CHECKING:
     from memascend.torch.optimizer import OffloadedAdamW
@@ -110,8 +110,9 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
             len(a["params"]) != len(b["params"]) for a, b in zip(groups, opt.param_groups)):
         raise errors.InvalidArgumentError(
             "the state_dict's parameter groups differ from this optimizer's in number or size")
-    order = [idx for g in groups for idx in g["params"]]
     # Everything checked before anything is written: a refused state_dict changes nothing.
+    check_groups(groups, opt._betas_eps, "of the state_dict has")
+    order = [idx for g in groups for idx in g["params"]]
     steps = set()
     for i, idx in enumerate(order):
         entry = state_dict["state"].get(idx)
@@ -151,11 +152,9 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
             opt._core.write_state("param", k, h.data_ptr(), h.numel(), "float32")
     _written(opt, write, "failed to write the state_dict given")
     opt._core.set_adam_step(int(steps.pop()) if steps else 0)
-    for mine, theirs in zip(opt.param_groups, groups):
-        for key in ("lr", "weight_decay"):
-            if key in theirs:
-                mine[key] = theirs[key]
-    opt._core.commit(opt._step_count)
+    for mine, theirs in zip(opt.param_groups, groups):  # as torch's optimizers: every key
+        mine.update({k: v for k, v in theirs.items() if k != "params"})  # (a scheduler's too)
+    opt._core.commit(opt._step_number)
 
 
 def reload_parameters(opt: OffloadedAdamW) -> None:
@@ -172,7 +171,7 @@ def reload_parameters(opt: OffloadedAdamW) -> None:
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), opt._dt)
             opt._core.write_state("param", k, h.data_ptr(), h.numel(), opt._dt)
     _written(opt, write, "failed to write the parameters as master weights")
-    opt._core.commit(opt._step_count)
+    opt._core.commit(opt._step_number)
 
 
 def _written(opt: OffloadedAdamW, write, what: str) -> None:
@@ -205,7 +204,7 @@ def initialize(opt: OffloadedAdamW) -> None:
                     continue
                 h = host(p.detach()).reshape(-1)[begin:end].contiguous()
                 opt._core.initialize(k, h.data_ptr(), h.numel(), opt._dt)
-            opt._core.commit(opt._step_count)
+            opt._core.commit(opt._step_number)
         except Exception as e:  # noqa: BLE001 - raised below, after the ranks agree
             failure = e
         if opt._sharded:
