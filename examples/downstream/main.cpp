@@ -34,7 +34,7 @@ absl::Status Run(const std::string& path) {
                              memascend::OffloadedTraining::LayoutOf(o));
   // A pinned budget of twice what the update holds at once, far below the state (0, the
   // default, would take what the machine leaves).
-  o.host_budget_bytes = 2 * memascend::OffloadedAdam::MinimumHostBudget(layout);
+  o.host_budget_bytes = memascend::OffloadedAdam::MinimumHostBudget(layout);
   o.resume = true;  // continue the volume's state; a new one starts from zeros
   o.initial_weights = [](std::size_t, std::span<float> w) {
     std::fill(w.begin(), w.end(), 0.0f);

@@ -151,7 +151,7 @@ absl::StatusOr<TrainSummary> TrainOn(const TrainOptions& options,
     o.host_budget = o.host_budget_choice->bytes;
   } else {
     // Not used by the ZeRO-Infinity policy nor in reference mode: only capped below.
-    if (o.host_budget == 0) o.host_budget = 2 * OffloadedAdam::MinimumHostBudget(parted);
+    if (o.host_budget == 0) o.host_budget = OffloadedAdam::MinimumHostBudget(parted);
     // A budget beyond what the store can ever hold (every stored tensor, in place or, for
     // data-parallel ranks, in both versions) is capped there: the rest would be page-locked
     // for nothing (UsableHostBudget).

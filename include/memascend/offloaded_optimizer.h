@@ -210,9 +210,10 @@ class OffloadedAdam {
                                                                const OffloadedAdamOptions& options,
                                                                KernelThreads* threads);
 
-  // The least pinned memory a run over a TensorStore needs: one part's gradient, next
-  // parameters, next master weights and moments (each made from the current one in
-  // place). A budget close to it may fragment: twice it is safe.
+  // The least pinned memory a run over a TensorStore needs: twice what the update holds at
+  // once (one part's gradient, next parameters, next master weights and moments, each made
+  // from the current one in place), the room that keeps the pool from failing it for
+  // fragments.
   static std::size_t MinimumHostBudget(const StateLayout& layout);
   // The least read-ahead: three parts' gradients, master weights and moments.
   static std::size_t MinimumReadAhead(const StateLayout& layout);

@@ -368,7 +368,7 @@ class TensorStore {
   friend class TensorLease;
   struct Impl;
   explicit TensorStore(std::unique_ptr<Impl> impl);
-  void Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept;
+  void Unpin(TensorId id, Tier tier, CudaStreamView stream, bool read_only) noexcept;
   void Dirty(TensorId id, Tier tier) noexcept;
   absl::StatusOr<TensorLease> AcquireHost(TensorId id, bool read_only, CudaStreamView stream);
   std::unique_ptr<Impl> impl_;

@@ -12,8 +12,15 @@ using store::Clock;
 using store::Since;
 
 // Writes a resident tensor back; mu is released during the I/O.
+// Note [write-back under a writer]: a tensor may be written back while a host lease that
+// may write it is held (a Flush or WriteBack on another thread, or by the holder itself
+// before it writes more). What is staged then is whatever the block held, and the holder's
+// later writes (an AcquireForWrite lease, dirty from the start, calls no MarkDirty) must
+// still reach the volume: the tensor stays dirty, so they are written before its memory
+// is reused and by the next Flush. (It was left clean, and an eviction then dropped them.)
 absl::Status TensorStore::Impl::WriteBackLocked(Tensor& t) {
   if (t.state != State::kResident || !t.dirty) return absl::OkStatus();
+  const bool under_writer = t.host_writers > 0;
   t.state = State::kWriting;
   t.dirty = false;
   const auto start = Clock::now();
@@ -47,10 +54,8 @@ absl::Status TensorStore::Impl::WriteBackLocked(Tensor& t) {
   }
   t.state = State::kResident;
   cv.SignalAll();
-  if (!s.ok()) {
-    t.dirty = true;
-    return s;
-  }
+  if (!s.ok() || under_writer || t.host_writers > 0) t.dirty = true;
+  if (!s.ok()) return s;
   t.stored = true;
   ++counters.write_backs;
   counters.bytes_written += t.spec.bytes;

@@ -311,7 +311,10 @@ absl::StatusOr<TensorLease> TensorStore::AcquireHost(TensorId id, bool read_only
       return s;
     }
   }
-  if (!read_only) m.WaitCopyFromHostLocked(t);
+  if (!read_only) {
+    m.WaitCopyFromHostLocked(t);
+    ++t.host_writers;
+  }
   t.last_use = ++m.tick;
   (loaded_here ? m.counters.prefetch_misses : m.counters.prefetch_hits)++;
   m.counters.stall_seconds += Since(start);
@@ -342,6 +345,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForOverwrite(TensorId id) {
     m.cv.Wait(&m.mu);  // loading or being written back
   }
   ++t.pins;
+  ++t.host_writers;
   if (!fresh) m.WaitCopyFromHostLocked(t);
   t.dirty = true;
   t.gpu_valid = false;
@@ -428,6 +432,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireCopy(TensorId from, TensorId to)
     break;
   }
   ++dst.pins;
+  ++dst.host_writers;
   dst.dirty = true;
   dst.gpu_valid = false;
   dst.gpu_dirty = false;
@@ -642,7 +647,7 @@ TensorStoreStats TensorStore::stats() const {
   return s;
 }
 
-void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept {
+void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream, bool read_only) noexcept {
   // The block is reused only after the work the lease's holder queued on its stream: an
   // event recorded there, made before taking mu (Note [store locking]).
   std::shared_ptr<prim::CudaEvent> idle;
@@ -665,6 +670,7 @@ void TensorStore::Unpin(TensorId id, Tier tier, CudaStreamView stream) noexcept 
     t.gpu_last_use = ++impl_->tick;
   } else {
     --t.pins;
+    if (!read_only) --t.host_writers;
     t.last_use = ++impl_->tick;
     if (t.pins == 0) impl_->RetryDeferredLocked();  // an evictable tensor, maybe
     if (impl_->options.write_behind && t.pins == 0 && t.dirty && t.gpu == nullptr &&
@@ -730,7 +736,7 @@ void TensorLease::MarkDirty() noexcept {
 
 void TensorLease::Release() noexcept {
   if (store_ == nullptr) return;
-  std::exchange(store_, nullptr)->Unpin(id_, tier_, stream_);
+  std::exchange(store_, nullptr)->Unpin(id_, tier_, stream_, read_only_);
   data_ = nullptr;
   size_ = 0;
 }

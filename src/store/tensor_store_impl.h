@@ -74,6 +74,8 @@ struct TensorStore::Impl {
     State state = State::kCold;
     PinnedBlock block;
     int pins = 0;
+    int host_writers =
+        0;  // of the pins, host leases that may write (Note [write-back under a writer])
     bool dirty = false;
     bool stored = false;  // the volume holds its bytes
     bool wanted = false;  // prefetched to the host and not used since (Note [residency])

@@ -35,8 +35,15 @@ absl::Status CommitTicket::Wait() {
 
 std::size_t OffloadedAdam::MinimumHostBudget(const StateLayout& layout) {
   const std::size_t part = layout.MaxPartElements();
-  return RoundPage(part * layout.ElementBytes(StateKind::kGradient)) +
-         RoundPage(part * layout.ElementBytes(StateKind::kParameters)) + 3 * RoundPage(part * 4);
+  const std::size_t held = RoundPage(part * layout.ElementBytes(StateKind::kGradient)) +
+                           RoundPage(part * layout.ElementBytes(StateKind::kParameters)) +
+                           3 * RoundPage(part * 4);
+  // Twice what is held at once: the blocks the update leases (at most four while it asks
+  // for the fifth) split the free memory into at most five extents, and with the room of a
+  // second set they cannot all be smaller than the largest block; with the set alone, an
+  // update of fp32 parts of 2^18 or bf16 ones failed at its first step for want of one
+  // block (the pool "fragmented") with the budget this allowed.
+  return 2 * held;
 }
 
 std::size_t OffloadedAdam::MinimumReadAhead(const StateLayout& layout) {

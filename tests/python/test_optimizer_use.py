@@ -154,3 +154,28 @@ def test_a_state_dict_brings_a_schedulers_keys_back(tmp_path):
     torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 0.5 ** s, last_epoch=2)
     assert opt2.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5 ** 3) == lr
     opt2.close()
+
+
+@pytest.mark.parametrize("dtype,part", [(torch.float32, 1 << 16), (torch.float32, 1 << 18),
+                                        (torch.bfloat16, 1 << 16), (torch.bfloat16, 1 << 18)])
+def test_the_minimum_host_budget_steps(tmp_path, dtype, part):
+    """min_host_budget() is a budget that works: it was what one part's update holds, and
+    the pool, fragmented, failed the first step with it (fp32 parts of 2^18, bf16 ones),
+    after some parameters had been updated in place."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(7, 600), torch.nn.Linear(600, 600),
+                            torch.nn.Linear(600, 600), torch.nn.Linear(600, 3)).to(dtype)
+    least = mt.OffloadedAdamW.min_host_budget(max(p.numel() for p in m.parameters()), part,
+                                              dtype)
+    opt = mt.OffloadedAdamW(m.parameters(), lr=1e-3, volume=str(tmp_path / "min.vol"),
+                            host_budget=least, part_elements=part)
+    assert opt.host_budget == least
+    for step in range(3):
+        m(torch.randn(5, 7, dtype=dtype)).float().sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert opt.steps == 3
+    with pytest.raises(errors.InvalidArgumentError):  # below it: refused before anything
+        mt.OffloadedAdamW(m.parameters(), lr=1e-3, volume=str(tmp_path / "less.vol"),
+                          host_budget=least - 4096, part_elements=part)
+    opt.close()

@@ -169,6 +169,45 @@ TEST(TensorStore, AcquireForOverwriteSkipsTheReadAndIsWrittenBack) {
   EXPECT_THAT(store->AcquireForOverwrite(999), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// Note [write-back under a writer]: a write-back while a lease that may write is held
+// stages what the block held then; the holder's later writes still reach the volume.
+TEST(TensorStore, AWriteBackUnderAWriterLeavesTheTensorDirty) {
+  ScratchPath path("store");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(kMiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId id, store->Register(Spec("w", 256 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(TensorId copy, store->Register(Spec("c", 256 * kKiB)));
+  const auto write = [](TensorLease& lease, std::uint64_t version) {
+    const auto p = Pattern("w", version, lease.size());
+    std::memcpy(lease.data(), p.data(), p.size());  // no MarkDirty: these leases start dirty
+  };
+  for (int kind = 0; kind < 3; ++kind) {
+    const TensorId target = kind == 2 ? copy : id;
+    {
+      auto lease = kind == 0   ? store->AcquireForWrite(id)
+                   : kind == 1 ? store->AcquireForOverwrite(id)
+                               : store->AcquireCopy(id, copy);
+      ASSERT_OK(lease.status());
+      write(*lease, 10 * kind + 1);
+      ASSERT_OK(store->WriteBack(target));  // as a Flush on another thread would, mid-write
+      write(*lease, 10 * kind + 2);
+    }
+    ASSERT_OK(store->Evict(target));  // the last bytes are written, not dropped
+    ASSERT_OK_AND_ASSIGN(TensorLease l, store->Acquire(target));
+    EXPECT_TRUE(Holds(l, "w", 10 * kind + 2)) << kind;
+  }
+  // A read lease does not keep a tensor dirty: its write-back is its last.
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease lease, store->AcquireForWrite(id));
+    write(lease, 40);
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(TensorLease read, store->AcquireForRead(id));
+    ASSERT_OK(store->WriteBack(id));
+    EXPECT_FALSE(store->WritePending(id));
+  }
+}
+
 TEST(TensorStore, AcquireCopyHandsOverCleanBlocksAndReadsColdSources) {
   ScratchPath path("store");
   auto volume = MakeVolume(path.path());

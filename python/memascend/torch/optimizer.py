@@ -20,7 +20,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
     Args beyond AdamW's (keyword only):
       volume: a path (a volume file, made on first use, reopened after) or a
         memascend.Volume.
-      host_budget: pinned host bytes for the state in flight (at least one part's
+      host_budget: pinned host bytes for the state in flight (at least twice one part's
         gradient, parameters, master weights and moments: see min_host_budget()); capped
         at what the state can ever hold (``host_budget`` then says the budget in use).
         None (the default): chosen from the machine (docs/python.md, "Host budget";

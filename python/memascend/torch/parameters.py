@@ -135,8 +135,8 @@ class ParameterOffload:
     # (a tensor taken from p.data) keeps its lease until it dies; the next fetch derives
     # into the same block, as an optimizer's in-place update would. Nothing writes a block
     # but its fetch: the optimizer's update writes the master weights, and the fetch after it
-    # derives again. Leased blocks stay within the budget less twice what the optimizer
-    # needs for one part (min_host_budget: its blocks, and room against fragmentation); a
+    # derives again. Leased blocks stay within the budget less what the optimizer needs for
+    # one part (min_host_budget: its blocks twice, room against fragmentation); a
     # parameter that finds no such room, or a store that has none, gets a tensor of its own
     # (counted in heap_fetches).
     def _use_store(self):
@@ -151,7 +151,7 @@ class ParameterOffload:
         prefix = f"memascend.torch.parameters{next(_instances)}.p"
         for own in self._params_of.values():
             for _, i in own:
-                if i not in self._tids and self._nbytes[i] + 2 * self._least <= opt.host_budget:
+                if i not in self._tids and self._nbytes[i] + self._least <= opt.host_budget:
                     self._tids[i] = opt._store.register(f"{prefix}{i}", self._nbytes[i], opt._dt,
                                                         list(opt._shapes[i]), durable=False)
 
@@ -165,7 +165,7 @@ class ParameterOffload:
         views]), or a tensor of its own where the budget leaves no room."""
         opt = self._opt
         lease = None
-        if i in self._tids and (self._leased_bytes() + self._nbytes[i] + 2 * self._least
+        if i in self._tids and (self._leased_bytes() + self._nbytes[i] + self._least
                                 <= opt.host_budget):
             try:
                 lease = opt._store.acquire(self._tids[i], overwrite=True)
