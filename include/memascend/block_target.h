@@ -8,11 +8,11 @@
 // held by another program (exclusive open of a device, kUnavailable), whose first blocks
 // carry the signature of a file system or partition table (ext2/3/4, XFS, Btrfs, GPT, MBR,
 // LUKS, swap) or of an existing MemAscend volume, or whose sampled blocks (the head, the
-// middle, the last block) hold any other non-zero bytes, unless `force` is set: only a new
-// or empty file or a target of zeros is ours without asking. A create_size beyond the file
-// system's free space is refused before anything is created (kResourceExhausted), and a
-// file this call created is removed when it fails. A file on a file system without
-// O_DIRECT (tmpfs) is refused with the reason.
+// middle, the last block; the whole of a file under 72 KiB) hold any other non-zero bytes, unless
+// `force` is set: only a new or empty file or a target of zeros is ours without asking. A
+// create_size beyond the file system's free space is refused before anything is created
+// (kResourceExhausted), and a file this call created is removed when it fails. A file on a file
+// system without O_DIRECT (tmpfs) is refused with the reason.
 //
 // Thread-safety: a BlockTarget is immutable after Open(); its fd may be used from any
 // thread. Lifetime: move-only; the fd is closed on destruction.
@@ -32,6 +32,9 @@ struct BlockTargetOptions {
   std::uint64_t create_size = 0;  // regular files: create and preallocate to this size
   bool check_signatures = false;  // Note [foreign data]
   bool force = false;             // overrides the signature check
+  // What a refusal of the signature check names as its override: the flag or option of
+  // the caller that sets `force` (a benchmark names its own, --destroy-data).
+  std::string override_hint = "--force to override (VolumeFormatOptions::force in the API)";
 };
 
 class BlockTarget {

@@ -50,50 +50,69 @@ std::optional<std::string> DetectSignature(std::span<const std::byte> head) {
 
 namespace {
 
+// Reads up to `length` bytes at `offset` through `fd` (buffered), retrying short reads and
+// EINTR; returns the bytes read (fewer at the end of the file) or -errno.
+std::int64_t ReadAt(int fd, std::byte* buffer, std::size_t length, std::uint64_t offset) {
+  std::size_t done = 0;
+  while (done < length) {
+    const ssize_t r = ::pread(fd, buffer + done, length - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r == 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  return static_cast<std::int64_t>(done);
+}
+
 // Note [foreign data]: refuses a target whose head carries a known signature, or whose
-// sampled blocks (the head, the middle, the last block) hold anything but zeros: only an
-// empty target, a target of zeros or (forced) anything else is overwritten.
-absl::Status CheckForeignData(int fd, const std::string& path, std::uint64_t size,
-                              std::size_t block) {
-  const std::size_t n = std::min<std::uint64_t>(kHeadBytes, size) / block * block;
-  if (n == 0) return absl::OkStatus();
-  std::unique_ptr<std::byte, decltype(&std::free)> buf(
-      static_cast<std::byte*>(std::aligned_alloc(block, n)), &std::free);
-  const std::int64_t got = prim::PreadOnce(fd, buf.get(), n, 0);
+// sampled ranges hold anything but zeros: the head (the first 72 KiB, so the whole of a
+// small file), one block at the middle and the last block, each checked whatever the size
+// (a sample inside the head is already covered, the others are still read). Only an empty
+// target, a target of zeros or (forced) anything else is overwritten. The samples are read
+// through a buffered descriptor: a file's size need not be a multiple of the direct-I/O
+// block, and a file shorter than one block is data all the same.
+absl::Status CheckForeignData(const std::string& path, std::uint64_t size, std::uint64_t block,
+                              const std::string& override_hint) {
+  prim::UniqueFd plain(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (plain.get() < 0)
+    return absl::ErrnoToStatus(errno, fmt::format("open {} to check what it holds", path));
+  const std::size_t head_bytes =
+      static_cast<std::size_t>(std::min<std::uint64_t>(kHeadBytes, size));
+  std::vector<std::byte> buf(std::max<std::size_t>(head_bytes, block));
+  const std::int64_t got = ReadAt(plain.get(), buf.data(), head_bytes, 0);
   if (got < 0)
     return absl::ErrnoToStatus(static_cast<int>(-got), fmt::format("read the head of {}", path));
-  const std::span<const std::byte> head(buf.get(), static_cast<std::size_t>(got));
+  const std::span<const std::byte> head(buf.data(), static_cast<std::size_t>(got));
   if (auto sig = DetectSignature(head); sig.has_value()) {
     return absl::FailedPreconditionError(fmt::format(
-        "{} carries a {} signature: refusing to overwrite it (force to override)", path, *sig));
+        "{} carries a {} signature: refusing to overwrite it: {}", path, *sig, override_hint));
   }
-  const auto nonzero = [](std::span<const std::byte> b) {
-    return std::any_of(b.begin(), b.end(), [](std::byte x) { return x != std::byte{0}; });
+  const auto first_nonzero = [](std::span<const std::byte> b) -> std::optional<std::size_t> {
+    const auto it = std::find_if(b.begin(), b.end(), [](std::byte x) { return x != std::byte{0}; });
+    if (it == b.end()) return std::nullopt;
+    return static_cast<std::size_t>(it - b.begin());
   };
-  std::uint64_t found = nonzero(head) ? 0 : UINT64_MAX;
-  for (const std::uint64_t at : {size / 2 / block * block, (size - 1) / block * block}) {
-    if (found != UINT64_MAX || at < n) break;
-    const std::int64_t r = prim::PreadOnce(fd, buf.get(), block, at);
-    if (r > 0 && nonzero({buf.get(), static_cast<std::size_t>(r)})) found = at;
-  }
-  // A tail shorter than a block is read with buffered I/O, past O_DIRECT's reach.
-  if (found == UINT64_MAX && size % block != 0) {
-    const int plain = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (plain >= 0) {
-      std::vector<std::byte> tail(size % block);
-      const ssize_t r =
-          ::pread(plain, tail.data(), tail.size(), static_cast<off_t>(size / block * block));
-      ::close(plain);
-      if (r > 0 && nonzero({tail.data(), static_cast<std::size_t>(r)}))
-        found = size / block * block;
+  std::optional<std::uint64_t> found = first_nonzero(head);
+  const std::uint64_t middle = size / 2 / block * block;
+  const std::uint64_t last = size > block ? size - block : 0;  // the last `block` bytes
+  for (const std::uint64_t at : {middle, last}) {
+    if (found.has_value()) break;
+    const std::uint64_t length = std::min<std::uint64_t>(block, size - at);
+    if (at + length <= head.size()) continue;  // inside the head: already checked
+    const std::int64_t r = ReadAt(plain.get(), buf.data(), static_cast<std::size_t>(length), at);
+    if (r < 0) {
+      return absl::ErrnoToStatus(static_cast<int>(-r),
+                                 fmt::format("read {} bytes of {} at offset {}", length, path, at));
     }
+    if (auto off = first_nonzero({buf.data(), static_cast<std::size_t>(r)}); off.has_value())
+      found = at + *off;
   }
-  if (found == UINT64_MAX) return absl::OkStatus();
+  if (!found.has_value()) return absl::OkStatus();
   return absl::FailedPreconditionError(fmt::format(
       "{} holds {} bytes of data that is not a MemAscend volume or a format MemAscend knows "
-      "(non-zero bytes at offset {}): refusing to overwrite it (force to override, or give an "
-      "empty or new file)",
-      path, size, found));
+      "(non-zero bytes at offset {}): refusing to overwrite it: give an empty or new file, or "
+      "{}",
+      path, size, *found, override_hint));
 }
 }  // namespace
 
@@ -158,7 +177,8 @@ absl::StatusOr<BlockTarget> BlockTarget::Open(const std::string& path,
   t.io_block_ = static_cast<std::uint32_t>(std::max<std::size_t>(4096, facts.dio_align));
   t.size_ = facts.size;
   if (options.check_signatures && !options.force && facts.size > 0) {
-    MEMASCEND_RETURN_IF_ERROR(CheckForeignData(fd->get(), path, facts.size, t.io_block_));
+    MEMASCEND_RETURN_IF_ERROR(
+        CheckForeignData(path, facts.size, t.io_block_, options.override_hint));
   }
   if (!device && options.create_size > 0) {
     if (facts.size < options.create_size)

@@ -205,6 +205,11 @@ struct FileObjectStore::Impl {
       s = storage::Transfer(engine, file, kBlock, IoOp::kWrite, at, trailer.get(), trailer_bytes);
     }
     (void)engine->UnregisterFile(file);
+    // The engine's error names no file: a full file system says which object's file.
+    if (!s.ok()) {
+      s = absl::Status(s.code(), fmt::format("write {} bytes to {}: {}", data.size(), path,
+                                             std::string(s.message())));
+    }
     if (s.ok() && !truncate_first &&
         ::ftruncate(fd.get(), static_cast<off_t>(at + trailer_bytes)) != 0)
       s = absl::ErrnoToStatus(errno, fmt::format("ftruncate({})", path));

@@ -431,8 +431,10 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
     const std::string e = fmt::format("superblocks 0 and 1 disagree: {}", why);
     if (!options.allow_data_loss) {
       return absl::DataLossError(
-          fmt::format("{}: {} (open with allow_data_loss to use the newer, generation {})", path, e,
-                      copies[pick]->generation));
+          fmt::format("{}: {} (to read the volume by the newer, generation {}: `memascend "
+                      "volume ls|get|fsck PATH --allow-data-loss`, or "
+                      "VolumeOpenOptions::allow_data_loss in the API)",
+                      path, e, copies[pick]->generation));
     }
     m.open_errors.push_back(e);
   }
@@ -449,8 +451,9 @@ absl::StatusOr<std::unique_ptr<Volume>> Volume::Open(const std::string& path,
   if (replay.corrupt) {
     if (!options.allow_data_loss) {
       return absl::DataLossError(
-          fmt::format("{}: journal damaged: {} (open with allow_data_loss to keep "
-                      "the {} commits before it)",
+          fmt::format("{}: journal damaged: {} (to read what the {} commits before it hold: "
+                      "`memascend volume ls|get|fsck PATH --allow-data-loss`, or "
+                      "VolumeOpenOptions::allow_data_loss in the API)",
                       path, replay.detail, replay.commits));
     }
     m.open_errors.push_back("journal damaged: " + replay.detail);

@@ -52,9 +52,22 @@ absl::Status WriteEmptyVolume(BlockTarget& target, const std::string& path,
   const std::uint64_t capacity = target.size();
   std::uint64_t journal = options.journal_bytes;
   if (journal == 0) journal = std::clamp<std::uint64_t>(capacity / 512, 2u << 20, 256u << 20);
+  // A journal beyond the target is refused before anything is computed from it: 2 * half
+  // and the data offset would wrap for a journal near 2^64, pass the size check and clear
+  // far past the target. Within the capacity (an off_t, below 2^63) every sum below fits.
+  // (The default journal, at least 2 MiB, is not refused here: a target under it is
+  // "too small" below.)
+  if (options.journal_bytes > capacity) {
+    return absl::InvalidArgumentError(fmt::format(
+        "journal_bytes (--journal) {} is more than {} holds ({}): give a smaller journal, or 0 "
+        "for the default (capacity/512 in 2M..256M)",
+        journal, path, capacity));
+  }
   const std::uint64_t half = util::RoundDown(journal / 2, kMetaBlock);
   if (half < 4 * kMetaBlock)
-    return absl::InvalidArgumentError("journal_bytes must be at least 32 KiB");
+    return absl::InvalidArgumentError(fmt::format(
+        "journal_bytes (--journal) {} is below the least journal, 32 KiB (two halves of 16 KiB)",
+        journal));
   Superblock sb;
   sb.block_size = target.io_block();
   sb.unit_bytes = options.unit_bytes;
@@ -115,12 +128,26 @@ absl::Status Volume::Format(const std::string& path, const VolumeFormatOptions& 
     return absl::InvalidArgumentError(
         fmt::format("unit_bytes {} is not a positive multiple of 4096", options.unit_bytes));
   }
+  // A journal larger than the size asked for is refused before the file is created or
+  // grown (WriteEmptyVolume checks it against a device's or an existing file's capacity).
+  if (options.size > 0 && options.journal_bytes > options.size) {
+    return absl::InvalidArgumentError(fmt::format(
+        "journal_bytes (--journal) {} is more than the volume's size (--size) {}: give a "
+        "smaller journal, or 0 for the default (capacity/512 in 2M..256M)",
+        options.journal_bytes, options.size));
+  }
+  struct stat before {};
+  const bool existed = ::stat(path.c_str(), &before) == 0;
+  if (!existed && errno == ENOENT && options.size == 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("{} does not exist: a size is needed to create it (--size, "
+                    "VolumeFormatOptions::size)",
+                    path));
+  }
   BlockTargetOptions to;
   to.create_size = options.size;
   to.check_signatures = true;
   to.force = options.force;
-  struct stat before {};
-  const bool existed = ::stat(path.c_str(), &before) == 0;
   MEMASCEND_ASSIGN_OR_RETURN(BlockTarget target, BlockTarget::Open(path, to));
   absl::Status written = WriteEmptyVolume(target, path, options);
   if (!written.ok() && !existed) {

@@ -5,6 +5,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <memascend/block_target.h>
@@ -525,6 +526,103 @@ TEST(Volume, FormatRefusesDataItDoesNotKnowAndSizesBeyondTheFreeSpace) {
   EXPECT_NE(::stat(huge.path().c_str(), &st), 0) << "a refused format left a file";
 }
 
+// Note [foreign data]: any non-zero byte in the sampled ranges is data, whatever the file's
+// size: a file shorter than a block (its head rounds down to no block), one whose middle
+// sample falls inside the head (72..144 KiB), and a large sparse one. Each size is checked
+// with data in its last byte, its middle block and (small ones) its first byte, and as
+// zeros throughout (then it is formatted).
+TEST(Volume, FormatFindsDataAtEverySize) {
+  const auto make = [](const std::string& path, std::uint64_t size, std::uint64_t at) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
+    if (at < size) {
+      ASSERT_EQ(::pwrite(fd, "P", 1, static_cast<off_t>(at)), 1);
+    }
+    ::close(fd);
+  };
+  const auto bytes_of = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : ~0ull;
+  };
+  VolumeFormatOptions f;
+  f.size = 8 * kMiB;
+  const std::uint64_t sizes[] = {
+      1, 4095, 4096, 4097, 100 * 1024, 96 * 1024 + 8, 144 * 1024, 144 * 1024 + 1, 6 * kMiB + 123};
+  for (const std::uint64_t size : sizes) {
+    for (const std::uint64_t at : {std::uint64_t{0}, size / 2, size - 1}) {
+      ScratchPath p("fmt_sizes");
+      make(p.path(), size, at);
+      EXPECT_THAT(Volume::Format(p.path(), f),
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           AllOf(HasSubstr(fmt::format("offset {}", at)), HasSubstr("--force"))))
+          << "a file of " << size << " bytes with data at " << at;
+      EXPECT_EQ(bytes_of(p.path()), size) << "a refused format changed the file";
+    }
+    ScratchPath zeros("fmt_sizes_zeros");
+    make(zeros.path(), size, size);  // zeros throughout
+    const absl::Status formatted = Volume::Format(zeros.path(), f);
+    EXPECT_TRUE(formatted.ok()) << size << " bytes of zeros: " << formatted;
+  }
+  // The reviewer's case: 100 KiB with data at 96 KiB (the last block, past the head).
+  ScratchPath mid("fmt_100k");
+  make(mid.path(), 100 * 1024, 96 * 1024);
+  EXPECT_THAT(Volume::Format(mid.path(), f), StatusIs(absl::StatusCode::kFailedPrecondition));
+  // A large sparse file: data in its middle block, or only in its last byte.
+  for (const std::uint64_t at : {std::uint64_t{512} * kMiB, 1024 * kMiB - 1}) {
+    ScratchPath sparse("fmt_sparse");
+    make(sparse.path(), 1024 * kMiB, at);
+    VolumeFormatOptions g;
+    EXPECT_THAT(
+        Volume::Format(sparse.path(), g),
+        StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(fmt::format("offset {}", at))));
+  }
+  // An empty file is formatted (nothing to lose).
+  ScratchPath empty("fmt_empty");
+  make(empty.path(), 0, 0);
+  EXPECT_OK(Volume::Format(empty.path(), f));
+}
+
+// A journal size near 2^64 wrapped 2 * half and the data offset, passed the size check and
+// cleared past the target: every size beyond the target is refused, naming --journal, and
+// nothing is created or grown.
+TEST(Volume, FormatRefusesAJournalBeyondTheTarget) {
+  struct stat st {};
+  for (const std::uint64_t journal :
+       {~std::uint64_t{0}, ~std::uint64_t{0} / 2 + 1, std::uint64_t{1} << 40, 9 * kMiB}) {
+    ScratchPath p("fmt_journal");
+    VolumeFormatOptions f;
+    f.size = 8 * kMiB;
+    f.journal_bytes = journal;
+    EXPECT_THAT(Volume::Format(p.path(), f),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--journal")))
+        << journal;
+    EXPECT_NE(::stat(p.path().c_str(), &st), 0) << "a refused format left a file";
+    // An existing file of zeros, formatted at its own size: refused against its capacity,
+    // and left at its size.
+    ScratchPath q("fmt_journal_existing");
+    const int fd = ::open(q.path().c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_EQ(::ftruncate(fd, 8 * kMiB), 0);
+    ::close(fd);
+    f.size = 0;
+    EXPECT_THAT(Volume::Format(q.path(), f),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--journal")))
+        << journal;
+    ASSERT_EQ(::stat(q.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, static_cast<off_t>(8 * kMiB));
+  }
+  ScratchPath small("fmt_journal_small");
+  VolumeFormatOptions f;
+  f.size = 8 * kMiB;
+  f.journal_bytes = 16 * 1024;
+  EXPECT_THAT(Volume::Format(small.path(), f),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--journal")));
+  // A new file without a size: the size is named, not "No such file or directory".
+  ScratchPath missing("fmt_no_size");
+  EXPECT_THAT(Volume::Format(missing.path(), {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--size")));
+}
+
 TEST(Volume, OpenRefusesWhatItCannotOpen) {
   ScratchPath p("vol");
   {
@@ -587,8 +685,11 @@ TEST(VolumeCorruption, ADamagedJournalRecordIsDetected) {
       ASSERT_OK(v->Put("j" + std::to_string(i), Pattern("j", 1, 100), Durability::kDurable));
   }
   FlipByte(p.path(), 8192 + 64);  // inside the first commit's record
+  // The refusal names what a CLI user can run, and the API's option.
   EXPECT_THAT(Volume::Open(p.path(), {}),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("journal damaged")));
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("journal damaged"), HasSubstr("--allow-data-loss"),
+                             HasSubstr("VolumeOpenOptions::allow_data_loss"))));
   VolumeOpenOptions lossy;
   lossy.allow_data_loss = true;
   ASSERT_OK_AND_ASSIGN(auto v, Volume::Open(p.path(), lossy));
