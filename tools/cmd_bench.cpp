@@ -140,6 +140,17 @@ int RunTune(std::span<char* const> argv) {
   auto backend = ParseBackend(*args);
   if (!size.ok()) return Fail("tune", size.status(), true);
   if (!backend.ok()) return Fail("tune", backend.status(), true);
+  // Every measurement moves --size bytes in blocks of up to kTuneLargestBlock: a smaller
+  // size is refused before the first sweep, not after two of them.
+  constexpr std::uint64_t kTuneLargestBlock = std::uint64_t{8} << 20;
+  if (*size < kTuneLargestBlock) {
+    return Fail("tune",
+                absl::InvalidArgumentError(fmt::format(
+                    "--size {} is smaller than the sweep's largest block (8M): give --size 8M "
+                    "or more",
+                    *size)),
+                true);
+  }
   const bool json = args->Has("json");
   util::JsonWriter w;
   w.BeginObject();
@@ -153,7 +164,8 @@ int RunTune(std::span<char* const> argv) {
   Best best[2];
   // Writes first: they lay the file out for the reads.
   for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
-    for (std::size_t block : {std::size_t{128} << 10, std::size_t{1} << 20, std::size_t{8} << 20}) {
+    for (std::size_t block : {std::size_t{128} << 10, std::size_t{1} << 20,
+                              static_cast<std::size_t>(kTuneLargestBlock)}) {
       for (unsigned qd : {8u, 32u, 128u}) {
         IoBenchConfig c{args->Get("target"),      op, block, qd, *size, *backend,
                         args->Has("destroy-data")};
@@ -376,7 +388,10 @@ constexpr OptionSpec kStoreOptions[] = {
     {"scale", true, "divide every tensor's element count by this (default 16)"},
     {"window", true, "tensors prefetched ahead (default 4)"},
     {"volume", true,
-     "volume file to create (default: $TMPDIR/memascend_store_bench.vol, removed after)"},
+     "volume file to create (default: $TMPDIR/memascend_store_bench.vol, removed after); "
+     "one that holds anything needs --destroy-data"},
+    {"destroy-data", false,
+     "format the --volume over what it holds: a volume and its objects, a file system, data"},
     {"reps", true, "pairs of a raw and a store pass; the ratio is their median (default 2)"},
     {"no-verify", false, "skip the volume's data checksum on reads"},
     {"json", false, "print one JSON object"},
@@ -409,6 +424,7 @@ int RunStore(std::span<char* const> argv) {
   c.window = static_cast<std::size_t>(*window);
   c.reps = static_cast<int>(*reps);
   c.verify_checksums = !args->Has("no-verify");
+  c.destroy = args->Has("destroy-data");
   auto r = RunStoreBench(c);
   if (!r.ok())
     return Fail("store", r.status(), r.status().code() == absl::StatusCode::kInvalidArgument);

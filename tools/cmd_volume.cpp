@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fcntl.h>
-#include <fstream>
 #include <iterator>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -45,8 +44,18 @@ const Sub kSubs[] = {
       {"meta", true, "opaque metadata kept with the object (e.g. dtype and shape)"},
       {"replace-durable", false,
        "let a --scratch object replace a durable one of that name (which is then lost)"}}},
-    {"get", "get PATH NAME OUT", 3, {}},
-    {"ls", "ls PATH [--json]", 1, {{"json", false, "one JSON object"}}},
+    {"get",
+     "get PATH NAME OUT [--force] [--allow-data-loss]",
+     3,
+     {{"force", false, "replace an existing OUT (without it an existing OUT is refused)"},
+      {"allow-data-loss", false,
+       "read a volume whose journal is damaged, as of the commits before the damage"}}},
+    {"ls",
+     "ls PATH [--json] [--allow-data-loss]",
+     1,
+     {{"json", false, "one JSON object"},
+      {"allow-data-loss", false,
+       "list a volume whose journal is damaged, as of the commits before the damage"}}},
     {"rm", "rm PATH NAME", 2, {}},
     {"fsck",
      "fsck PATH [--verify-data] [--repair] [--allow-data-loss] [--json]",
@@ -61,6 +70,16 @@ const Sub kSubs[] = {
 void PrintUsage(std::FILE* out) {
   fmt::print(out, "usage: memascend volume COMMAND ...\n");
   for (const Sub& s : kSubs) fmt::print(out, "  memascend volume {}\n", s.usage);
+  fmt::print(out, "memascend volume COMMAND --help describes COMMAND's options\n");
+}
+
+void PrintSubUsage(const Sub& sub) {
+  fmt::print("usage: memascend volume {}\n", sub.usage);
+  for (const OptionSpec& o : sub.options) {
+    const std::string flag =
+        o.takes_value ? fmt::format("--{} VALUE", o.name) : fmt::format("--{}", o.name);
+    fmt::print("  {:<28} {}\n", flag, o.help);
+  }
 }
 
 int Fail(const absl::Status& s) {
@@ -106,11 +125,49 @@ bool SameFile(const std::string& a, const std::string& b) {
          sa.st_ino == sb.st_ino;
 }
 
-absl::Status WriteFile(const std::string& path, std::span<const std::byte> data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::ErrnoToStatus(errno, fmt::format("open {}", path));
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-  if (!out.flush()) return absl::ErrnoToStatus(errno, fmt::format("write {}", path));
+// Writes `data` to `path` whole or not at all: into a new temporary file in path's folder,
+// fsync'ed, then renamed over `path`. A failure (a full file system) leaves an existing
+// `path` as it was and removes the temporary.
+absl::Status WriteFile(const std::string& path, std::span<const std::byte> data, mode_t mode) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : path.substr(0, std::max<std::size_t>(slash, 1));
+  std::string temp = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
+                     "." + path.substr(slash == std::string::npos ? 0 : slash + 1) +
+                     ".memascend-get-XXXXXX";
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0)
+    return absl::ErrnoToStatus(errno,
+                               fmt::format("create a temporary file in {} for {}", dir, path));
+  const auto fail = [&](int err, std::string what) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    return absl::ErrnoToStatus(
+        err, fmt::format("{} {} (for {}; {} is unchanged)", what, temp, path, path));
+  };
+  ::fchmod(fd, mode);  // mkstemp makes it 0600
+  for (std::size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(errno, fmt::format("write {} bytes to", data.size()));
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) return fail(errno, "fsync");
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    return absl::ErrnoToStatus(err, fmt::format("close {} (for {})", temp, path));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    return absl::ErrnoToStatus(err, fmt::format("rename {} to {}", temp, path));
+  }
+  // The rename itself is durable once the folder is.
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
   return absl::OkStatus();
 }
 
@@ -121,6 +178,12 @@ int Format(const Args& a) {
   auto journal = a.GetBytes("journal", 0);
   for (const absl::Status& s : {size.status(), unit.status(), journal.status()}) {
     if (!s.ok()) return Fail(s);
+  }
+  // VolumeFormatOptions::unit_bytes is 32-bit: a larger --unit is refused, not truncated.
+  constexpr std::uint64_t kMaxUnit = std::uint64_t{1} << 31;
+  if (*unit < 4096 || *unit > kMaxUnit || *unit % 4096 != 0) {
+    return Fail(absl::InvalidArgumentError(
+        fmt::format("--unit {} is not a multiple of 4096 from 4K to 2G", *unit)));
   }
   o.size = *size;
   o.unit_bytes = static_cast<std::uint32_t>(*unit);
@@ -250,6 +313,12 @@ int RunVolume(std::span<char* const> argv) {
     PrintUsage(name == "--help" ? stdout : stderr);
     return name == "--help" ? kExitOk : kExitUsage;
   }
+  for (char* const arg : argv.subspan(1)) {
+    if (std::string_view(arg) == "--help" || std::string_view(arg) == "-h") {
+      PrintSubUsage(*sub);
+      return kExitOk;
+    }
+  }
   auto args = Args::Parse(argv.subspan(1), sub->options, sub->positional);
   if (!args.ok() || args->positional().size() != sub->positional) {
     fmt::print(stderr, "memascend volume: {}\nusage: memascend volume {}\n",
@@ -259,7 +328,9 @@ int RunVolume(std::span<char* const> argv) {
   const std::vector<std::string>& pos = args->positional();
   if (sub->name == "format") return Format(*args);
   VolumeOpenOptions open;
-  open.allow_data_loss = sub->name == "fsck" && args->Has("allow-data-loss");
+  // get, ls and fsck only read: with --allow-data-loss they show what a damaged journal's
+  // intact commits hold (Volume::Open's refusal names them).
+  open.allow_data_loss = args->Has("allow-data-loss");
   auto volume = Volume::Open(pos[0], open);
   if (!volume.ok()) return Fail(volume.status());
   Volume& v = **volume;
@@ -293,16 +364,35 @@ int RunVolume(std::span<char* const> argv) {
     if (absl::Status s = v.Put(pos[1], *data, d, args->Get("meta")); !s.ok()) return Fail(s);
     return kExitOk;
   }
-  // get: never writes its output over its own input.
+  // get: never writes its output over its own input, nor over an existing file unless
+  // --force.
   if (SameFile(pos[2], pos[0])) {
     return Fail(absl::InvalidArgumentError(
         fmt::format("{} is the volume itself: give another output file", pos[2])));
+  }
+  // A new OUT gets the mode a plain create would give it; a replaced one keeps its own.
+  const mode_t umask_now = ::umask(0);
+  ::umask(umask_now);
+  mode_t mode = 0666 & ~umask_now;
+  if (struct stat st{}; ::lstat(pos[2].c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return Fail(absl::InvalidArgumentError(fmt::format(
+          "{} exists and is not a regular file (a link, folder or device): give a new or "
+          "regular output file",
+          pos[2])));
+    }
+    if (!args->Has("force")) {
+      return Fail(absl::FailedPreconditionError(
+          fmt::format("{} exists ({} bytes): refusing to replace it (--force to replace it)",
+                      pos[2], st.st_size)));
+    }
+    mode = st.st_mode & 07777;
   }
   auto info = v.Stat(pos[1]);
   if (!info.ok()) return Fail(info.status());
   std::vector<std::byte> out(info->size);
   if (auto n = v.Get(pos[1], out); !n.ok()) return Fail(n.status());
-  if (absl::Status s = WriteFile(pos[2], out); !s.ok()) return Fail(s);
+  if (absl::Status s = WriteFile(pos[2], out, mode); !s.ok()) return Fail(s);
   return kExitOk;
 }
 

@@ -116,8 +116,25 @@ absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
   struct stat st {};
   const bool exists = ::stat(c.target.c_str(), &st) == 0;
   const bool device = exists && S_ISBLK(st.st_mode);
+  // What can be told from the arguments is refused before the target is created: a usage
+  // error leaves no empty file behind.
+  if (!exists && c.size == 0)
+    return absl::InvalidArgumentError(
+        fmt::format("--size is needed for a new file ({} does not exist)", c.target));
+  if (c.size != 0 && c.size < c.block) {
+    return absl::InvalidArgumentError(
+        fmt::format("--size {} is smaller than one block (--block {})", c.size, c.block));
+  }
   MEMASCEND_ASSIGN_OR_RETURN(
       prim::UniqueFd fd, prim::Open(c.target, O_RDWR | O_DIRECT | (device ? 0 : O_CREAT), 0644));
+  // A file this run created is removed again if the run fails: it held nothing of anyone's.
+  struct RemoveIfFailed {
+    const std::string* path;
+    bool armed;
+    ~RemoveIfFailed() {
+      if (armed) ::unlink(path->c_str());
+    }
+  } created{&c.target, !exists};
   MEMASCEND_ASSIGN_OR_RETURN(prim::FileFacts facts, prim::StatFile(fd.get()));
   std::uint64_t size = c.size != 0 ? c.size : facts.size;
   if (size == 0) return absl::InvalidArgumentError("--size is needed for an empty or new file");
@@ -153,14 +170,8 @@ absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
         !HoldsOnlyThePattern(fd.get(), facts.size, std::max<std::size_t>(4096, facts.dio_align))) {
       BlockTargetOptions check;
       check.check_signatures = true;
-      absl::StatusOr<BlockTarget> seen = BlockTarget::Open(c.target, check);
-      if (!seen.ok()) {
-        return absl::Status(
-            seen.status().code(),
-            fmt::format("{}; the benchmark would write over it: give a new or empty file, or "
-                        "--destroy-data to write over what it holds",
-                        std::string(seen.status().message())));
-      }
+      check.override_hint = "--destroy-data to let the benchmark write over it";
+      MEMASCEND_RETURN_IF_ERROR(BlockTarget::Open(c.target, check).status());
     }
   }
   if (grew) MEMASCEND_RETURN_IF_ERROR(prim::Preallocate(fd.get(), size));
@@ -196,6 +207,7 @@ absl::StatusOr<IoBenchResult> RunIoBench(const IoBenchConfig& c) {
   result.bytes = size;
   result.requests = size / c.block;
   MEMASCEND_RETURN_IF_ERROR(engine->RegisterBuffers({}));
+  created.armed = false;
   return result;
 }
 

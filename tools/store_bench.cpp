@@ -123,7 +123,16 @@ absl::StatusOr<StoreBenchResult> RunStoreBench(const StoreBenchConfig& config) {
   r.tensors = specs.size();
   VolumeFormatOptions f;
   f.size = r.bytes + r.bytes / 4 + (256u << 20);
-  f.force = true;
+  // Note [bench targets]: a volume the user names is formatted over what it holds only
+  // with --destroy-data; the check names that flag (Volume::Format's would name --force).
+  std::error_code missing;
+  if (!own_volume && !c.destroy && std::filesystem::exists(c.volume, missing)) {
+    BlockTargetOptions check;
+    check.check_signatures = true;
+    check.override_hint = "--destroy-data to let bench store format its --volume";
+    MEMASCEND_RETURN_IF_ERROR(BlockTarget::Open(c.volume, check).status());
+  }
+  f.force = own_volume || c.destroy;
   MEMASCEND_RETURN_IF_ERROR(Volume::Format(c.volume, f));
   VolumeOpenOptions vo;
   vo.verify_checksums = c.verify_checksums;

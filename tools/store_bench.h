@@ -19,6 +19,10 @@ struct StoreBenchConfig {
   std::size_t window = 4;    // tensors prefetched ahead
   int reps = 2;
   bool verify_checksums = true;
+  // Format a named `volume` that holds something (a volume, a file system, data): without
+  // it such a volume is refused (Note [bench targets] in io_bench.h). The default scratch
+  // volume is the benchmark's own and always formatted.
+  bool destroy = false;
 };
 
 struct StoreBenchResult {

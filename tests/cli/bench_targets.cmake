@@ -50,6 +50,36 @@ run(0 "" volume fsck "${vol}" --verify-data)
 run(0 "" volume get "${vol}" weights "${back}")
 same_bytes("${blob}" "${back}" "a refused benchmark changed the volume's object")
 
+# bench store formats its --volume: one holding an object is refused and left whole.
+set(workload "${CMAKE_CURRENT_LIST_DIR}/../../data/workloads/gpt2-xl.tsv")
+set(store_args --workload "${workload}" --scale 256 --host-budget 32M --reps 1)
+run(1 "memascend signature.*--destroy-data" bench store ${store_args} --volume "${vol}")
+run(0 "" volume get "${vol}" weights "${back}" --force)
+same_bytes("${blob}" "${back}" "a refused bench store changed the volume's object")
+run(1 "non-zero bytes.*--destroy-data" bench store ${store_args} --volume "${data}")
+same_bytes("${data}" "${copy}" "a refused bench store changed the data file")
+
+# Usage errors are found before the target is created: no empty file is left.
+set(fresh "${WORK}/bench_targets_fresh.dat")
+file(REMOVE "${fresh}")
+run(2 "--size" bench io --target "${fresh}" --rw write)
+run(2 "--size" bench io --target "${fresh}" --rw write --size 4K --block 1M)
+run(2 "--size.*8M" bench tune --target "${fresh}" --size 4M)
+if(EXISTS "${fresh}")
+  message(FATAL_ERROR "a refused benchmark left ${fresh} behind")
+endif()
+
+# A file under one block of data is data too.
+set(note "${WORK}/bench_targets_note.txt")
+file(WRITE "${note}" "precious\n")
+run(1 "non-zero bytes.*--destroy-data" bench io --target "${note}" --rw write ${small})
+run(1 "non-zero bytes" bench tune --target "${note}" --size 16M)
+file(READ "${note}" kept)
+if(NOT kept STREQUAL "precious\n")
+  message(FATAL_ERROR "a refused benchmark changed a small file")
+endif()
+file(REMOVE "${note}")
+
 # A file of data: refused and unchanged; read, it is left as it is; with --destroy-data,
 # written.
 run(1 "non-zero bytes.*--destroy-data" bench io --target "${data}" --rw write ${small})
@@ -67,7 +97,7 @@ if(FLOCK)
   if(NOT rc EQUAL 1 OR NOT err MATCHES "locked by another process")
     message(FATAL_ERROR "a locked volume was not refused (exit ${rc}):\n${out}\n${err}")
   endif()
-  run(0 "" volume get "${vol}" weights "${back}")
+  run(0 "" volume get "${vol}" weights "${back}" --force)
   same_bytes("${blob}" "${back}" "a refused benchmark changed the locked volume")
 else()
   message(STATUS "flock(1) not found: the locked-volume case is not checked here")
