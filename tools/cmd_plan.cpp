@@ -41,7 +41,10 @@ constexpr std::string_view kMore =
     "\nWithout --config or --params: the demo GPT of memascend-train (--layers, --hidden, "
     "--heads,\n"
     "--vocab). Byte sizes take a K, M, G or T suffix. The model of each figure: tools/sim/plan.h,\n"
-    "Note [plan model]; docs/training.md.\n";
+    "Note [plan model]; docs/training.md.\n"
+    "Ranges (Note [plan bounds] in tools/sim/plan.cpp): --params up to 2^44, --seq up to 2^24,\n"
+    "--batch up to 2^20, --layers up to 100000, --hidden up to 2^20, --heads up to 2^16,\n"
+    "--vocab up to 2^24, byte sizes up to 1 EiB, and the state and activations within 1 EiB.\n";
 
 std::string Gib(std::uint64_t bytes) {
   return fmt::format("{:.3f} GiB", static_cast<double>(bytes) / static_cast<double>(1u << 30));

@@ -357,14 +357,12 @@ const std::vector<Section>& Table() {
                 [](CommandLine& c) { return &c.train.zero.nvme_path; }),
            Number("--zero-param-buffers", "N", "offload_param.buffer_count",
                   [](CommandLine& c) { return &c.train.zero.param_buffer_count; }),
-           Number(
-               "--zero-param-buffer-size", "ELEMS", "offload_param.buffer_size",
-               [](CommandLine& c) { return &c.train.zero.param_buffer_size; }, "1e8"),
+           Number("--zero-param-buffer-size", "ELEMS", "offload_param.buffer_size",
+                  [](CommandLine& c) { return &c.train.zero.param_buffer_size; }),
            Number("--zero-optimizer-buffers", "N", "offload_optimizer.buffer_count",
                   [](CommandLine& c) { return &c.train.zero.optimizer_buffer_count; }),
-           Number(
-               "--zero-sub-group-size", "ELEMS", "sub_group_size",
-               [](CommandLine& c) { return &c.train.zero.sub_group_size; }, "1e9"),
+           Number("--zero-sub-group-size", "ELEMS", "sub_group_size",
+                  [](CommandLine& c) { return &c.train.zero.sub_group_size; }),
            Number("--zero-queue-depth", "N", "aio.queue_depth",
                   [](CommandLine& c) { return &c.train.zero.aio_queue_depth; }),
            {"--zero-block", "B", "1M", "aio.block_size",
@@ -378,9 +376,8 @@ const std::vector<Section>& Table() {
             }},
            Bytes("--zero-min-swap", "1M", "smaller tensors stay in memory",
                  [](CommandLine& c) { return &c.train.zero.min_swap_bytes; }),
-           Number(
-               "--zero-max-in-cpu", "ELEMS", "offload_param.max_in_cpu",
-               [](CommandLine& c) { return &c.train.zero.max_in_cpu; }, "1e9"),
+           Number("--zero-max-in-cpu", "ELEMS", "offload_param.max_in_cpu",
+                  [](CommandLine& c) { return &c.train.zero.max_in_cpu; }),
            {"--zero-pin-optimizer", "0|1", "the release's", "offload_optimizer.pin_memory",
             [](CommandLine& c, const std::string& v, std::string* why) {
               c.zero_pin_optimizer_given = true;
@@ -391,9 +388,8 @@ const std::vector<Section>& Table() {
               c.zero_pin_param_given = true;
               return ParseNumber(v, &c.train.zero.param_pin_memory, why);
             }},
-           Number(
-               "--zero-reduce-bucket", "ELEMS", "reduce_bucket_size",
-               [](CommandLine& c) { return &c.train.zero.reduce_bucket_size; }, "5e8"),
+           Number("--zero-reduce-bucket", "ELEMS", "reduce_bucket_size",
+                  [](CommandLine& c) { return &c.train.zero.reduce_bucket_size; }),
            Number("--zero-pipeline-read", "0|1",
                   "offload_optimizer.pipeline_read (needs 4 more optimizer buffers)",
                   [](CommandLine& c) { return &c.train.zero.pipeline_read; }),

@@ -1,5 +1,5 @@
+#include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -97,12 +97,29 @@ absl::StatusOr<Workload> ParseWorkload(std::string_view text, std::string_view f
 }
 
 absl::StatusOr<Workload> LoadWorkload(const std::string& path) {
-  std::ifstream file(path);
+  // Only a regular file, and at most kMaxWorkloadBytes of it: /dev/zero or a FIFO would
+  // otherwise be read without end (a workload of a trillion-parameter model is a few MB).
+  constexpr std::size_t kMaxWorkloadBytes = std::size_t{64} << 20;
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "workload {} is not a regular file (a device, FIFO or folder): give a workload file",
+        path));
+  }
+  std::ifstream file(path, std::ios::binary);
   if (!file) return absl::ErrnoToStatus(errno, fmt::format("open workload {}", path));
-  std::stringstream buffer;
-  buffer << file.rdbuf();
+  std::string text;
+  char chunk[65536];
+  while (file.read(chunk, sizeof(chunk)) || file.gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(file.gcount()));
+    if (text.size() > kMaxWorkloadBytes) {
+      return absl::InvalidArgumentError(fmt::format(
+          "workload {} is larger than {} MiB: not a workload file", path, kMaxWorkloadBytes >> 20));
+    }
+  }
   if (file.bad()) return absl::ErrnoToStatus(errno, fmt::format("read workload {}", path));
-  auto w = ParseWorkload(buffer.str(), StemOf(path));
+  auto w = ParseWorkload(text, StemOf(path));
   if (!w.ok()) {
     return absl::Status(w.status().code(),
                         fmt::format("{}: {}", path, std::string(w.status().message())));

@@ -93,5 +93,19 @@ endif()
 expect_refusal("the training text has 17 tokens; batches are windows of --seq + 1 = 17 tokens"
                --vocab 256 --channels 32 --heads 2 --layers 1 --seq 16 --batch 2 --sample 0
                --steps 1 --force --volume "${DIR}/short.vol" --tokens "${DIR}/short.u32")
+# A file under one block of data is not a volume to format (it was overwritten).
+file(WRITE "${DIR}/note.txt" "precious\n")
+expect_refusal("non-zero bytes at offset 0" --vocab 256 --channels 32 --heads 2 --layers 1
+               --seq 16 --batch 2 --sample 0 --steps 1 --volume "${DIR}/note.txt")
+file(READ "${DIR}/note.txt" kept)
+if(NOT kept STREQUAL "precious\n")
+  message(FATAL_ERROR "a refused run changed the file given as --volume")
+endif()
+
+# The defaults --help shows are values the parser accepts (it showed 1e8, which it refuses).
+execute_process(COMMAND "${TRAIN}" --help RESULT_VARIABLE rc OUTPUT_VARIABLE help)
+if(NOT rc EQUAL 0 OR help MATCHES "default: [0-9]+e[0-9]+\\)")
+  message(FATAL_ERROR "--help shows a default the parser refuses:\n${help}")
+endif()
 file(REMOVE_RECURSE "${DIR}")
 message(STATUS "memascend-train's messages: OK")

@@ -106,21 +106,82 @@ std::pair<MemoryLimit, MemoryInfo> HostOf(std::uint64_t bytes) {
   return {limit, memory};
 }
 
+// Note [plan bounds]: every input is bounded, generously, so that no product below wraps
+// a 64-bit integer and no per-part loop runs for hours (a state of 2^63 parameters is
+// 2^43 parts): the flag and the config key are named, and rc 1 says why, instead of a
+// wrapped figure with rc 0 or a hang.
+absl::Status Bound(std::string_view what, std::uint64_t value, std::uint64_t most) {
+  if (value <= most) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      fmt::format("plan: {} is {}, beyond the {} the plan models", what, value, most));
+}
+
 absl::Status Check(const PlanRequest& r) {
   const PlanModel& m = r.model;
   if (r.dtype != DType::kF16 && r.dtype != DType::kBF16)
     return absl::InvalidArgumentError("plan: the dtype is fp16 or bf16");
   if (r.seq == 0 || r.batch == 0 || r.part_elements == 0)
     return absl::InvalidArgumentError("plan: seq, batch and the part size must be positive");
+  constexpr std::uint64_t kMostBytes = std::uint64_t{1} << 60;  // 1 EiB
+  MEMASCEND_RETURN_IF_ERROR(Bound("--seq", r.seq, std::uint64_t{1} << 24));
+  MEMASCEND_RETURN_IF_ERROR(Bound("--batch", r.batch, std::uint64_t{1} << 20));
+  MEMASCEND_RETURN_IF_ERROR(Bound("--optimizer-chunk", r.part_elements, std::uint64_t{1} << 32));
+  MEMASCEND_RETURN_IF_ERROR(Bound("--host-limit", r.host_limit_bytes, kMostBytes));
+  MEMASCEND_RETURN_IF_ERROR(Bound("--host-budget", r.host_budget_bytes, kMostBytes));
+  MEMASCEND_RETURN_IF_ERROR(Bound("--gpu-memory", r.gpu_memory_bytes, kMostBytes));
+  MEMASCEND_RETURN_IF_ERROR(Bound("--base-rss", r.base_rss_bytes, kMostBytes));
   if (m.arch == PlanArch::kParams) {
     if (m.params == 0) return absl::InvalidArgumentError("plan: a positive parameter count");
-    return absl::OkStatus();
+    MEMASCEND_RETURN_IF_ERROR(Bound("--params", m.params, std::uint64_t{1} << 44));
+    MEMASCEND_RETURN_IF_ERROR(Bound("--layers", m.layers, 100'000));
+    MEMASCEND_RETURN_IF_ERROR(Bound("--hidden", m.hidden, 1u << 20));
+    MEMASCEND_RETURN_IF_ERROR(Bound("--heads", m.heads, 1u << 16));
+    MEMASCEND_RETURN_IF_ERROR(Bound("--vocab", m.vocab, 1u << 24));
+  } else {
+    if (m.vocab == 0 || m.hidden == 0 || m.layers == 0 || m.heads == 0 || m.head_dim == 0 ||
+        m.kv_heads == 0 || m.intermediate == 0)
+      return absl::InvalidArgumentError("plan: every size of the model must be positive");
+    MEMASCEND_RETURN_IF_ERROR(
+        Bound("the layers (--layers, n_layer, num_hidden_layers)", m.layers, 100'000));
+    MEMASCEND_RETURN_IF_ERROR(
+        Bound("the hidden size (--hidden, n_embd, hidden_size)", m.hidden, 1u << 20));
+    MEMASCEND_RETURN_IF_ERROR(Bound("the vocabulary (--vocab, vocab_size)", m.vocab, 1u << 24));
+    MEMASCEND_RETURN_IF_ERROR(
+        Bound("the heads (--heads, n_head, num_attention_heads)", m.heads, 1u << 16));
+    MEMASCEND_RETURN_IF_ERROR(Bound("the kv heads (num_key_value_heads)", m.kv_heads, 1u << 16));
+    MEMASCEND_RETURN_IF_ERROR(Bound("the head size (head_dim)", m.head_dim, 1u << 16));
+    MEMASCEND_RETURN_IF_ERROR(
+        Bound("the intermediate size (intermediate_size)", m.intermediate, 1u << 24));
+    MEMASCEND_RETURN_IF_ERROR(
+        Bound("the positions (n_positions, max_position_embeddings)", m.max_positions, 1u << 24));
   }
-  if (m.vocab == 0 || m.hidden == 0 || m.layers == 0 || m.heads == 0 || m.head_dim == 0 ||
-      m.kv_heads == 0 || m.intermediate == 0)
-    return absl::InvalidArgumentError("plan: every size of the model must be positive");
-  if (m.layers > 100'000 || m.hidden > (1u << 20) || m.vocab > (1u << 24))
-    return absl::InvalidArgumentError("plan: a model size out of range");
+  // Each input in range, their products may still be beyond 64 bits (a long --seq with a
+  // wide model): the largest figures are estimated in floating point first.
+  const double seq = static_cast<double>(r.seq), rows = static_cast<double>(r.batch) * seq;
+  const double h = static_cast<double>(m.hidden), heads = static_cast<double>(m.heads),
+               width = std::max({h, heads * static_cast<double>(m.head_dim),
+                                 static_cast<double>(m.intermediate)});
+  double params = static_cast<double>(m.params);
+  if (m.arch != PlanArch::kParams) {
+    params = static_cast<double>(m.layers) * 12 * h * width +
+             2 * h * static_cast<double>(std::max(m.vocab, std::max(m.max_positions, r.seq)));
+  }
+  const double acts = static_cast<double>(m.layers) * (rows * 20 * width + rows * heads * seq) +
+                      rows * 2 * static_cast<double>(m.vocab);
+  if (params * 32 > static_cast<double>(kMostBytes) || acts * 4 > static_cast<double>(kMostBytes)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "plan: the model and batch need about {:.3g} bytes of state and {:.3g} of activations, "
+        "beyond the 1 EiB the plan models: give a smaller model, --seq or --batch",
+        params * 16, acts * 4));
+  }
+  // The state is counted part by part (VersionedTrainingState::StoredBytes).
+  constexpr double kMostParts = double(std::uint64_t{1} << 26);
+  if (params / static_cast<double>(r.part_elements) > kMostParts) {
+    return absl::InvalidArgumentError(fmt::format(
+        "plan: about {:.3g} parameters in parts of --optimizer-chunk {} are more than {:.0f} "
+        "parts: give a larger --optimizer-chunk",
+        params, r.part_elements, kMostParts));
+  }
   return absl::OkStatus();
 }
 
