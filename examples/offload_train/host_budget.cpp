@@ -83,7 +83,9 @@ absl::StatusOr<memascend::HostBudget> ChooseTrainHostBudget(const TrainOptions& 
   memascend::HostBudgetRequest want;
   want.minimum_bytes = OffloadedAdam::MinimumHostBudget(parted);
   // In place, but for data-parallel ranks (StateOptions, state.cpp).
-  want.maximum_bytes = memascend::VersionedTrainingState::StoredBytes(parted, world == 1);
+  // (never below the minimum: a state smaller than it is held whole at the minimum).
+  want.maximum_bytes = std::max<std::uint64_t>(
+      memascend::VersionedTrainingState::StoredBytes(parted, world == 1), want.minimum_bytes);
   want.other_bytes = WorkingMemoryBytes(
       o.model, o.model.batch / static_cast<std::size_t>(world), o.checkpoint_activations,
       world > 1 && (o.eval_tokens != nullptr || !o.export_dir.empty()));

@@ -70,7 +70,7 @@ struct Trainer : ::memascend::testing::OpenedState {
   explicit Trainer(const std::string& name, std::size_t budget_factor = 4, StateLayout l = Layout())
       : path(name), layout(std::move(l)) {
     TensorStoreOptions so;
-    so.host_budget_bytes = budget_factor * OffloadedAdam::MinimumHostBudget(layout);
+    so.host_budget_bytes = budget_factor * OffloadedAdam::MinimumHostBudget(layout) / 2;
     so.defer_prefetches = true;
     EXPECT_OK(::memascend::testing::OpenState(path.path(), 64 << 20, layout, so, this));
     OffloadedAdamOptions o;
@@ -455,7 +455,7 @@ TEST(DeviceParameters, DerivedParametersAreRefused) {
   l.groups[2].store_parameters = false;
   ::memascend::testing::OpenedState o;
   TensorStoreOptions so;
-  so.host_budget_bytes = 4 * OffloadedAdam::MinimumHostBudget(l);
+  so.host_budget_bytes = 2 * OffloadedAdam::MinimumHostBudget(l);
   ASSERT_OK(::memascend::testing::OpenState(path.path(), 64 << 20, l, so, &o));
   KernelThreads threads(1);
   auto adam = OffloadedAdam::Create(o.state.get(), {}, &threads);

@@ -66,7 +66,7 @@ OffloadedTrainingOptions Options(const std::string& path) {
   o.threads = 2;
   auto layout = OffloadedTraining::LayoutOf(o);
   EXPECT_OK(layout.status());
-  if (layout.ok()) o.host_budget_bytes = 2 * OffloadedAdam::MinimumHostBudget(*layout);
+  if (layout.ok()) o.host_budget_bytes = OffloadedAdam::MinimumHostBudget(*layout);
   o.initial_weights = [](std::size_t g, std::span<float> w) {
     const std::vector<float> init = Initial(w.size(), g);
     std::copy(init.begin(), init.end(), w.begin());
@@ -145,7 +145,7 @@ TEST(OffloadedTraining, BitsEqualTheSameOptimizerInMemory) {
   {
     auto layout = OffloadedTraining::LayoutOf(o);
     ASSERT_OK(layout.status());
-    o.host_budget_bytes = 2 * OffloadedAdam::MinimumHostBudget(*layout);
+    o.host_budget_bytes = OffloadedAdam::MinimumHostBudget(*layout);
   }
   ASSERT_OK_AND_ASSIGN(auto run, OffloadedTraining::Open(o));
   KernelThreads threads(2);
@@ -288,6 +288,7 @@ TEST(OffloadedTraining, AnotherLayoutIsRefusedAtOpen) {
   OffloadedTrainingOptions o = Options(path.path());
   ASSERT_OK(OffloadedTraining::Open(o).status());
   o.part_elements = 2 * kPart;  // a changed part size
+  o.host_budget_bytes *= 2;      // (the least budget for its parts)
   o.resume = true;
   EXPECT_THAT(OffloadedTraining::Open(o).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,

@@ -154,7 +154,7 @@ absl::Status Open(const std::string& path, std::uint64_t kill_at, Opened* r,
   MEMASCEND_ASSIGN_OR_RETURN(r->o.volume, Volume::Open(path, vo));
   TensorStoreOptions so;
   so.host_budget_bytes =
-      host_budget != 0 ? host_budget : 3 * OffloadedAdam::MinimumHostBudget(Layout());
+      host_budget != 0 ? host_budget : 3 * OffloadedAdam::MinimumHostBudget(Layout()) / 2;
   // (the default: evictions mid-step, and write-behind)
   so.write_behind = host_budget == 0;  // (a whole state resident: written at commits only)
   so.defer_prefetches = true;

@@ -305,7 +305,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   const std::uint64_t working = (buffers + acts) * 4;
   HostBudgetRequest want;
   want.minimum_bytes = OffloadedAdam::MinimumHostBudget(layout);
-  want.maximum_bytes = VersionedTrainingState::StoredBytes(layout);
+  want.maximum_bytes =  // never below the minimum, as the trainer's (host_budget.cpp)
+      std::max<std::uint64_t>(VersionedTrainingState::StoredBytes(layout), want.minimum_bytes);
   want.other_bytes = working + (std::uint64_t{256} << 20);  // the trainer's heap allowance
   want.backing = HostBackingKind::kMlock;
   want.given_bytes = r.host_budget_bytes;
@@ -320,7 +321,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& request) {
   }
   MEMASCEND_RETURN_IF_ERROR(budget.status());
   p.minimum_pinned_bytes = want.minimum_bytes;
-  p.stored_bytes = want.maximum_bytes;
+  p.stored_bytes = VersionedTrainingState::StoredBytes(layout);
   p.budget_reason = budget->reason;
   p.memascend.pinned_bytes = budget->bytes;
   p.memascend.pageable_bytes = working;
