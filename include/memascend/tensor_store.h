@@ -301,7 +301,10 @@ class TensorStore {
   // Starts making the tensor resident without pinning it or blocking.
   PrefetchTicket Prefetch(TensorId id);
   PrefetchTicket Prefetch(TensorId id, Tier tier, CudaStreamView stream = {});
-  // Writes the tensor back if dirty (copying a dirty device copy back first).
+  // Writes the tensor back if dirty (copying a dirty device copy back first). A tensor
+  // with a host lease that may write it (any but AcquireForRead's) stays dirty: what is
+  // staged is what its block held then, and its holder's later writes are written too
+  // (Note [write-back under a writer] in src/store/residency.cpp); Flush likewise.
   absl::Status WriteBack(TensorId id);
   // Queues the tensor's write-back on the prefetch threads and returns at once, as
   // write_behind does for a durable tensor released dirty (Note [write-behind]), for any
