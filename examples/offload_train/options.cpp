@@ -546,8 +546,12 @@ absl::Status ResolveModel(CommandLine* cl) {
     const std::uint64_t base = cl->budget_of_state
                                    ? ModelStateBytes(o.model, o.dtype)
                                    : MinimumHostBudget(o.model, o.dtype, o.optimizer_chunk);
-    o.host_budget =
-        static_cast<std::size_t>(cl->budget_factor * static_cast<double>(base)) / 4096 * 4096;
+    const double bytes = cl->budget_factor * static_cast<double>(base);
+    if (!(bytes < 0x1p62)) {  // a size_t of it would be undefined (1e19x became "default")
+      return absl::InvalidArgumentError(fmt::format(
+          "--host-budget {}x: {:.3g} bytes, past what any host holds", cl->budget_factor, bytes));
+    }
+    o.host_budget = static_cast<std::size_t>(bytes) / 4096 * 4096;
   }
   if (o.dtype == memascend::DType::kBF16 && !cl->loss_scale_given) o.initial_loss_scale = 1.0f;
   const ZeroOptions release = ZeroDefaults(o.zero.release);

@@ -102,6 +102,12 @@ if(NOT kept STREQUAL "precious\n")
   message(FATAL_ERROR "a refused run changed the file given as --volume")
 endif()
 
+# A budget factor past what any host holds is refused (a size_t of it was undefined, and
+# 1e19x ran with the default budget).
+expect_refusal("--host-budget 1e+19x: " --vocab 256 --channels 32 --heads 2 --layers 1
+               --seq 16 --batch 2 --sample 0 --steps 1 --force --volume "${DIR}/big.vol"
+               --host-budget 1e19x)
+
 # The defaults --help shows are values the parser accepts (it showed 1e8, which it refuses).
 execute_process(COMMAND "${TRAIN}" --help RESULT_VARIABLE rc OUTPUT_VARIABLE help)
 if(NOT rc EQUAL 0 OR help MATCHES "default: [0-9]+e[0-9]+\\)")

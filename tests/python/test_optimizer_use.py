@@ -179,3 +179,30 @@ def test_the_minimum_host_budget_steps(tmp_path, dtype, part):
         mt.OffloadedAdamW(m.parameters(), lr=1e-3, volume=str(tmp_path / "less.vol"),
                           host_budget=least - 4096, part_elements=part)
     opt.close()
+
+
+def test_an_activation_offload_entered_inside_itself(tmp_path):
+    """`with acts:` inside `with acts:` (a helper that enters the offload its caller did):
+    its exit raised, and torch's saved-tensor hooks stayed installed for the process."""
+    import memascend
+    vol = memascend.Volume.open_or_create(str(tmp_path / "act.vol"), size=64 << 20)
+    store = memascend.TensorStore(vol, host_budget=1 << 20)
+    acts = mt.offload_activations(store, min_bytes=64)
+    m = model()
+    x, y = batch(0)
+    ref = torch.nn.functional.mse_loss(m(x), y)
+    ref.backward()
+    want = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad(set_to_none=True)
+    with acts:
+        with acts:
+            loss = torch.nn.functional.mse_loss(m(x), y)
+        saved = acts.saved_bytes
+        assert saved > 0
+    loss.backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(want, m.parameters()))
+    m(x).sum().backward()  # outside: nothing goes through the store
+    assert acts.saved_bytes == saved
+    del acts, loss
+    store.close()
+    vol.close()

@@ -230,6 +230,53 @@ def test_a_grad_scaler_drives_the_scale_and_sees_overflows(tmp_path):
     opt.close()
 
 
+def test_a_torch1_grad_scaler_after_unscale_is_not_unscaled_again(tmp_path):
+    # scaler.unscale_(opt) before step(), to clip, as torch's AMP recipe does: the gradients
+    # are unscaled already (stage UNSCALED), and its inf check stands. They were divided by
+    # the scale a second time.
+    import enum
+
+    class Stage(enum.Enum):
+        READY = 0
+        UNSCALED = 1
+
+    class Scaler:
+        scale = torch.tensor(1024.0)
+        _per_optimizer_states = {}
+
+        def _get_scale_async(self):
+            return self.scale
+
+        def unscale_(self, opt):  # torch 1.x's, on the CPU
+            found = torch.zeros(1)
+            for p in opt._params:
+                p.grad.mul_(1.0 / float(self.scale))
+                found += (~torch.isfinite(p.grad)).any().float()
+            self._per_optimizer_states[id(opt)] = {"stage": Stage.UNSCALED,
+                                                   "found_inf_per_device": {"cpu": found}}
+
+    ref_model, _ = reference(steps=3)
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model)
+    scaler = Scaler()
+    for step in range(3):
+        x, y = gpt.batch(step)
+        (model(x, y) * 1024.0).backward()
+        scaler.unscale_(opt)
+        opt.step(grad_scaler=scaler)
+        opt.zero_grad(set_to_none=True)
+    assert_same(ref_model, model, tol=1e-4)
+    x, y = gpt.batch(3)
+    model(x, y).backward()
+    next(model.parameters()).grad[0, 0] = float("inf")
+    scaler.unscale_(opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step(grad_scaler=scaler)
+    assert opt.last_step["skipped"]
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+    opt.close()
+
+
 def test_torch2_grad_scaler_attributes_and_the_sdk_scaler(tmp_path):
     # torch 2.x's GradScaler sets optimizer.grad_scale and optimizer.found_inf instead.
     ref_model, _ = reference(steps=2)

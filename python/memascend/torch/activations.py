@@ -134,7 +134,7 @@ class ActivationOffload:
         self._free_slots = {}  # nbytes -> [tensor id]
         self._slots = 0
         self._prefix = f"memascend.activation.{next(_instances)}"
-        self._hooks = None
+        self._hooks = []  # one per entry: the same offload may be entered inside itself
         self.saved_bytes = 0  # bytes saved through the store (so far)
         self.peak_bytes = 0   # the most held at once
         self.deduplicated = 0  # saves of a tensor already saved (stored once)
@@ -309,13 +309,13 @@ class ActivationOffload:
         if stack is None:
             stack = _local.activations = []
         stack.append(self)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-        self._hooks.__enter__()
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        hooks.__enter__()
+        self._hooks.append(hooks)
         return self
 
     def __exit__(self, *exc: object) -> Literal[False]:
-        self._hooks.__exit__(*exc)
-        self._hooks = None
+        self._hooks.pop().__exit__(*exc)
         _local.activations.pop()
         return False
 

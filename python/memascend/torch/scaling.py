@@ -11,6 +11,14 @@ def outside_scale(opt, grad_scaler):
         if opt._dynamic:
             raise errors.FailedPreconditionError(
                 "a GradScaler and dynamic_loss_scale both scale the loss; use one")
+        state = grad_scaler._per_optimizer_states.get(id(opt), {})
+        if getattr(state.get("stage"), "name", None) == "UNSCALED":
+            # scaler.unscale_(opt) ran (to clip): the gradients carry no scale any more, and
+            # its check's findings stand (they were unscaled twice, by 1/scale^2).
+            found = state.get("found_inf_per_device", {})
+            if sum(float(v.sum().item()) for v in found.values()) > 0:
+                return 0.0, True
+            return 1.0, False
         return float(grad_scaler._get_scale_async().item()), False
     grad_scale = getattr(opt, "grad_scale", None)  # torch 2.x sets these two
     found_inf = getattr(opt, "found_inf", None)
