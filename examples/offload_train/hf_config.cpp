@@ -53,7 +53,8 @@ struct Reader {
     if (!b.ok()) return Bad(key, "is not true or false");
     return *b;
   }
-  // A special token's id: absent or null, a non-negative integer, or a list of them.
+  // A special token's id: absent or null, an integer (LLaMA-1 conversions have a pad of
+  // -1, which the trainer never reads but carries), or a list of them.
   absl::StatusOr<std::optional<HfConfig::TokenIds>> Ids(std::string_view key) const {
     const JsonValue* m = v.Find(key);
     if (m == nullptr || m->is_null()) return std::nullopt;
@@ -61,7 +62,7 @@ struct Reader {
     t.list = m->is_array();
     for (const JsonValue& e : t.list ? m->items() : std::vector<JsonValue>{*m}) {
       auto n = e.AsInt();
-      if (!n.ok() || *n < 0) return Bad(key, "is not a token id or a list of them");
+      if (!n.ok()) return Bad(key, "is not a token id or a list of them");
       t.ids.push_back(*n);
     }
     return t;

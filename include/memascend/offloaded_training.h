@@ -38,9 +38,9 @@
 //   neither `initial_weights` nor `initial_weights_part`, or both (kInvalidArgument).
 //
 // Note [one budget]: the pinned host budget (given, or chosen from the machine) is the
-// only figure of memory: the update holds MinimumHostBudget() of it at once, and the rest
+// only figure of memory: the update holds half of MinimumHostBudget() at once, and the rest
 // is read-ahead (OffloadedAdam Note [read-ahead]), at least MinimumReadAhead(). Nothing is
-// kept across steps (OffloadedAdam Note [kept state]: at twice the minimum, keeping half
+// kept across steps (OffloadedAdam Note [kept state]: at the minimum budget, keeping half
 // the spare budget read less but ran slower, docs/training.md); a budget that holds the
 // whole state keeps it all resident anyway.
 //

@@ -304,7 +304,9 @@ class TensorStore {
   // Writes the tensor back if dirty (copying a dirty device copy back first). A tensor
   // with a host lease that may write it (any but AcquireForRead's) stays dirty: what is
   // staged is what its block held then, and its holder's later writes are written too
-  // (Note [write-back under a writer] in src/store/residency.cpp); Flush likewise.
+  // (Note [write-back under a writer] in src/store/residency.cpp); Flush likewise. A device
+  // lease is not so followed: writes through it after a WriteBack or Flush that copied it
+  // back need MarkDirty on it again (nothing in the SDK writes through device leases).
   absl::Status WriteBack(TensorId id);
   // Queues the tensor's write-back on the prefetch threads and returns at once, as
   // write_behind does for a durable tensor released dirty (Note [write-behind]), for any

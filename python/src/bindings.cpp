@@ -309,9 +309,10 @@ class PyAdam {
     const std::size_t minimum = OffloadedAdam::MinimumHostBudget(layout);
     if (store_->budget() < minimum) {
       throw StatusError{absl::InvalidArgumentError(fmt::format(
-          "host budget {} bytes is below what one part needs at once ({} bytes: gradient, "
-          "parameters, master weights and both moments of {} elements); raise host_budget or "
-          "lower part_elements",
+          "host budget {} bytes is below the least, {} bytes: twice what one part needs at "
+          "once (gradient, parameters, master weights and both moments of {} elements; the "
+          "second set is room against fragmentation); raise host_budget or lower "
+          "part_elements",
           store_->budget(), minimum, layout.MaxPartElements()))};
     }
     if (lrs.size() != groups.size() || weight_decays.size() != groups.size())

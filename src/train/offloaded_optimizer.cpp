@@ -691,6 +691,7 @@ absl::Status OffloadedAdam::UpdateParts(std::size_t g, const AdamConfig& adam,
     ReadAhead(g, part);
     const auto [begin, end] = l.PartRange(g, part);
     const std::size_t n = end - begin;
+    absl::Status converted;
     {
       MEMASCEND_ASSIGN_OR_RETURN(StateBuffer grad,
                                  storage_->Read(StateKind::kGradient, g, part, false));
@@ -712,17 +713,21 @@ absl::Status OffloadedAdam::UpdateParts(std::size_t g, const AdamConfig& adam,
                                             {grad.data, n, l.grad_dtype},
                                             {param.data, n, l.param_dtype}, K()));
       }
-      // Every kind of the part holds the new step: the storage may commit it now.
-      MEMASCEND_RETURN_IF_ERROR(storage_->PartUpdated(g, part));
       if (out) {
         Timed kernels(&times_.update_kernels);
-        MEMASCEND_RETURN_IF_ERROR(
+        converted =
             Convert({param.data, n, l.param_dtype},
                     {static_cast<std::byte*>(params_out.data) + begin * SizeOf(params_out.dtype), n,
                      params_out.dtype},
-                    K()));
+                    K());
       }
-    }
+    }  // the part's leases go: nothing writes it any more
+    // Every kind of the part holds the new step: the storage may commit it now (a copy out
+    // that failed too: the part is updated in place, Note [failed update]). Not under its
+    // leases: a write-back under a writer leaves the tensor dirty (Note [write-back under a
+    // writer] in src/store/residency.cpp), and the part was written twice.
+    MEMASCEND_RETURN_IF_ERROR(storage_->PartUpdated(g, part));
+    MEMASCEND_RETURN_IF_ERROR(converted);
     MEMASCEND_RETURN_IF_ERROR(storage_->Discard(StateKind::kGradient, g, part));
   }
   return absl::OkStatus();

@@ -83,10 +83,11 @@ absl::Status OffloadedTraining::Start(const OffloadedTrainingOptions& o) {
   const std::uint64_t stored = VersionedTrainingState::StoredBytes(layout_);
   if (o.host_budget_bytes != 0 && o.host_budget_bytes < minimum) {
     return absl::ResourceExhaustedError(fmt::format(
-        "offloaded training: host_budget_bytes {} is below the {} the optimizer holds at once "
-        "(the gradient, new parameters, master weights and both moments of a part of {} "
-        "elements); give host_budget_bytes {} or more (twice that is safe from "
-        "fragmentation), 0 to choose one from the machine, or a smaller part_elements",
+        "offloaded training: host_budget_bytes {} is below the least, {}: twice what the "
+        "optimizer holds at once (the gradient, new parameters, master weights and both "
+        "moments of a part of {} elements; the second set is room against fragmentation); "
+        "give host_budget_bytes {} or more, 0 to choose one from the machine, or a smaller "
+        "part_elements",
         Bytes(o.host_budget_bytes), Bytes(minimum), layout_.MaxPartElements(), minimum));
   }
   HostBudgetRequest want;

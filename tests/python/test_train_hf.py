@@ -220,7 +220,7 @@ def test_an_export_keeps_what_is_not_its_own_and_the_tokenizers_ids(tmp_path, mo
     or model.safetensors.bak stays); the config carries the special token ids generation
     reads; a new directory given with a trailing slash is made."""
     cfg, _, _, _ = model
-    cfg = dict(cfg, bos_token_id=90, eos_token_id=[91, 92], pad_token_id=None)
+    cfg = dict(cfg, bos_token_id=90, eos_token_id=[91, 92], pad_token_id=-1)  # LLaMA-1's pad
     d = tmp_path / "ids"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
@@ -229,7 +229,7 @@ def test_an_export_keeps_what_is_not_its_own_and_the_tokenizers_ids(tmp_path, mo
     train(tmp_path, "--init-from", d, "--steps", 0, "--export", str(target) + "/")
     exported = json.loads((target / "config.json").read_text())
     assert exported["bos_token_id"] == 90 and exported["eos_token_id"] == [91, 92]
-    assert "pad_token_id" not in exported  # null: none
+    assert exported["pad_token_id"] == -1
     (target / "model_ema.safetensors").write_bytes(b"the user's EMA weights")
     (target / "model.safetensors.bak").write_bytes(b"the user's backup")
     train(tmp_path, "--init-from", d, "--steps", 0, "--export", target, "--export-overwrite",

@@ -55,7 +55,7 @@ std::vector<float> Gradient(std::size_t n, std::size_t g, std::uint64_t step) {
   return x;
 }
 
-// Default options but for the path, the model (fp32) and a budget of twice the minimum,
+// Default options but for the path, the model (fp32) and the minimum budget,
 // far below the state (the store evicts and reads back).
 OffloadedTrainingOptions Options(const std::string& path) {
   OffloadedTrainingOptions o;

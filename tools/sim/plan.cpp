@@ -169,10 +169,11 @@ absl::Status Check(const PlanRequest& r) {
   const double acts = static_cast<double>(m.layers) * (rows * 20 * width + rows * heads * seq) +
                       rows * 2 * static_cast<double>(m.vocab);
   if (params * 32 > static_cast<double>(kMostBytes) || acts * 4 > static_cast<double>(kMostBytes)) {
-    return absl::InvalidArgumentError(fmt::format(
-        "plan: the model and batch need about {:.3g} bytes of state and {:.3g} of activations, "
-        "beyond the 1 EiB the plan models: give a smaller model, --seq or --batch",
-        params * 16, acts * 4));
+    return absl::InvalidArgumentError(
+        fmt::format("plan: the model and batch need about {:.3g} bytes of state (two versions) and "
+                    "{:.3g} of activations, "
+                    "beyond the 1 EiB the plan models: give a smaller model, --seq or --batch",
+                    params * 32, acts * 4));
   }
   // The state is counted part by part (VersionedTrainingState::StoredBytes).
   constexpr double kMostParts = double(std::uint64_t{1} << 26);

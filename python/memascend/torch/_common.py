@@ -29,9 +29,10 @@ def choose_budget(least, most, on_host, cuda, given):
     `least` is refused here, before the volume is made."""
     if given and given < least:
         raise errors.InvalidArgumentError(
-            f"host budget {given} bytes is below what one part needs at once ({least} bytes: "
-            "gradient, parameters, master weights and both moments of a part); raise "
-            "host_budget or lower part_elements")
+            f"host budget {given} bytes is below the least, {least} bytes: twice what one "
+            "part needs at once (gradient, parameters, master weights and both moments of a "
+            "part; the second set is room against fragmentation); raise host_budget or lower "
+            "part_elements")
     choice = _core.choose_host_budget(least, most, 3 * on_host + (256 << 20), cuda=cuda,
                                       given=given or 0)
     if choice["warning"]:

@@ -327,7 +327,6 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 "or replaced): OffloadedAdamW lays its state out on the volume when it is made; "
                 "make a new optimizer")
         check_groups(self.param_groups, self._betas_eps, "changed to")
-        check_parameters(self)
 
     # ---- what torch.optim users call
 
@@ -365,6 +364,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         if kwargs:
             raise TypeError(f"step() got unexpected arguments {sorted(kwargs)}")
         self._check()
+        check_parameters(self)  # (not at state_dict(): reading the state needs none of them)
         refuse_frozen(self._params, at_construction=False)
         loss = None
         if closure is not None:

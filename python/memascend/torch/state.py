@@ -11,7 +11,7 @@ import torch
 
 from memascend import errors
 from memascend.torch import distributed as _dist
-from memascend.torch._common import check_groups, host, offloaded
+from memascend.torch._common import check_groups, check_parameters, host, offloaded
 
 if TYPE_CHECKING:
     from memascend.torch.optimizer import OffloadedAdamW
@@ -159,6 +159,7 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
 
 def reload_parameters(opt: OffloadedAdamW) -> None:
     opt._check()
+    check_parameters(opt)  # their bytes are written as the optimizer's dtype
     if opt._sharded:
         _dist.refuse_offloaded(opt, "reload_parameters")
     def write():
