@@ -288,7 +288,7 @@ TEST(OffloadedTraining, AnotherLayoutIsRefusedAtOpen) {
   OffloadedTrainingOptions o = Options(path.path());
   ASSERT_OK(OffloadedTraining::Open(o).status());
   o.part_elements = 2 * kPart;  // a changed part size
-  o.host_budget_bytes *= 2;      // (the least budget for its parts)
+  o.host_budget_bytes *= 2;     // (the least budget for its parts)
   o.resume = true;
   EXPECT_THAT(OffloadedTraining::Open(o).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
