@@ -130,6 +130,28 @@ def test_parameters_and_activations_offloaded_from_the_gpu(tmp_path):
     vol.close()
 
 
+def test_load_state_dict_under_offload_parameters_on_the_gpu(tmp_path):
+    """model.load_state_dict() mid-run: the device copies of the old values are dropped
+    (model_state.py), and the run goes on as torch's AdamW's after the same load."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref_model = gpt.make(seed=0).cuda()
+    ref_opt = torch.optim.AdamW(param_groups(ref_model), lr=1e-3, weight_decay=0.01)
+    model = gpt.make(seed=0).cuda()
+    opt = offloaded(tmp_path, model)
+    mt.offload_parameters(model, opt)
+    train(ref_model, ref_opt, steps=3)
+    train(model, opt, steps=3)  # every group's device copy made, some read ahead
+    other = gpt.make(seed=5).cuda().state_dict()
+    ref_model.load_state_dict(other)
+    model.load_state_dict(other)
+    for k, v in model.state_dict().items():
+        assert torch.allclose(v.float().cuda(), ref_model.state_dict()[k].float()), k
+    assert train(model, opt, steps=3) == pytest.approx(train(ref_model, ref_opt, steps=3),
+                                                       rel=TOL, abs=TOL)
+    opt.close()
+    assert_same(ref_model, model)
+
+
 def test_gradients_accumulate_on_the_gpu_under_offload_parameters(tmp_path):
     """Micro-batches accumulating in p.grad on the GPU (offload_gradients=False: each
     gradient leaves at step()) with the parameters offloaded a block at a time

@@ -12,6 +12,7 @@ import torch
 
 from memascend import errors
 from memascend.torch import activations as _activations
+from memascend.torch import model_state as _model_state
 from memascend.torch._common import OFFLOADED
 from memascend.torch._marks import OnBackward, in_backward, outside_units, unit_types, wrap
 
@@ -86,14 +87,14 @@ class ParameterOffload:
             self._handles.append(m.register_forward_hook(self._post_forward))
         self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
         self._handles.append(module.register_forward_hook(self._root_post_forward))
-        # model.state_dict() (torch.save, save_pretrained) gets the real parameters.
-        self._keys = {}  # state_dict key (below the module) -> parameter index
+        # model.state_dict() (torch.save, save_pretrained) gets the real parameters, and
+        # model.load_state_dict() writes them (model_state.py), at any level of the model.
         covered = {i for own in self._params_of.values() for _, i in own}
-        for name, m in module.named_modules():
-            for pname, p in m._parameters.items():
-                if p is not None and index.get(id(p)) in covered:
-                    self._keys[f"{name}.{pname}" if name else pname] = index[id(p)]
-        self._handles.append(module._register_state_dict_hook(self._fill_state_dict))
+        for m in module.modules():
+            if m is module or any(index.get(id(p)) in covered for p in m._parameters.values()):
+                self._handles.append(m._register_state_dict_hook(self._state_dict_hook))
+                self._handles.append(m._register_load_state_dict_pre_hook(
+                    self._load_state_dict_hook, with_module=True))
         optimizer._offloads.append(self)
         for m in self._modules:
             for p, i in self._params_of[id(m)]:
@@ -391,20 +392,12 @@ class ParameterOffload:
             "optimizer's state. Copy model.state_dict() (it holds the values), or deep-copy "
             "after opt.close() (or offload.remove()), which gives the model back")
 
-    def _fill_state_dict(self, module, state_dict, prefix, local_metadata):
-        """An offloaded parameter's entry holds its values (as a CPU tensor), not the empty
-        tensor it holds between uses."""
-        opt = self._opt
-        if opt._core is None:
-            return state_dict
-        opt._finish_update()  # one step's parameters, all of them
-        for key, i in self._keys.items():
-            full = prefix + key
-            if full in state_dict:  # a copy: a parameter in use is a view of a store block
-                h = torch.empty(opt._shapes[i], dtype=opt._dtype)
-                opt._core.load_parameters(i, h.data_ptr(), h.numel(), opt._dt)
-                state_dict[full] = h
-        return state_dict
+    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        return _model_state.fill(self, module, state_dict, prefix)
+
+    def _load_state_dict_hook(self, module, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs):
+        _model_state.load(self, module, state_dict, prefix, error_msgs)
 
     def ensure(self, i: int) -> torch.Tensor:
         """Parameter i in memory (for a saved view unpacked outside the module's hooks)."""
