@@ -235,13 +235,12 @@ absl::StatusOr<HfConfig> ReadHfConfig(const std::string& path) {
   std::string text;
   char buf[65536];
   for (;;) {
-    const std::int64_t n = memascend::prim::PreadOnce(fd.get(), buf, sizeof(buf), text.size());
-    if (n == -EINTR) continue;
+    const std::int64_t n = memascend::prim::PreadFull(fd.get(), buf, sizeof(buf), text.size());
     if (n < 0) return absl::ErrnoToStatus(static_cast<int>(-n), fmt::format("{}: read", path));
-    if (n == 0) break;
     text.append(buf, static_cast<std::size_t>(n));
     if (text.size() > (16u << 20))
       return absl::InvalidArgumentError(fmt::format("{}: over 16 MiB: not a config.json", path));
+    if (static_cast<std::size_t>(n) < sizeof(buf)) break;  // the end of the file
   }
   return ParseHfConfig(text, path);
 }

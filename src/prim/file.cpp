@@ -27,6 +27,19 @@ std::int64_t PwriteOnce(int fd, const void* buffer, std::size_t length,
   return n < 0 ? -errno : n;
 }
 
+std::int64_t PreadFull(int fd, void* buffer, std::size_t length, std::uint64_t offset) noexcept {
+  auto* p = static_cast<std::byte*>(buffer);
+  std::size_t done = 0;
+  while (done < length) {
+    const std::int64_t n = PreadOnce(fd, p + done, length - done, offset + done);
+    if (n == -EINTR) continue;
+    if (n < 0) return n;
+    if (n == 0) break;  // the end of the file
+    done += static_cast<std::size_t>(n);
+  }
+  return static_cast<std::int64_t>(done);
+}
+
 absl::StatusOr<FileFacts> StatFile(int fd) {
   FileFacts facts;
   const int flags = ::fcntl(fd, F_GETFL);

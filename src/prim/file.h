@@ -17,6 +17,9 @@ namespace memascend::prim {
 std::int64_t PreadOnce(int fd, void* buffer, std::size_t length, std::uint64_t offset) noexcept;
 std::int64_t PwriteOnce(int fd, const void* buffer, std::size_t length,
                         std::uint64_t offset) noexcept;
+// `length` bytes at `offset`, read through short reads and EINTR (a buffered descriptor:
+// a file's metadata, a sample): the bytes read, fewer only where the file ends, or -errno.
+std::int64_t PreadFull(int fd, void* buffer, std::size_t length, std::uint64_t offset) noexcept;
 
 struct FileFacts {
   bool direct = false;  // opened with O_DIRECT

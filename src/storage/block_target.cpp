@@ -50,20 +50,6 @@ std::optional<std::string> DetectSignature(std::span<const std::byte> head) {
 
 namespace {
 
-// Reads up to `length` bytes at `offset` through `fd` (buffered), retrying short reads and
-// EINTR; returns the bytes read (fewer at the end of the file) or -errno.
-std::int64_t ReadAt(int fd, std::byte* buffer, std::size_t length, std::uint64_t offset) {
-  std::size_t done = 0;
-  while (done < length) {
-    const ssize_t r = ::pread(fd, buffer + done, length - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -errno;
-    if (r == 0) break;
-    done += static_cast<std::size_t>(r);
-  }
-  return static_cast<std::int64_t>(done);
-}
-
 // Note [foreign data]: refuses a target whose head carries a known signature, or whose
 // sampled ranges hold anything but zeros: the head (the first 72 KiB, so the whole of a
 // small file), one block at the middle and the last block, each checked whatever the size
@@ -79,7 +65,7 @@ absl::Status CheckForeignData(const std::string& path, std::uint64_t size, std::
   const std::size_t head_bytes =
       static_cast<std::size_t>(std::min<std::uint64_t>(kHeadBytes, size));
   std::vector<std::byte> buf(std::max<std::size_t>(head_bytes, block));
-  const std::int64_t got = ReadAt(plain.get(), buf.data(), head_bytes, 0);
+  const std::int64_t got = prim::PreadFull(plain.get(), buf.data(), head_bytes, 0);
   if (got < 0)
     return absl::ErrnoToStatus(static_cast<int>(-got), fmt::format("read the head of {}", path));
   const std::span<const std::byte> head(buf.data(), static_cast<std::size_t>(got));
@@ -99,7 +85,8 @@ absl::Status CheckForeignData(const std::string& path, std::uint64_t size, std::
     if (found.has_value()) break;
     const std::uint64_t length = std::min<std::uint64_t>(block, size - at);
     if (at + length <= head.size()) continue;  // inside the head: already checked
-    const std::int64_t r = ReadAt(plain.get(), buf.data(), static_cast<std::size_t>(length), at);
+    const std::int64_t r =
+        prim::PreadFull(plain.get(), buf.data(), static_cast<std::size_t>(length), at);
     if (r < 0) {
       return absl::ErrnoToStatus(static_cast<int>(-r),
                                  fmt::format("read {} bytes of {} at offset {}", length, path, at));

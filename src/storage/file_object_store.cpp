@@ -325,9 +325,10 @@ absl::StatusOr<std::unique_ptr<FileObjectStore>> FileObjectStore::Open(
       return absl::ErrnoToStatus(errno, fmt::format("fstat({})", path));
     const auto length = static_cast<std::uint64_t>(fs.st_size);
     std::byte end[8];
-    if (length < kBlock || length % kBlock != 0 ||
-        ::pread(fd.get(), end, 8, static_cast<off_t>(length - 8)) != 8 ||
-        GetLe<std::uint32_t>(end + 4) != static_cast<std::uint32_t>(kEndMagic)) {
+    const std::int64_t got =
+        length < kBlock || length % kBlock != 0 ? 0 : prim::PreadFull(fd.get(), end, 8, length - 8);
+    if (got < 0) return absl::ErrnoToStatus(static_cast<int>(-got), fmt::format("{}: read", path));
+    if (got != 8 || GetLe<std::uint32_t>(end + 4) != static_cast<std::uint32_t>(kEndMagic)) {
       return absl::DataLossError(fmt::format(
           "{}: the object's trailer is damaged ({} bytes, no end marker)", path, length));
     }
@@ -335,8 +336,11 @@ absl::StatusOr<std::unique_ptr<FileObjectStore>> FileObjectStore::Open(
     if (trailer_bytes == 0 || trailer_bytes > length)
       return absl::DataLossError(fmt::format("{}: the object's trailer is damaged", path));
     std::vector<std::byte> tb(trailer_bytes);
-    if (::pread(fd.get(), tb.data(), tb.size(), static_cast<off_t>(length - trailer_bytes)) !=
-        static_cast<ssize_t>(tb.size()))
+    const std::int64_t read =
+        prim::PreadFull(fd.get(), tb.data(), tb.size(), length - trailer_bytes);
+    if (read < 0)
+      return absl::ErrnoToStatus(static_cast<int>(-read), fmt::format("{}: read", path));
+    if (static_cast<std::size_t>(read) != tb.size())
       return absl::DataLossError(fmt::format("{}: short read of the object's trailer", path));
     MEMASCEND_ASSIGN_OR_RETURN(Trailer t, DecodeTrailer(tb, path));
     if (util::RoundUp(t.size, std::uint64_t{kBlock}) + trailer_bytes != length ||

@@ -25,18 +25,11 @@ constexpr std::size_t kChunkBytes = 4u << 20;  // staged per read or write
 
 absl::Status ReadFully(int fd, void* buffer, std::size_t length, std::uint64_t offset,
                        const std::string& path) {
-  auto* p = static_cast<std::byte*>(buffer);
-  while (length > 0) {
-    const std::int64_t n = prim::PreadOnce(fd, p, length, offset);
-    if (n == -EINTR) continue;
-    if (n < 0) return absl::ErrnoToStatus(static_cast<int>(-n), fmt::format("{}: read", path));
-    if (n == 0) {
-      return absl::DataLossError(
-          fmt::format("{}: the file ends at byte {} (truncated)", path, offset));
-    }
-    p += n;
-    length -= static_cast<std::size_t>(n);
-    offset += static_cast<std::uint64_t>(n);
+  const std::int64_t n = prim::PreadFull(fd, buffer, length, offset);
+  if (n < 0) return absl::ErrnoToStatus(static_cast<int>(-n), fmt::format("{}: read", path));
+  if (static_cast<std::size_t>(n) < length) {
+    return absl::DataLossError(fmt::format("{}: the file ends at byte {} (truncated)", path,
+                                           offset + static_cast<std::uint64_t>(n)));
   }
   return absl::OkStatus();
 }
