@@ -377,7 +377,10 @@ TEST(OffloadedAdam, ABatchedStepWritesItsGradientsUnderTheBackwardPass) {
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       EXPECT_EQ(off.store->stats().write_backs - before, parts);
-      EXPECT_LE(off.volume->staged_bytes(), bound);
+      // What is staged stays within the bound and a part (GradientWritten; VolumeBytes
+      // leaves room for both). Exactly the bound was asserted before, which held only by
+      // timing: a loaded machine staged 1.19 MiB (a CPU hog beside the test, 3 in 200).
+      EXPECT_LE(off.volume->staged_bytes(), bound + kPart * SizeOf(l.grad_dtype));
     } else {
       EXPECT_EQ(off.store->stats().write_backs, before);
     }
