@@ -206,3 +206,21 @@ def test_an_activation_offload_entered_inside_itself(tmp_path):
     del acts, loss
     store.close()
     vol.close()
+
+
+def test_a_resume_with_other_betas_or_eps_is_refused(tmp_path):
+    """The moments on the volume were made with the run's betas and eps; a resume with
+    others took them silently (a load_state_dict of the same refuses them)."""
+    m = model()
+    opt = offloaded(tmp_path, m)
+    run(m, opt, 2)
+    opt.close()
+    for betas, eps in (((0.5, 0.6), 1e-8), ((0.9, 0.999), 1e-3)):
+        with pytest.raises(errors.FailedPreconditionError, match="betas"):
+            offloaded(tmp_path, model(), betas=betas, eps=eps, resume=True)
+    again = offloaded(tmp_path, model(), resume=True)  # the run's own: goes on
+    assert again.resumed_step == 2
+    again.close()
+    fresh = offloaded(tmp_path, model(), betas=(0.5, 0.6), overwrite=True)  # or starts over
+    assert fresh.resumed_step is None
+    fresh.close()

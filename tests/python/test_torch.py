@@ -1049,3 +1049,98 @@ def test_torchs_transformer_layers_are_loaded_whole(tmp_path):
     assert torch.allclose(got_out, want_out, rtol=1e-4, atol=1e-5)
     offload.remove()
     opt.close()
+
+
+@pytest.mark.parametrize("activations", [False, True])
+def test_a_forward_without_a_backward_frees_its_graph(tmp_path, activations):
+    """An output its own node saves (tanh's) was held by the saved-tensor hooks as it was:
+    a cycle through autograd's C++ that Python's collector never frees, so each forward
+    pass with gradients on and no backward (a loss logged, an eval without no_grad) kept
+    its whole graph for the life of the process."""
+    import weakref
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    opt = mt.OffloadedAdamW(m.parameters(), lr=1e-2, volume=str(tmp_path / "opt.vol"))
+    mt.offload_parameters(m, opt)
+    acts = None
+    if activations:  # tanh's 1 KiB output below min_bytes: kept, as the offload keeps it
+        vol = memascend.Volume.open_or_create(str(tmp_path / "act.vol"), size=16 << 20)
+        acts = mt.offload_activations(memascend.TensorStore(vol, host_budget=1 << 20),
+                                      min_bytes=1 << 20)
+    seen = []
+    m[1].register_forward_hook(lambda mod, i, o: seen.append(weakref.ref(o)))
+    for _ in range(4):
+        if acts is not None:
+            with acts:
+                out = m(torch.randn(4, 8))
+        else:
+            out = m(torch.randn(4, 8))
+    del out
+    gc.collect()
+    assert not [r for r in seen if r() is not None]
+    loss = m(torch.randn(4, 8)).square().sum()  # and a backward still trains
+    loss.backward()
+    opt.step()
+    assert opt.steps == 1
+    opt.close()
+
+
+def test_a_run_that_ends_without_close_resumes_after_its_last_step(tmp_path):
+    """Under offload_parameters the last step's update runs in the next forward pass (Note
+    [optimizer overlap]); a process that ended without close() (transformers' Trainer never
+    calls it) left it unrun, and resumed a step short, with that step's gradients lost."""
+    whole = run_worker("offloaded", "8", "--volume", str(tmp_path / "whole.vol"),
+                       "--offload-parameters")
+    assert whole.returncode == 0, whole.stderr
+    want, _ = parse(whole.stdout)
+    vol = str(tmp_path / "open.vol")
+    first = run_worker("offloaded", "5", "--volume", vol, "--offload-parameters", "--no-close")
+    assert first.returncode == 0, first.stderr
+    resumed = run_worker("offloaded", "8", "--volume", vol, "--offload-parameters", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    before, _ = parse(first.stdout)
+    after, _ = parse(resumed.stdout)
+    assert min(after) == 6
+    for step, loss in {**before, **after}.items():
+        assert loss == want[step], step
+
+
+def test_a_model_and_optimizer_dropped_without_close_are_collected(tmp_path):
+    """A global registry held every offloaded model's optimizer: dropped without close(),
+    it stayed (memory, and the volume's lock: the same volume could not be opened again
+    in this process)."""
+    import weakref
+    vol = str(tmp_path / "opt.vol")
+    model = gpt.make(seed=0)
+    opt = mt.OffloadedAdamW(model.parameters(), lr=1e-3, volume=vol)
+    mt.offload_parameters(model, opt)
+    train(model, opt, steps=3)
+    gone = weakref.ref(opt)
+    del model, opt
+    gc.collect()
+    assert gone() is None
+    again = gpt.make(seed=1)
+    opt = mt.OffloadedAdamW(again.parameters(), lr=1e-3, volume=vol, resume=True)
+    assert opt.resumed_step == 3  # its last update run and committed on the way out
+    opt.close()
+
+
+def test_a_forked_child_does_not_close_its_parents_optimizer(tmp_path):
+    """The exit handler and __del__ close an optimizer left open, in the process that made
+    it only: a forked child's copy closing would commit into the parent's volume."""
+    from memascend.torch import _common
+    model = gpt.make(seed=0)
+    opt = offloaded(tmp_path, model)
+    train(model, opt, steps=1)
+    pid = os.fork()
+    if pid == 0:  # the child: what its exit would run
+        try:
+            _common._close_at_exit()
+            opt.__del__()
+            os._exit(0 if opt._core is not None else 1)
+        except BaseException:  # noqa: BLE001 - a child reports by its status only
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert train(model, opt, steps=2, first=1)
+    opt.close()

@@ -1,10 +1,11 @@
 """Trains the test GPT in a process of its own, for the tests that measure RSS or kill it.
 
     worker.py adamw|offloaded STEPS [--volume PATH] [--resume] [--model small|rss]
-              [--offload-parameters] [--kill-after N]
+              [--offload-parameters] [--kill-after N] [--no-close]
 
 Prints one line per step: "step N loss L", and at the end "peak_rss_bytes B".
-With --kill-after N it SIGKILLs itself right after step N's commit was started.
+With --kill-after N it SIGKILLs itself right after step N's commit was started; with
+--no-close it ends without closing the optimizer (as transformers' Trainer does).
 """
 import argparse
 import os
@@ -23,6 +24,9 @@ MODELS = {
 }
 
 
+KEPT = []
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["adamw", "offloaded"])
@@ -34,6 +38,7 @@ def main():
     ap.add_argument("--kill-after", type=int, default=0)
     ap.add_argument("--commit-every", type=int, default=1)
     ap.add_argument("--staging", default="bounded")
+    ap.add_argument("--no-close", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(2)
     shape = MODELS[a.model]
@@ -60,8 +65,9 @@ def main():
             print(f"durable {opt.stats()['durable_step']}", flush=True)
         if a.kill_after and step + 1 == a.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
-    if a.mode == "offloaded":
+    if a.mode == "offloaded" and not a.no_close:
         opt.close()
+    KEPT.append((model, opt))  # alive to the interpreter's end, as a script's globals are
     print(f"peak_rss_bytes {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}", flush=True)
 
 

@@ -1,7 +1,11 @@
-"""What the modules of memascend.torch share: dtype names, host copies, and the registry
-of parameters offloaded by offload_parameters()."""
+"""What the modules of memascend.torch share: dtype names, host copies, the registry
+of parameters offloaded by offload_parameters(), and the optimizers closed at exit."""
+import atexit
 import math
+import os
+import sys
 import warnings
+import weakref
 
 import torch
 
@@ -51,13 +55,51 @@ def host(t):
     return t.contiguous()
 
 
-# id(parameter) -> (ParameterOffload, index), while offloaded. (Keyed by id: a tensor's ==
-# is elementwise, which a WeakKeyDictionary would call.)
+# id(parameter) -> (a weak reference to its ParameterOffload, index), while offloaded.
+# Keyed by id (a tensor's == is elementwise, which a WeakKeyDictionary would call). Weak, so
+# a model and optimizer dropped without close() are collected (a global's strong reference
+# kept both, and the volume's lock, for the life of the process); an offload's entries go
+# when it does (ParameterOffload's finalizer), while the parameters it holds still live.
 OFFLOADED = {}
 
 
 def offloaded(p):
     return id(p) in OFFLOADED
+
+
+def offload_of(p):
+    """(the ParameterOffload holding p, p's index there), or None."""
+    entry = OFFLOADED.get(id(p))
+    owner = entry[0]() if entry is not None else None
+    return None if owner is None else (owner, entry[1])
+
+
+# Open OffloadedAdamW instances -> the process that made them, for the exit handler below
+# and __del__: a forked child (its copies of them) ending must not close them.
+OPEN = weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _close_at_exit():
+    """A run that ends without close() (transformers' Trainer never calls it) still gets
+    its last step's planned update (Note [optimizer overlap]) and commit: under
+    offload_parameters a model and its optimizer hold each other, so no reference count
+    reaching zero would close it, and the run resumed a step short. The model is not
+    given back (its parameters loaded): the process is ending."""
+    for opt in [opt for opt, pid in list(OPEN.items()) if pid == os.getpid()]:
+        try:
+            opt._offloads = []
+            opt.close()
+        except Exception as e:  # noqa: BLE001 - nobody to raise to; said on stderr
+            print(f"memascend.torch: closing {opt.__class__.__name__} at exit failed: {e}",
+                  file=sys.stderr)
+
+
+def forget_offload(ref, ids):
+    """A ParameterOffload's finalizer: its entries, unless another's took their place."""
+    for k in ids:
+        if OFFLOADED.get(k, (None,))[0] is ref:
+            del OFFLOADED[k]
 
 
 MAX_THREADS = 1024

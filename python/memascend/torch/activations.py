@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from memascend import errors
-from memascend.torch._common import OFFLOADED, is_kept_dtype, dtype_name
+from memascend.torch._common import dtype_name, is_kept_dtype, offload_of
 
 if TYPE_CHECKING:
     from memascend import TensorStore
@@ -37,11 +37,15 @@ class _ParamView:
 class _Kept:
     """A saved tensor kept as it is (a parameter, a view of one, one too small to store),
     with its version: autograd checks none that a hook returns, so one changed in place
-    before the backward pass is caught here, as PyTorch catches it without hooks."""
+    before the backward pass is caught here, as PyTorch catches it without hooks. A tensor
+    with a history is kept detached (its version counter shared): an output its own node
+    saves (tanh's, softmax's) held as it is holds that node, which holds this, a cycle
+    through C++ that Python's collector never frees (a forward without a backward kept its
+    graph for good); autograd gives an unpacked tensor its history back."""
     __slots__ = ("t", "version")
 
     def __init__(self, t):
-        self.t, self.version = t, t._version
+        self.t, self.version = (t if t.grad_fn is None else t.detach()), t._version
 
     def unpack(self):
         if self.t._version != self.version:
@@ -63,10 +67,11 @@ def pack(t):
 
     Called for every tensor autograd saves, so an activation, the common case, takes no
     Parameter isinstance check (a Python-level __instancecheck__, two a tensor before):
-    OFFLOADED's keys are ids of live parameters (its entries keep them alive),
-    checked to be parameters on a hit, and a plain torch.Tensor is not one."""
+    OFFLOADED's keys are ids of live parameters (an offload's entries go before it and
+    the parameters it holds), checked to be parameters on a hit, and a plain torch.Tensor
+    is not one."""
     base = t if t._base is None else t._base
-    entry = OFFLOADED.get(id(base))
+    entry = offload_of(base)
     if entry is not None and isinstance(base, torch.nn.Parameter):
         return _ParamView(entry[0], entry[1], t, t is base)
     # A parameter, or a view of one (nn.Linear saves weight.t()), is kept as it is.

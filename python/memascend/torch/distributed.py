@@ -378,6 +378,6 @@ def step_sharded(opt):
         # last step every rank holds (agree_on_resume).
         failure = _parameters_in(opt, update=True)
         agree_on_step(opt, failure, "failed to load their updated parameters")
-    core.commit(opt._step_number)
+    core.commit(opt._step_number, opt._record)
     opt.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
                      "loss_scale": plan["loss_scale"]}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memascend import errors
-from memascend.torch._common import OFFLOADED, host
+from memascend.torch._common import host, offload_of
 
 if TYPE_CHECKING:
     from memascend.torch.parameters import ParameterOffload
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def _mine(offload: ParameterOffload, p) -> int | None:
     """p's index in offload's optimizer, if offload holds it."""
-    entry = OFFLOADED.get(id(p)) if p is not None else None
+    entry = offload_of(p) if p is not None else None
     return entry[1] if entry is not None and entry[0] is offload else None
 
 
@@ -87,4 +87,4 @@ def load(offload: ParameterOffload, module: torch.nn.Module, state_dict, prefix:
             opt._core.write_state("param", i, h.data_ptr(), h.numel(), "float32")
             if opt._cuda is not None:
                 opt._cuda.params.invalidate(i)  # its device copy is of the old values
-    opt._core.commit(opt._step_number)
+    opt._core.commit(opt._step_number, opt._record)

@@ -7,7 +7,7 @@ from memascend import _core, errors
 from memascend.torch import distributed as _dist
 from memascend.torch import scaling as _scaling
 from memascend.torch import state as _state
-from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, check_adamw,
+from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, OPEN, check_adamw,
                                      check_groups, check_parameters,
                                      choose_budget, dense_grad, dtype_name, host, offloaded,
                                      refuse_frozen, whole)
@@ -40,8 +40,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         (that state is lost); a volume has one owner at a time (Note [state ownership]).
       threads: CPU threads of the update (default torch.get_num_threads()).
       read_ahead: bytes of state read ahead of the update (default: three parts).
-      run_id: a number of the caller's, committed with the state; a volume holding
-        another run_id's state is refused on resume.
+      run_id: a number of the caller's, committed with the state (a resume of another's: refused).
       offload_gradients: with parameters on a GPU, send each gradient to the store as
         soon as backward has made it and free it on the GPU (``p.grad`` is then None
         after backward: clip with ``max_grad_norm``, not on ``p.grad``). Default: on under
@@ -95,6 +94,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         refuse_frozen(self._params, at_construction=True)
         self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
         self._betas_eps = (tuple(betas), eps)
+        self._record = _state.record_bytes(self._betas_eps)  # in each commit
         check_groups(self.param_groups, self._betas_eps, "has its own")
         dtypes = {p.dtype for p in self._params}
         if len(dtypes) != 1:
@@ -225,6 +225,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                     "; pass resume=True to continue it, or overwrite=True to start over (its "
                     "state is then lost)")
             if record is not None and resume:
+                _state.check_record(self, record)
                 self._step_number = int(record["step"])
                 self.resumed_step = self._step_number
                 _state.load_into_parameters(self)
@@ -241,6 +242,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self.close()
             raise
         self._frozen = True
+        OPEN[self] = os.getpid()  # closed at exit if still open (by this process only)
 
     # ---- construction and teardown
 
@@ -306,7 +308,8 @@ class OffloadedAdamW(torch.optim.Optimizer):
 
     def __del__(self):
         try:
-            self.close()
+            if OPEN.get(self, os.getpid()) == os.getpid():  # never from a forked child
+                self.close()
         except Exception:  # noqa: BLE001 - a destructor has nobody to tell
             pass
 
@@ -416,7 +419,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                     self._write_parameter(i, p, lambda h, i=i: core.update_group(
                         i, h.data_ptr(), h.numel(), self._dt))
         self._step_number += 1
-        core.commit(self._step_number)
+        core.commit(self._step_number, self._record)
         if self._cuda is not None and not plan["skipped"]:
             self._cuda.parameters_out()
         self.last_step = {"skipped": plan["skipped"], "grad_norm": plan["grad_norm"],
@@ -443,7 +446,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self._next_update += 1
         if self._next_update == n:
             self._pending_update = False
-            core.commit(self._step_number)
+            core.commit(self._step_number, self._record)
 
     def _finish_update(self):
         if self._pending_update:

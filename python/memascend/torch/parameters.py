@@ -13,7 +13,7 @@ import torch
 from memascend import errors
 from memascend.torch import activations as _activations
 from memascend.torch import model_state as _model_state
-from memascend.torch._common import OFFLOADED
+from memascend.torch._common import OFFLOADED, forget_offload
 from memascend.torch._marks import OnBackward, in_backward, outside_units, unit_types, wrap
 
 if TYPE_CHECKING:
@@ -96,10 +96,12 @@ class ParameterOffload:
                 self._handles.append(m._register_load_state_dict_pre_hook(
                     self._load_state_dict_hook, with_module=True))
         optimizer._offloads.append(self)
+        me = weakref.ref(self)
         for m in self._modules:
             for p, i in self._params_of[id(m)]:
-                OFFLOADED[id(p)] = (self, i)
+                OFFLOADED[id(p)] = (me, i)
                 self._release(p, i)
+        weakref.finalize(self, forget_offload, me, [id(p) for p in optimizer._params])
         # Note [optimizer overlap]: with every parameter loaded through these hooks, each
         # step's update runs in the next forward pass, just before each group's load.
         optimizer._defer_updates(len(covered) == len(optimizer._params))

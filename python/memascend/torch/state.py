@@ -4,6 +4,7 @@ same entries, read per parameter), ``repr(opt)``, and the state's first values (
 start) or the parameters' from it (a resume)."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +155,32 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
     opt._core.set_adam_step(int(steps.pop()) if steps else 0)
     for mine, theirs in zip(opt.param_groups, groups):  # as torch's optimizers: every key
         mine.update({k: v for k, v in theirs.items() if k != "params"})  # (a scheduler's too)
-    opt._core.commit(opt._step_number)
+    opt._core.commit(opt._step_number, opt._record)
+
+
+def record_bytes(betas_eps) -> bytes:
+    """What each commit records besides the state: the betas and eps the moments are made
+    with (resume=True checks them; lr and weight_decay are the caller's to change)."""
+    betas, eps = betas_eps
+    return json.dumps({"betas": [float(b) for b in betas], "eps": float(eps)}).encode()
+
+
+def check_record(opt: OffloadedAdamW, record: Mapping[str, Any]) -> None:
+    """resume=True with betas or eps other than those the run's moments were made with:
+    FailedPreconditionError (they were taken silently, over moments made otherwise). A
+    commit that recorded none (an older volume, a torn step finished) passes."""
+    try:
+        saved = json.loads(bytes(record.get("user") or b"{}"))
+        betas, eps = tuple(saved["betas"]), saved["eps"]
+    except (ValueError, TypeError, KeyError):
+        return
+    mine = tuple(float(b) for b in opt._betas_eps[0]), float(opt._betas_eps[1])
+    if (betas, eps) != mine:
+        raise errors.FailedPreconditionError(
+            f"volume {opt._volume.path} holds a run made with betas {betas} and eps {eps}; "
+            f"this optimizer has betas {mine[0]} and eps {mine[1]}, and the run's moments "
+            "were made with its own: pass those to resume it (or overwrite=True to start "
+            "over: its state is then lost)")
 
 
 def reload_parameters(opt: OffloadedAdamW) -> None:
@@ -172,7 +198,7 @@ def reload_parameters(opt: OffloadedAdamW) -> None:
             opt._core.write_state("master", k, h.data_ptr(), h.numel(), opt._dt)
             opt._core.write_state("param", k, h.data_ptr(), h.numel(), opt._dt)
     _written(opt, write, "failed to write the parameters as master weights")
-    opt._core.commit(opt._step_number)
+    opt._core.commit(opt._step_number, opt._record)
 
 
 def _written(opt: OffloadedAdamW, write, what: str) -> None:
@@ -205,7 +231,7 @@ def initialize(opt: OffloadedAdamW) -> None:
                     continue
                 h = host(p.detach()).reshape(-1)[begin:end].contiguous()
                 opt._core.initialize(k, h.data_ptr(), h.numel(), opt._dt)
-            opt._core.commit(opt._step_number)
+            opt._core.commit(opt._step_number, opt._record)
         except Exception as e:  # noqa: BLE001 - raised below, after the ranks agree
             failure = e
         if opt._sharded:
