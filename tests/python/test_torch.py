@@ -1144,3 +1144,34 @@ def test_a_forked_child_does_not_close_its_parents_optimizer(tmp_path):
     assert os.WEXITSTATUS(status) == 0
     assert train(model, opt, steps=2, first=1)
     opt.close()
+
+
+def test_weight_norm_and_spectral_norm_train_offloaded_as_under_adamw(tmp_path):
+    """Their forward pre-hooks compute `weight` from the parameters offloaded (weight_g and
+    weight_v, weight_orig); registered before offload_parameters' loads, they ran first and
+    read empty tensors (transformers' Wav2Vec2 uses weight_norm)."""
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.utils.weight_norm(torch.nn.Linear(8, 16)),
+                                   torch.nn.Tanh(),
+                                   torch.nn.utils.spectral_norm(torch.nn.Linear(16, 3)))
+    def steps(m, opt):
+        losses = []
+        for step in range(4):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(5, 8, generator=g), torch.randn(5, 3, generator=g)
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return losses
+    ref = make()
+    want = steps(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2))
+    m = make()
+    opt = mt.OffloadedAdamW(m.parameters(), lr=1e-2, volume=str(tmp_path / "opt.vol"))
+    mt.offload_parameters(m, opt)
+    assert steps(m, opt) == pytest.approx(want, rel=1e-5)
+    opt.close()
+    for a, b in zip(ref.parameters(), m.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -81,10 +81,15 @@ class ParameterOffload:
         self.views_made = 0  # on a GPU: device tensors made (Note [device views])
         # A root with parameters of its own (or a unit) sees the forward pass begun before
         # its loads; the saved-tensor hooks come after them (a load that raises enters none).
-        self._handles.append(module.register_forward_pre_hook(self._root_begins))
+        first = [(module, module.register_forward_pre_hook(self._root_begins))]
         for m in self._modules:
-            self._handles.append(m.register_forward_pre_hook(self._pre_forward))
+            first.append((m, m.register_forward_pre_hook(self._pre_forward)))
             self._handles.append(m.register_forward_hook(self._post_forward))
+        # The loads before the hooks a module had (weight_norm's computes its weight from
+        # the offloaded weight_g and weight_v), the root's pass begun before its own loads.
+        for m, h in reversed(first):
+            m._forward_pre_hooks.move_to_end(h.id, last=False)
+            self._handles.append(h)
         self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
         self._handles.append(module.register_forward_hook(self._root_post_forward))
         # model.state_dict() (torch.save, save_pretrained) gets the real parameters, and

@@ -118,7 +118,10 @@ def load_state_dict(opt: OffloadedAdamW, state_dict: dict[str, Any]) -> None:
     for i, idx in enumerate(order):
         entry = state_dict["state"].get(idx)
         if entry is None:
-            raise errors.InvalidArgumentError(f"the state_dict has no state for parameter {i}")
+            raise errors.InvalidArgumentError(
+                f"the state_dict has no state for parameter {i} (torch's AdamW makes none for "
+                "a parameter that never had a gradient; OffloadedAdamW keeps one step count "
+                "for all): leave a parameter that does not train out of both optimizers")
         steps.add(float(entry["step"]))
         for kind in ("exp_avg", "exp_avg_sq", "master"):
             t = entry.get(kind)
