@@ -85,7 +85,7 @@ def pack(t):
 
 def unpack(x):
     if isinstance(x, _ParamView):
-        p = x.owner.ensure(x.index)
+        p = x.owner._ensure(x.index)
         return p if x.whole else p.data.as_strided(x.size, x.stride, x.offset)
     if isinstance(x, (_Saved, _Kept)):
         return x.unpack()

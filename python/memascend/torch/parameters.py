@@ -406,7 +406,7 @@ class ParameterOffload:
                               missing_keys, unexpected_keys, error_msgs):
         _model_state.load(self, module, state_dict, prefix, error_msgs)
 
-    def ensure(self, i: int) -> torch.Tensor:
+    def _ensure(self, i: int) -> torch.Tensor:
         """Parameter i in memory (for a saved view unpacked outside the module's hooks)."""
         p = self._opt._params[i]
         if self._count.get(i, 0) == 0:
