@@ -1009,20 +1009,28 @@ absl::Status VersionedTrainingState::BeginUpdate(const StepIntent& intent) {
   const std::uint64_t bound = m.options.max_staged_bytes;
   m.batch_overlap = m.batched && bound >= 4 * m.largest_part;
   m.batch_bytes = m.batch_overlap ? (bound - m.largest_part) / 2 : bound;
-  if (!m.batched) {
-    // The gradients the backward pass staged are committed now (no part is written yet):
-    // the commit then stages the state alone, within the bound. Unbounded, nothing need
-    // be: and steps committed in memory (Note [commit interval]) may have staged parts.
-    return bound != 0 && m.volume->staged_bytes() > 0 ? m.volume->Sync() : absl::OkStatus();
-  }
-  // The redo record: every gradient durable before any part of the step is written back,
-  // committed in batches of the bound (the parts on the volume are still whole). The
-  // gradients go several parts at a time (Note [write-back depth] in tensor_store.h), as
-  // many as the bound has room for, and at least one: the bound is passed by at most a
-  // part, as one part at a time would.
   const auto gradient_bytes = [&](std::size_t n) {
     return m.PartBytes(layout_, m.order[n].first, m.order[n].second, true);
   };
+  std::uint64_t gradients = 0;
+  for (std::size_t n = m.done; n < m.order.size(); ++n) gradients += gradient_bytes(n);
+  if (!m.batched && (bound == 0 || m.state_bytes + gradients <= bound)) {
+    // The gradients the backward pass staged are committed now (no part is written yet):
+    // the commit then stages the state, and the gradients the update evicts from host
+    // memory (each written beside its committed copy), within the bound. Unbounded,
+    // nothing need be: and steps committed in memory (Note [commit interval]) may have
+    // staged parts.
+    return bound != 0 && m.volume->staged_bytes() > 0 ? m.volume->Sync() : absl::OkStatus();
+  }
+  // The redo record of a batched step, and a step whose state fits the bound and whose
+  // gradients with it do not: every gradient durable before any part of the step is
+  // written back (the parts on the volume are still whole), so the update stages the
+  // state alone. Unbatched, the gradients the update evicted were staged beside their
+  // committed copies, past the bound and past the room VolumeBytes leaves (252 MiB of
+  // state and 84 MiB of gradients under a bound of 256 MiB filled the volume at step 2).
+  // The gradients go several parts at a time (Note [write-back depth] in
+  // tensor_store.h), as many as the bound has room for, and at least one: the bound is
+  // passed by at most a part, as one part at a time would.
   for (std::size_t n = m.done; n < m.order.size();) {
     const std::uint64_t staged = m.volume->staged_bytes();
     const std::uint64_t room = bound > staged ? bound - staged : 0;

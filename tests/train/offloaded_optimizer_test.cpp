@@ -399,6 +399,49 @@ TEST(OffloadedAdam, ABatchedStepWritesItsGradientsUnderTheBackwardPass) {
   }
 }
 
+// A step whose state fits the staging bound and whose gradients with it do not is not
+// committed in batches: its gradients still in host memory were evicted by the update
+// and staged beside their committed copies, past the bound and the room VolumeBytes
+// leaves (OffloadedTraining's defaults filled their own volume at the second step with
+// 252 MiB of state and 84 MiB of gradients). They are committed before the update now.
+TEST(OffloadedAdam, AStepWhoseGradientsPassTheBoundStagesItsStateAlone) {
+  StateLayout l;
+  l.groups = {{"a", 4 * kPart, false}, {"b", 12 * kPart, false}};
+  l.param_dtype = DType::kBF16;  // derived from the master weights: 3 kinds a part
+  l.grad_dtype = DType::kF16;
+  l.part_elements = kPart;
+  const std::uint64_t state = 16 * kPart * 12;  // and 16 parts of gradients, 2 B each
+  OffloadedAdamOptions o = Options();
+  o.groups.resize(2);
+  ScratchPath path("offloaded_adam_gradients_past_the_bound");
+  KernelThreads threads(2);
+  Reference ref(l, o);
+  VersionedTrainingStateOptions vo;
+  vo.max_staged_bytes = state;  // the state fits; with its gradients it does not
+  TensorStoreOptions so;
+  so.host_budget_bytes = OffloadedAdam::MinimumHostBudget(l);  // gradients are evicted
+  so.defer_prefetches = true;
+  ::memascend::testing::OpenedState off;
+  ASSERT_OK(::memascend::testing::OpenState(path.path(), VersionedTrainingState::VolumeBytes(l, vo),
+                                            l, so, &off, vo));
+  ASSERT_OK_AND_ASSIGN(auto adam, OffloadedAdam::Create(off.state.get(), o, &threads));
+  ASSERT_OK(Start(adam.get(), ref));
+  std::uint64_t most = 0;
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_OK(FeedGradients(adam.get(), step));
+    ASSERT_OK_AND_ASSIGN(StepPlan plan, adam->EndBackward());
+    ASSERT_FALSE(plan.skipped);
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      ASSERT_OK(adam->UpdateGroup(g));
+      most = std::max(most, off.volume->staged_bytes());
+    }
+    ASSERT_OK(adam->Commit(step));
+    ref.Step(step, step, 1024.0f);
+  }
+  EXPECT_LE(most, state);  // 49.5 MiB of 48 before, with 1.5 MiB of gradients evicted
+  ExpectState(off.state.get(), ref);
+}
+
 // Note [failed update]: an update that fails part-way is not run again (its parts updated
 // in place would be updated twice); the state commits what it updated as a torn step when
 // it closes, and the reopened run finishes it. A step in place commits as the last plus one.
