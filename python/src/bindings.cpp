@@ -15,6 +15,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <string>
+#include <string_view>
+#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -74,12 +76,39 @@ CudaStreamView Stream(std::uintptr_t handle) {
   return CudaStreamView(reinterpret_cast<void*>(handle));
 }
 
+// Note [forked child]: a volume, a store and an optimizer run threads of their own (I/O,
+// kernels, commits), which fork() does not copy, over a volume the parent still writes. A
+// forked child (a DataLoader worker, multiprocessing) that closed or destroyed its copy
+// would wait for threads it does not have, or for locks they held at the fork, or commit
+// into its parent's volume: in a child a copy is never torn down. close() refuses, and
+// the destructor leaves it (the child's memory goes with the child).
+class MadeHere {
+ public:
+  bool forked() const { return ::getpid() != pid_; }
+  void RefuseInChild(std::string_view what) const {
+    if (forked()) {
+      throw StatusError{absl::FailedPreconditionError(
+          fmt::format("{} was opened by process {}, which this one was forked from: closed "
+                      "here it would write into that process's volume; close it there",
+                      what, pid_))};
+    }
+  }
+
+ private:
+  pid_t pid_ = ::getpid();
+};
+
 // ---- Volume -------------------------------------------------------------------------------
 
 class PyVolume {
  public:
   explicit PyVolume(std::unique_ptr<Volume> v, std::string path)
       : volume_(std::move(v)), path_(std::move(path)) {}
+  ~PyVolume() {
+    if (made_.forked()) (void)volume_.release();  // Note [forked child]
+  }
+  PyVolume(const PyVolume&) = delete;
+  PyVolume& operator=(const PyVolume&) = delete;
 
   Volume* get() const {
     if (!volume_) throw StatusError{absl::FailedPreconditionError("the volume is closed")};
@@ -88,6 +117,8 @@ class PyVolume {
   const std::string& path() const { return path_; }
   bool closed() const { return volume_ == nullptr; }
   void close() {
+    if (!volume_) return;
+    made_.RefuseInChild("the volume");
     if (users_ > 0) {
       throw StatusError{absl::FailedPreconditionError(fmt::format(
           "volume {}: {} tensor store(s) still open on it; close them first", path_, users_))};
@@ -98,6 +129,7 @@ class PyVolume {
   int users_ = 0;
 
  private:
+  MadeHere made_;
   std::unique_ptr<Volume> volume_;
   std::string path_;
 };
@@ -133,6 +165,10 @@ class PyStore {
     locked_ = options.host_backing != ArenaBacking::kUnlocked;
   }
   ~PyStore() {
+    if (made_.forked()) {  // Note [forked child]
+      (void)store_.release();
+      return;
+    }
     if (store_) {
       try {
         close();
@@ -151,6 +187,7 @@ class PyStore {
 
   void close() {
     if (!store_) return;
+    made_.RefuseInChild("the tensor store");
     if (leases_ > 0 || users_ > 0) {
       throw StatusError{absl::FailedPreconditionError(
           fmt::format("tensor store: {} lease(s) and {} optimizer(s) still use it; release and "
@@ -171,6 +208,7 @@ class PyStore {
   int users_ = 0;
 
  private:
+  MadeHere made_;
   py::object volume_obj_;
   PyVolume* volume_ = nullptr;
   std::unique_ptr<TensorStore> store_;
@@ -212,9 +250,16 @@ class PyLease {
     store_ = store_obj_.cast<PyStore*>();
     ++store_->leases_;
   }
-  ~PyLease() { release(); }
+  ~PyLease() {
+    if (held_ && made_.forked()) {  // Note [forked child]: its store is left as it is
+      held_ = false;
+      (void)new TensorLease(std::move(lease_));
+    }
+    release();
+  }
   void release() {
     if (!held_) return;
+    made_.RefuseInChild("the lease's tensor store");
     held_ = false;
     lease_.Release();
     --store_->leases_;
@@ -230,6 +275,7 @@ class PyLease {
  private:
   py::object store_obj_;
   PyStore* store_ = nullptr;
+  MadeHere made_;
   TensorLease lease_;
   bool writable_;
   bool held_ = true;
@@ -351,6 +397,12 @@ class PyAdam {
     ++store_->users_;
   }
   ~PyAdam() {
+    if (made_.forked()) {  // Note [forked child]
+      (void)adam_.release();
+      (void)state_.release();
+      (void)threads_.release();
+      return;
+    }
     try {
       close();
     } catch (...) {  // a failed commit was reported by settle(); nothing more to say here
@@ -358,6 +410,7 @@ class PyAdam {
   }
   void close() {
     if (!adam_) return;
+    made_.RefuseInChild("the optimizer's state");
     if (device_users_ > 0) {
       throw StatusError{absl::FailedPreconditionError(fmt::format(
           "the optimizer: {} device parameter or gradient object(s) still use it; close them "
@@ -439,6 +492,7 @@ class PyAdam {
   int device_users_ = 0;
 
  private:
+  MadeHere made_;
   py::object store_obj_;
   PyStore* store_ = nullptr;
   std::unique_ptr<KernelThreads> threads_;
@@ -469,7 +523,10 @@ class PyDevice {
     adam_ = adam_obj_.cast<PyAdam*>();
     ++adam_->device_users_;
   }
-  ~PyDevice() { close(); }
+  ~PyDevice() {
+    if (made_.forked()) (void)sdk_.release();  // Note [forked child]
+    close();
+  }
   PyDevice(const PyDevice&) = delete;
   PyDevice& operator=(const PyDevice&) = delete;
   Sdk* get() const {
@@ -480,6 +537,7 @@ class PyDevice {
   void set(std::unique_ptr<Sdk> sdk) { sdk_ = std::move(sdk); }
   void close() {
     if (sdk_) {
+      made_.RefuseInChild("the device path");
       py::gil_scoped_release nogil;
       sdk_.reset();  // waits for its copies
     }
@@ -491,6 +549,7 @@ class PyDevice {
   bool closed() const { return sdk_ == nullptr; }
 
  private:
+  MadeHere made_;
   py::object adam_obj_;
   PyAdam* adam_ = nullptr;
   bool counted_ = true;

@@ -159,3 +159,39 @@ def test_load_state_dict_inside_a_pass_is_refused(tmp_path):
     handle.remove()
     assert calls
     opt.close()
+
+
+def test_a_load_between_forward_and_backward_fails_the_backward_as_in_torch(tmp_path):
+    """The backward pass re-fetches a saved parameter: after a load it took its gradient at
+    values the forward pass never used. torch refuses a parameter changed in place so."""
+    ref, ref_opt, m, opt = pair(tmp_path)
+    other = net(seed=7).state_dict()
+    x, y = batch(0)
+    for model in (ref, m):
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        model.load_state_dict(other)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    close(m.state_dict(), ref.state_dict())
+    assert train(m, opt, 2) == pytest.approx(train(ref, ref_opt, 2), rel=1e-4)  # goes on
+    opt.close()
+
+
+def test_a_scalar_parameter_loads_from_one_element_as_in_torch(tmp_path):
+    """torch loads a 0-dim parameter from a checkpoint's 1-element tensor (old files)."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+    m = Scaled()
+    opt = mt.OffloadedAdamW(m.parameters(), lr=1e-2, volume=str(tmp_path / "opt.vol"))
+    mt.offload_parameters(m, opt)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    sd["scale"] = torch.tensor([5.0])
+    m.load_state_dict(sd)
+    assert m.state_dict()["scale"].item() == 5.0
+    opt.close()

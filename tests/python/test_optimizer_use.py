@@ -224,3 +224,15 @@ def test_a_resume_with_other_betas_or_eps_is_refused(tmp_path):
     fresh = offloaded(tmp_path, model(), betas=(0.5, 0.6), overwrite=True)  # or starts over
     assert fresh.resumed_step is None
     fresh.close()
+
+
+def test_a_resume_compares_betas_as_the_kernels_take_them(tmp_path):
+    """fp32's 0.9 (numpy's or torch's) is the run's 0.9: the kernels take both alike."""
+    m = model()
+    opt = offloaded(tmp_path, m, betas=(0.9, 0.95))
+    run(m, opt, 1)
+    opt.close()
+    f32 = torch.tensor(0.9, dtype=torch.float32).item()  # 0.8999999761581421
+    again = offloaded(tmp_path, model(), betas=[f32, 0.95], resume=True)
+    assert again.resumed_step == 1
+    again.close()

@@ -1131,17 +1131,26 @@ def test_a_forked_child_does_not_close_its_parents_optimizer(tmp_path):
     from memascend.torch import _common
     model = gpt.make(seed=0)
     opt = offloaded(tmp_path, model)
+    mt.offload_parameters(model, opt)  # the two hold each other: a cycle the collector frees
     train(model, opt, steps=1)
     pid = os.fork()
-    if pid == 0:  # the child: what its exit would run
+    if pid == 0:  # the child: what its exit would run, and its collector
         try:
             _common._close_at_exit()
             opt.__del__()
-            os._exit(0 if opt._core is not None else 1)
+            if opt._core is None:
+                os._exit(1)
+            type(opt).close = lambda self: os._exit(3)  # a close, however it came
+            core = opt._core
+            with pytest.raises(memascend.errors.FailedPreconditionError, match="forked"):
+                core.close()  # the native state refuses too (Note [forked child])
+            del model, opt, core
+            gc.collect()  # the cycle's weak references go before its __del__ runs, and
+            os._exit(0)  # the native objects are left as they are (they segfaulted)
         except BaseException:  # noqa: BLE001 - a child reports by its status only
             os._exit(2)
     _, status = os.waitpid(pid, 0)
-    assert os.WEXITSTATUS(status) == 0
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status  # a signal's too
     assert train(model, opt, steps=2, first=1)
     opt.close()
 

@@ -74,9 +74,21 @@ def offload_of(p):
     return None if owner is None else (owner, entry[1])
 
 
-# Open OffloadedAdamW instances -> the process that made them, for the exit handler below
-# and __del__: a forked child (its copies of them) ending must not close them.
-OPEN = weakref.WeakKeyDictionary()
+# Open OffloadedAdamW instances, for the exit handler below.
+OPEN = weakref.WeakSet()
+
+
+def track(opt):
+    """`opt` is open: closed at exit if still open then, by the process that made it only
+    (a forked child's copy, at its exit or collected there, must not close it: it would
+    commit into the parent's volume). The process is the instance's own: a collected
+    cycle loses its weak references before its __del__ runs."""
+    opt._pid = os.getpid()
+    OPEN.add(opt)
+
+
+def made_here(opt):
+    return getattr(opt, "_pid", os.getpid()) == os.getpid()
 
 
 @atexit.register
@@ -86,7 +98,7 @@ def _close_at_exit():
     offload_parameters a model and its optimizer hold each other, so no reference count
     reaching zero would close it, and the run resumed a step short. The model is not
     given back (its parameters loaded): the process is ending."""
-    for opt in [opt for opt, pid in list(OPEN.items()) if pid == os.getpid()]:
+    for opt in [opt for opt in list(OPEN) if made_here(opt)]:
         try:
             opt._offloads = []
             opt.close()

@@ -26,12 +26,16 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable",
 
 
 class _ParamView:
-    """A saved tensor that is a parameter or a view of one: kept as how to remake it."""
-    __slots__ = ("owner", "index", "size", "stride", "offset", "whole")
+    """A saved tensor that is a parameter or a view of one: kept as how to remake it, and
+    the model.load_state_dict()s of it so far: one since, before the backward pass, is
+    refused there as torch refuses a parameter changed in place (its gradient would be
+    taken at values the forward pass never used)."""
+    __slots__ = ("owner", "index", "size", "stride", "offset", "whole", "loads")
 
     def __init__(self, owner, index, t, whole):
         self.owner, self.index, self.whole = owner, index, whole
         self.size, self.stride, self.offset = t.size(), t.stride(), t.storage_offset()
+        self.loads = owner._loads.get(index, 0)
 
 
 class _Kept:
@@ -85,6 +89,11 @@ def pack(t):
 
 def unpack(x):
     if isinstance(x, _ParamView):
+        if x.owner._loads.get(x.index, 0) != x.loads:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by "
+                f"an inplace operation: parameter {x.index} was loaded by load_state_dict() "
+                "after the forward pass saved it (memascend.torch)")
         p = x.owner._ensure(x.index)
         return p if x.whole else p.data.as_strided(x.size, x.stride, x.offset)
     if isinstance(x, (_Saved, _Kept)):

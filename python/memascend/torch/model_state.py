@@ -65,8 +65,11 @@ def load(offload: ParameterOffload, module: torch.nn.Module, state_dict, prefix:
             f"load_state_dict while {busy[0]} is in use (inside a forward or backward pass "
             "of the model); nothing was loaded")
     bad = []
-    for i, key, v in found:
+    for n, (i, key, v) in enumerate(found):
         shape = tuple(opt._shapes[i])
+        if isinstance(v, torch.Tensor) and shape == () and tuple(v.shape) == (1,):
+            v = v[0]  # a scalar saved as one element (torch's rule for old checkpoints)
+            found[n] = (i, key, v)
         if not isinstance(v, torch.Tensor) or v.is_complex():
             bad.append(f'while copying the parameter named "{key}", expected a real '
                        f"tensor from the checkpoint but received {type(v).__name__}"
@@ -87,4 +90,5 @@ def load(offload: ParameterOffload, module: torch.nn.Module, state_dict, prefix:
             opt._core.write_state("param", i, h.data_ptr(), h.numel(), "float32")
             if opt._cuda is not None:
                 opt._cuda.params.invalidate(i)  # its device copy is of the old values
+            offload._loads[i] = offload._loads.get(i, 0) + 1  # a pass that saved it: refused
     opt._core.commit(opt._step_number, opt._record)

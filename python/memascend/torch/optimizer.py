@@ -7,10 +7,10 @@ from memascend import _core, errors
 from memascend.torch import distributed as _dist
 from memascend.torch import scaling as _scaling
 from memascend.torch import state as _state
-from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, OPEN, check_adamw,
-                                     check_groups, check_parameters,
-                                     choose_budget, dense_grad, dtype_name, host, offloaded,
-                                     refuse_frozen, whole)
+from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, check_adamw,
+                                     check_groups, check_parameters, choose_budget,
+                                     dense_grad, dtype_name, host, made_here, offloaded,
+                                     refuse_frozen, track, whole)
 from memascend.torch.buckets import GradientBuckets
 
 
@@ -242,7 +242,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
             self.close()
             raise
         self._frozen = True
-        OPEN[self] = os.getpid()  # closed at exit if still open (by this process only)
+        track(self)  # closed at exit if still open (by this process only)
 
     # ---- construction and teardown
 
@@ -308,7 +308,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
 
     def __del__(self):
         try:
-            if OPEN.get(self, os.getpid()) == os.getpid():  # never from a forked child
+            if made_here(self):  # never from a forked child
                 self.close()
         except Exception:  # noqa: BLE001 - a destructor has nobody to tell
             pass

@@ -64,7 +64,7 @@ class ParameterOffload:
             self._use_device(module, device_budget, read_ahead)
         else:
             self._use_store()
-        self._count = {}  # param index -> fetches outstanding
+        self._count, self._loads = {}, {}  # param index -> fetches outstanding; -> loads
         self._order = []  # modules in the order of the first forward pass (for prefetch)
         self._position = {}
         self._callback_queued = False

@@ -171,14 +171,16 @@ def record_bytes(betas_eps) -> bytes:
 def check_record(opt: OffloadedAdamW, record: Mapping[str, Any]) -> None:
     """resume=True with betas or eps other than those the run's moments were made with:
     FailedPreconditionError (they were taken silently, over moments made otherwise). A
-    commit that recorded none (an older volume, a torn step finished) passes."""
+    commit that recorded none (an older volume) passes; a torn step finished on resume
+    carries the record of the commit before it. Compared as the kernels take them (fp32)."""
     try:
         saved = json.loads(bytes(record.get("user") or b"{}"))
         betas, eps = tuple(saved["betas"]), saved["eps"]
     except (ValueError, TypeError, KeyError):
         return
     mine = tuple(float(b) for b in opt._betas_eps[0]), float(opt._betas_eps[1])
-    if (betas, eps) != mine:
+    f32 = torch.tensor([*betas, eps, *mine[0], mine[1]], dtype=torch.float64).float().tolist()
+    if f32[:3] != f32[3:]:  # np.float32(0.9) is 0.9 there
         raise errors.FailedPreconditionError(
             f"volume {opt._volume.path} holds a run made with betas {betas} and eps {eps}; "
             f"this optimizer has betas {mine[0]} and eps {mine[1]}, and the run's moments "
