@@ -290,7 +290,11 @@ class OffloadedAdam {
   // to the layout's gradient dtype, checked for overflow, added to the norm. Every
   // gradient entry below is kFailedPrecondition outside a backward pass (before
   // BeginBackward, or after EndBackward until the next): its norm and overflow flag would
-  // be the last step's, and its scale the last step's scale.
+  // be the last step's, and its scale the last step's scale. Note [every part once]: each
+  // part takes one gradient a step (a second is kFailedPrecondition: its squares would
+  // count twice in the norm), and EndBackward refuses a step that left one out (its
+  // stored gradient is the last step's, or nothing: give a parameter without a gradient
+  // zeros, as memascend.torch and DeepSpeed do).
   absl::Status SetGradient(std::size_t group, std::size_t part, TensorView gradient);
   // The same, for a caller that writes the gradient in place: `fill` gets the part's
   // stored gradient to write every element of.
@@ -393,6 +397,7 @@ class OffloadedAdam {
   bool overflow_ = false;
   double sum_squares_ = 0;
   bool in_backward_ = false;  // BeginBackward ran, EndBackward not yet
+  std::vector<bool> given_;   // Note [every part once]: by part_base_[g] + part
   // The update planned by EndBackward: its Adam step, lr factor and multiplier.
   struct Pending {
     AdamConfig adam;

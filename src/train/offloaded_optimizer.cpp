@@ -438,6 +438,7 @@ absl::Status OffloadedAdam::StartOver() {
 
 void OffloadedAdam::BeginBackward(float gradient_scale) {
   in_backward_ = true;
+  given_.assign(grad_before_.size() - 1, false);
   overflow_ = false;
   sum_squares_ = 0;
   scale_ = gradient_scale > 0 && std::isfinite(gradient_scale) ? gradient_scale : scaler_.scale();
@@ -484,6 +485,13 @@ absl::StatusOr<StateBuffer> OffloadedAdam::BeginGradient(std::size_t g, std::siz
         "scale would be the last step's",
         g, part));
   }
+  if (given_[part_base_[g] + part]) {  // Note [every part once]
+    return absl::FailedPreconditionError(fmt::format(
+        "adam: group '{}' part {} was given a gradient twice this step: its squares would "
+        "count twice in the norm and the first would be lost; sum micro-batches' gradients "
+        "before handing each part over once",
+        l.groups[g].name, part));
+  }
   return storage_->Overwrite(StateKind::kGradient, g, part, false);
 }
 
@@ -492,10 +500,16 @@ absl::Status OffloadedAdam::EndGradient(std::size_t g, std::size_t part, StateBu
   const StateLayout& l = layout();
   if (g >= l.groups.size() || part >= l.Parts(g))
     return absl::OutOfRangeError(fmt::format("adam: no group {} part {}", g, part));
+  if (!in_backward_ || given_[part_base_[g] + part]) {
+    return absl::FailedPreconditionError(fmt::format(
+        "adam: the gradient of group '{}' part {} ended outside its backward pass or twice",
+        l.groups[g].name, part));
+  }
   {
     const StateBuffer held = std::move(gradient);  // released at the end of this scope
     MEMASCEND_RETURN_IF_ERROR(FinishGradient(g, part, held));
   }
+  given_[part_base_[g] + part] = true;
   // Note [gradient room]: a gradient the budget has room for stays until the update
   // (marked wanted, so neither eviction nor the read-ahead takes it first).
   if (GradBytesBefore(g, part + 1) <= grad_room_) storage_->Prefetch(StateKind::kGradient, g, part);
@@ -547,6 +561,21 @@ absl::StatusOr<StepPlan> OffloadedAdam::EndBackward(double lr_factor) {
                                o_.reduce_gradient_check({overflow_, sum_squares_}));
     overflow_ = all.overflow;
     sum_squares_ = all.sum_squares;
+  }
+  // Note [every part once]: a part left out would update from the last step's gradient, or
+  // from nothing (an overflowing step is skipped whatever it left out).
+  if (!overflow_) {
+    const StateLayout& l = layout();
+    for (std::size_t g = 0; g < l.groups.size(); ++g) {
+      for (std::size_t part = 0; part < l.Parts(g); ++part) {
+        if (given_[part_base_[g] + part]) continue;
+        return absl::FailedPreconditionError(fmt::format(
+            "adam: group '{}' part {} has no gradient this step (its stored one is the last "
+            "step's, or none): give every part one each step, zeros for a parameter without "
+            "(as memascend.torch and DeepSpeed do); nothing is planned, begin the step again",
+            l.groups[g].name, part));
+      }
+    }
   }
   StepPlan plan;
   plan.loss_scale = scale_;

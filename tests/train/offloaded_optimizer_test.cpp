@@ -809,6 +809,13 @@ TEST(OffloadedAdam, MisuseIsRefusedWithAReason) {
               StatusIs(absl::StatusCode::kOutOfRange));
   EXPECT_THAT(adam->UpdateGroup(0), StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(adam->EndBackward(-1), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Note [every part once]: a step that left a part out updated it from the last step's
+  // gradient, or from nothing; a part given twice counted twice in the norm. Both refused.
+  EXPECT_THAT(adam->EndBackward(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            HasSubstr("'embed' part 0 has no gradient")));
+  ASSERT_OK(FeedGradients(adam.get(), 1));
+  EXPECT_THAT(adam->SetGradient(1, 0, {g1.data(), g1.size(), DType::kF32}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("twice this step")));
   ASSERT_OK(adam->EndBackward().status());
   EXPECT_THAT(adam->SetGradient(1, 0, {g1.data(), g1.size(), DType::kF32}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("outside a backward")));
