@@ -58,7 +58,9 @@ struct MutableTensorView {
 // allocating. Move-less; destroy it when no call is running.
 class KernelThreads {
  public:
-  explicit KernelThreads(int threads);  // total, the calling thread included; >= 1
+  // `threads` in total, the calling thread included (at least 1); fewer where the system
+  // makes no more (a container's pids.max): size() says how many.
+  explicit KernelThreads(int threads);
   ~KernelThreads();
   KernelThreads(const KernelThreads&) = delete;
   KernelThreads& operator=(const KernelThreads&) = delete;

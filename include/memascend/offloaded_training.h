@@ -122,7 +122,7 @@ struct OffloadedTrainingOptions {
   std::function<absl::Status(std::size_t group, std::size_t begin, std::span<float> weights)>
       initial_weights_part;
 
-  int threads = 0;  // CPU threads of the update; 0: every core
+  int threads = 0;  // CPU threads of the update, in [0, 1024]; 0: every core
 };
 
 class OffloadedTraining {

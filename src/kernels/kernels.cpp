@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -175,8 +176,13 @@ struct KernelThreads::Impl {
 KernelThreads::KernelThreads(int threads) : impl_(new Impl) {
   const unsigned cpus = std::thread::hardware_concurrency();
   impl_->spin = cpus == 0 || static_cast<unsigned>(std::max(threads, 1)) <= cpus;
-  for (int i = 1; i < std::max(threads, 1); ++i)
-    impl_->workers.push_back(prim::StartThread("ma-kernel", [this] { impl_->Work(); }));
+  for (int i = 1; i < std::max(threads, 1); ++i) {
+    try {
+      impl_->workers.push_back(prim::StartThread("ma-kernel", [this] { impl_->Work(); }));
+    } catch (const std::system_error&) {
+      break;  // the system makes no more (pids.max, ulimit -u): fewer, as size() says
+    }
+  }
 }
 
 KernelThreads::~KernelThreads() {

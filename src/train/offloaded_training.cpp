@@ -71,6 +71,10 @@ absl::Status OffloadedTraining::Start(const OffloadedTrainingOptions& o) {
   }
   if (o.volume_path.empty())
     return absl::InvalidArgumentError("offloaded training: no volume_path");
+  if (o.threads < 0 || o.threads > 1024) {
+    return absl::InvalidArgumentError(fmt::format(
+        "offloaded training: threads {} is not in [0, 1024] (0: every core)", o.threads));
+  }
   if (o.initial_weights && o.initial_weights_part) {
     return absl::InvalidArgumentError(
         "offloaded training: initial_weights and initial_weights_part exclude each other "

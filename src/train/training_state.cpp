@@ -121,8 +121,18 @@ std::string_view ToString(StateKind k) noexcept {
 absl::Status StateLayout::Validate() const {
   if (groups.empty()) return absl::InvalidArgumentError("state layout: no groups");
   if (part_elements == 0) return absl::InvalidArgumentError("state layout: zero part size");
-  if (param_dtype != DType::kF16 && param_dtype != DType::kBF16 && param_dtype != DType::kF32)
+  const auto floating = [](DType d) {
+    return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32;
+  };
+  if (!floating(param_dtype))
     return absl::InvalidArgumentError("state layout: bad parameter dtype");
+  if (!floating(grad_dtype)) return absl::InvalidArgumentError("state layout: bad gradient dtype");
+  // Bounds that keep every byte count of the state (16 bytes an element at most, summed
+  // over the groups) and every walk over its parts finite: a count from a negative
+  // int64 (2^63 and more) hung in the walk over its parts or aborted in an allocation.
+  constexpr std::uint64_t kMostElements = std::uint64_t{1} << 48;  // 256 T
+  constexpr std::uint64_t kMostParts = std::uint64_t{1} << 28;
+  std::uint64_t elements = 0, parts = 0;
   std::vector<std::string_view> names;
   for (const StateGroup& g : groups) {
     if (!GoodName(g.name)) {
@@ -131,6 +141,19 @@ absl::Status StateLayout::Validate() const {
     }
     if (g.elements == 0)
       return absl::InvalidArgumentError(fmt::format("state layout: group '{}' is empty", g.name));
+    if (g.elements > kMostElements - elements) {
+      return absl::InvalidArgumentError(fmt::format(
+          "state layout: group '{}' of {} elements makes the state over 2^48 elements (a "
+          "count gone negative?)",
+          g.name, g.elements));
+    }
+    elements += g.elements;
+    parts += g.elements / part_elements + 1;
+    if (parts > kMostParts) {
+      return absl::InvalidArgumentError(fmt::format(
+          "state layout: over 2^28 parts of {} elements at group '{}': a larger part_elements",
+          part_elements, g.name));
+    }
     names.push_back(g.name);
   }
   std::sort(names.begin(), names.end());

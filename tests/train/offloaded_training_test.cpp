@@ -246,6 +246,45 @@ TEST(OffloadedTraining, ABudgetBelowTheMinimumIsRefusedBeforeAnythingIsWritten) 
   ASSERT_OK(OffloadedTraining::Open(o).status());
 }
 
+// Found by a review as a native trainer: each refused before anything is made, where it
+// aborted (std::system_error, std::length_error through a Status API), hung (a walk over
+// 4e12 parts) or took a number silently.
+TEST(OffloadedTraining, OutOfRangeOptionsAreRefusedBeforeAnythingIsMade) {
+  ScratchPath path("training_range");
+  for (int threads : {-5, 100000}) {
+    OffloadedTrainingOptions o = Options(path.path());
+    o.threads = threads;
+    EXPECT_THAT(OffloadedTraining::Open(o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 1024]")));
+  }
+  for (std::size_t n : {std::size_t{1} << 61, (std::size_t{1} << 62) + 1024}) {
+    OffloadedTrainingOptions o = Options(path.path());
+    o.groups[0].elements = n;
+    o.host_budget_bytes = 64 << 20;
+    EXPECT_THAT(OffloadedTraining::Open(o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2^48 elements")));
+  }
+  EXPECT_FALSE(prim::PathExists(path.path()));
+}
+
+// OffloadedAdam Note [every part once]: a group left out of a step updated from the last
+// step's gradient (or from zeros, part by part as the store had kept it), silently.
+TEST(OffloadedTraining, AStepWithAGroupLeftOutIsRefused) {
+  ScratchPath path("training_left_out");
+  ASSERT_OK_AND_ASSIGN(auto run, OffloadedTraining::Open(Options(path.path())));
+  ASSERT_OK(TrainStep(run.get(), 1));
+  ASSERT_OK(run->Commit(1));
+  const std::vector<float> before = Master(run->optimizer(), 1);
+  run->BeginStep();
+  const std::vector<float> grad = Gradient(run->layout().groups[0].elements, 0, 2);
+  ASSERT_OK(run->SetGradient(0, {grad.data(), grad.size(), DType::kF32}));
+  EXPECT_THAT(run->Step().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no gradient")));
+  EXPECT_EQ(Master(run->optimizer(), 1), before);
+  ASSERT_OK(TrainStep(run.get(), 2));  // the step again, whole
+  ASSERT_OK(run->Commit(2));
+}
+
 TEST(OffloadedTraining, AVolumeTooSmallIsRefusedAtOpen) {
   ScratchPath path("training_small");
   OffloadedTrainingOptions o = Options(path.path());

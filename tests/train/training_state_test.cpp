@@ -59,6 +59,27 @@ TEST(StateLayout, PartsCoverEachGroupAndBadLayoutsAreRefused) {
   bad.part_elements = 0;
   EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_NE(Layout().Fingerprint(), bad.Fingerprint());
+  // Counts from a negative int64, or beyond any byte count's range: refused, not walked
+  // (a walk over 4e12 parts hung) nor allocated (std::length_error aborted).
+  for (std::size_t n :
+       {std::size_t{1} << 62, std::numeric_limits<std::size_t>::max(), std::size_t{1} << 61}) {
+    bad = Layout();
+    bad.groups[1].elements = n;
+    EXPECT_THAT(bad.Validate(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2^48 elements")));
+  }
+  bad = Layout();
+  bad.part_elements = std::size_t{1} << 30;
+  bad.groups[0].elements = bad.groups[1].elements = std::size_t{1} << 47;  // each fits, not both
+  EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2^48")));
+  bad = Layout();
+  bad.part_elements = 1;
+  bad.groups[1].elements = std::size_t{1} << 40;
+  EXPECT_THAT(bad.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2^28 parts")));
+  bad = Layout();
+  bad.grad_dtype = static_cast<DType>(7);  // read from a file, say
+  EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gradient")));
 }
 
 TEST(CommitRecord, RoundTripsAndRefusesAnythingButAWholeRecord) {
