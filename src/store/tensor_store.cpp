@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <system_error>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <memascend/host_arena.h>
 #include <memascend/pinned_pool.h>
@@ -179,8 +181,25 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(ObjectStore* volu
 
 absl::StatusOr<TensorId> TensorStore::Register(const TensorSpec& spec) {
   Impl& m = *impl_;
+  if (m.closed) return absl::FailedPreconditionError("tensor store: Register after Close()");
   if (spec.bytes == 0)
     return absl::InvalidArgumentError(fmt::format("tensor '{}' has 0 bytes", spec.name));
+  if (!spec.shape.empty()) {  // a shape, where given, is of these bytes
+    std::uint64_t elements = 1;
+    bool fits = true;
+    for (const std::int64_t d : spec.shape) {
+      fits = fits && d >= 0 &&
+             (d == 0 || elements <= std::numeric_limits<std::uint64_t>::max() /
+                                        static_cast<std::uint64_t>(d));
+      if (fits) elements *= static_cast<std::uint64_t>(d);
+    }
+    if (!fits || elements > std::numeric_limits<std::uint64_t>::max() / SizeOf(spec.dtype) ||
+        elements * SizeOf(spec.dtype) != spec.bytes) {
+      return absl::InvalidArgumentError(fmt::format("tensor '{}': shape [{}] of {} is not {} bytes",
+                                                    spec.name, fmt::join(spec.shape, ", "),
+                                                    ToString(spec.dtype), spec.bytes));
+    }
+  }
   if (spec.name.empty() || spec.name.size() > 255) {
     return absl::InvalidArgumentError("tensor names are 1..255 bytes");
   }
@@ -261,6 +280,7 @@ absl::StatusOr<TensorLease> TensorStore::AcquireForWrite(TensorId id, Tier tier,
 }
 
 absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStreamView stream) {
+  if (impl_->closed) return absl::FailedPreconditionError("tensor store: Acquire after Close()");
   if (tier == Tier::kPinnedHost) return AcquireHost(id, /*read_only=*/false, stream);
   if (tier != Tier::kGpu) {
     return absl::InvalidArgumentError(
@@ -280,6 +300,7 @@ absl::StatusOr<TensorLease> TensorStore::Acquire(TensorId id, Tier tier, CudaStr
 }
 
 absl::StatusOr<TensorLease> TensorStore::AcquireForRead(TensorId id) {
+  if (impl_->closed) return absl::FailedPreconditionError("tensor store: Acquire after Close()");
   return AcquireHost(id, /*read_only=*/true, {});
 }
 
@@ -611,6 +632,7 @@ absl::Status TensorStore::SetRetention(TensorId id, Retention retention) {
 }
 
 absl::Status TensorStore::Flush() {
+  if (impl_->closed) return absl::FailedPreconditionError("tensor store: Flush after Close()");
   // Durable tensors only: a scratch tensor's bytes are not committed and survive no
   // crash, so writing them here would cost I/O for nothing, and could race with a
   // holder still writing them (a Flush on another thread).

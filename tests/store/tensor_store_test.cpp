@@ -1027,6 +1027,27 @@ TEST(TensorStore, AcquireForWriteNeedsNoMarkDirtyAndLeasesAreTyped) {
   EXPECT_THAT(store->AcquireForWrite(99), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// A shape, where given, is of the tensor's bytes (a spec of 1000 bytes registered as 10 x
+// 10 f32 was taken, a negative dimension too).
+TEST(TensorStore, AShapeThatIsNotTheBytesIsRefused) {
+  ScratchPath path("store_shape");
+  auto volume = MakeVolume(path.path());
+  ASSERT_OK_AND_ASSIGN(auto store, TensorStore::Open(volume.get(), Budget(1 * kMiB)));
+  TensorSpec s = Spec("t", 1000);
+  s.dtype = DType::kF32;
+  for (std::vector<std::int64_t> shape : std::vector<std::vector<std::int64_t>>{
+           {10, 10}, {-2, -125}, {1 << 30, 1 << 30, 1 << 30}, {251}}) {
+    s.shape = shape;
+    EXPECT_THAT(store->Register(s).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not 1000 bytes")));
+  }
+  s.shape = {10, 25};
+  EXPECT_OK(store->Register(s).status());
+  s.name = "u";
+  s.shape = {};  // none given: the bytes alone
+  EXPECT_OK(store->Register(s).status());
+}
+
 TEST(TensorStore, CloseCommitsDirtyDurableTensorsAndSoDoesADestroyedStore) {
   ScratchPath path("store_close");
   auto volume = MakeVolume(path.path());
@@ -1038,6 +1059,15 @@ TEST(TensorStore, CloseCommitsDirtyDurableTensorsAndSoDoesADestroyedStore) {
     lease.Release();
     ASSERT_OK(store->Close());
     ASSERT_OK(store->Close());  // again: the first one's status
+    // After Close: refused, saying so (Register and Flush said OK, Acquire "no tensor").
+    EXPECT_THAT(store->Register(Spec("c", 100 * kKiB)).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("after Close")));
+    EXPECT_THAT(store->Flush(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("after Close")));
+    EXPECT_THAT(store->Acquire(a).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("after Close")));
+    EXPECT_THAT(store->AcquireForRead(a).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("after Close")));
   }
   {
     // Destroyed without Close or Flush: the dirty durable tensor is not dropped.
