@@ -294,7 +294,10 @@ class OffloadedAdam {
   // part takes one gradient a step (a second is kFailedPrecondition: its squares would
   // count twice in the norm), and EndBackward refuses a step that left one out (its
   // stored gradient is the last step's, or nothing: give a parameter without a gradient
-  // zeros, as memascend.torch and DeepSpeed do).
+  // zeros, as memascend.torch and DeepSpeed do), planning nothing: BeginBackward again and
+  // give every part. With a reduce_gradient_check (data parallel) that refusal comes after
+  // the ranks' check, on the rank that left a part out only: agree on a rank's failed
+  // gradients before EndBackward (memascend.torch does), as on any other failure.
   absl::Status SetGradient(std::size_t group, std::size_t part, TensorView gradient);
   // The same, for a caller that writes the gradient in place: `fill` gets the part's
   // stored gradient to write every element of.

@@ -30,7 +30,9 @@
 //     with and the optimizer's redo bytes: its Adam settings) and how many parts, in
 //     layout order, hold the new step.
 //   - The step's commit writes back the rest and stages its commit record: one journal
-//     commit. A step that fits the bound is committed whole there and writes no gradient.
+//     commit. A step that fits the bound is committed whole there; it writes no gradient
+//     where its gradients fit the bound with it, and otherwise commits them first (at
+//     BeginUpdate, as a batched step does: the update would evict them into the bound).
 // A crash thus leaves the first `done` parts at the new step and the others at the last
 // committed one, never a part half updated (its kinds are written back together, before
 // a batch commits), and the gradients of the others durable. Resume() then returns the

@@ -1140,6 +1140,10 @@ def test_a_forked_child_does_not_close_its_parents_optimizer(tmp_path):
             opt.__del__()
             if opt._core is None:
                 os._exit(1)
+            with pytest.raises(memascend.errors.FailedPreconditionError, match="forked"):
+                opt.close()  # refused before it runs the planned update
+            if opt._core is None or not opt._pending_update:
+                os._exit(4)
             type(opt).close = lambda self: os._exit(3)  # a close, however it came
             core = opt._core
             with pytest.raises(memascend.errors.FailedPreconditionError, match="forked"):

@@ -91,6 +91,15 @@ def made_here(opt):
     return getattr(opt, "_pid", os.getpid()) == os.getpid()
 
 
+def refuse_in_child(opt):
+    """close() in a forked child: refused before anything (it would run the planned update
+    and commit into the parent's volume, on threads the child does not have)."""
+    if not made_here(opt):
+        raise errors.FailedPreconditionError(
+            f"this optimizer was made by process {opt._pid}, which this one was forked "
+            "from: closed here it would write into that process's volume; close it there")
+
+
 @atexit.register
 def _close_at_exit():
     """A run that ends without close() (transformers' Trainer never calls it) still gets

@@ -10,7 +10,7 @@ from memascend.torch import state as _state
 from memascend.torch._common import (DEFAULT_PART_ELEMENTS, MAX_THREADS, check_adamw,
                                      check_groups, check_parameters, choose_budget,
                                      dense_grad, dtype_name, host, made_here, offloaded,
-                                     refuse_frozen, track, whole)
+                                     refuse_frozen, refuse_in_child, track, whole)
 from memascend.torch.buckets import GradientBuckets
 
 
@@ -270,9 +270,9 @@ class OffloadedAdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def close(self):
-        """Finishes an update still planned, waits for the last commit and closes the
-        state, its store and (if the optimizer opened it) its volume. Raises the last
-        commit's error, if any."""
+        """Finishes an update still planned, waits for the last commit and closes the state,
+        its store and (if it opened it) its volume; raises the last commit's error, if any."""
+        refuse_in_child(self)  # before anything: a forked child's copy writes nothing
         first = None
         if getattr(self, "_core", None) is not None:
             try:
