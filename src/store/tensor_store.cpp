@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <limits>
 #include <map>
 #include <system_error>
 #include <thread>
@@ -185,16 +184,12 @@ absl::StatusOr<TensorId> TensorStore::Register(const TensorSpec& spec) {
   if (spec.bytes == 0)
     return absl::InvalidArgumentError(fmt::format("tensor '{}' has 0 bytes", spec.name));
   if (!spec.shape.empty()) {  // a shape, where given, is of these bytes
-    std::uint64_t elements = 1;
+    std::uint64_t bytes = SizeOf(spec.dtype);
     bool fits = true;
-    for (const std::int64_t d : spec.shape) {
-      fits = fits && d >= 0 &&
-             (d == 0 || elements <= std::numeric_limits<std::uint64_t>::max() /
-                                        static_cast<std::uint64_t>(d));
-      if (fits) elements *= static_cast<std::uint64_t>(d);
-    }
-    if (!fits || elements > std::numeric_limits<std::uint64_t>::max() / SizeOf(spec.dtype) ||
-        elements * SizeOf(spec.dtype) != spec.bytes) {
+    for (const std::int64_t d : spec.shape)
+      fits =
+          fits && d >= 0 && !__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes);
+    if (!fits || bytes != spec.bytes) {
       return absl::InvalidArgumentError(fmt::format("tensor '{}': shape [{}] of {} is not {} bytes",
                                                     spec.name, fmt::join(spec.shape, ", "),
                                                     ToString(spec.dtype), spec.bytes));

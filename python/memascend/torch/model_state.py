@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def _mine(offload: ParameterOffload, p) -> int | None:
     """p's index in offload's optimizer, if offload holds it."""
-    entry = offload_of(p) if p is not None else None
+    entry = offload_of(p)
     return entry[1] if entry is not None and entry[0] is offload else None
 
 
